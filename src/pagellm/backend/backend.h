@@ -1,0 +1,167 @@
+// The narrow interface between the model and a compute backend (CPU, CUDA).
+//
+// The model code calls only these operations; a backend owns memory, element types and
+// kernels. All tensors are contiguous row-major. Activations use activation_dtype(),
+// weights weight_dtype(), the KV pools kv_dtype(); logits are always float32.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pagellm/backend/forward_batch.h"
+#include "pagellm/common/tensor.h"
+#include "pagellm/engine/sampling_params.h"
+
+namespace pagellm {
+
+/// One layer's paged KV cache: K and V pools of shape
+/// [num_pages, num_kv_heads, page_size, head_dim] (the layout cuDNN's paged SDPA reads).
+struct LayerKv {
+  Tensor k;
+  Tensor v;
+};
+
+/// Rotary embedding parameters (Qwen3: rotate-half, full head_dim, base rope_theta).
+struct RopeParams {
+  double theta = 1000000.0;
+  int64_t head_dim = 0;
+};
+
+/// Per-layer attention shape.
+struct AttentionShape {
+  int64_t num_q_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t page_size = 0;
+  float scale = 0.0f;  // softmax scale, 1/sqrt(head_dim)
+};
+
+/// A recorded sequence of backend operations, replayed on the same buffers (a CUDA graph).
+class RecordedGraph {
+ public:
+  virtual ~RecordedGraph() = default;
+  virtual void replay() = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;
+  virtual DType weight_dtype() const = 0;
+  virtual DType activation_dtype() const = 0;
+  virtual DType kv_dtype() const = 0;
+  /// Bytes of memory free for weights and KV pages.
+  virtual size_t free_memory() const = 0;
+
+  // ---- memory -------------------------------------------------------------------------
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* ptr) = 0;
+  virtual void copy_to_device(void* dst, const void* src, size_t bytes) = 0;
+  /// Device to host; waits for pending work.
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+  /// Writes n elements of host data of type src_dtype into dst (a weight, activation or
+  /// KV tensor) starting at element dst_offset, converting to dst.dtype.
+  virtual void upload(Tensor& dst, int64_t dst_offset, const void* src, DType src_dtype,
+                      int64_t n) = 0;
+  /// Reads a whole tensor back as float32 (tests, debugging).
+  virtual std::vector<float> download_f32(const Tensor& src) = 0;
+  /// Sets every element to value (tests poison outputs with NaN).
+  virtual void fill(Tensor& t, float value) = 0;
+
+  /// Copies the batch metadata to the device; the result stays valid until the next call.
+  virtual BatchTensors upload_batch(const ForwardBatch& batch) = 0;
+
+  // ---- operations ---------------------------------------------------------------------
+  /// out[t, :] = table[ids[t], :]
+  virtual void embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
+  /// out = x / rms(x) * weight, per row.
+  virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
+  /// residual += delta; out = rms_norm(residual) * weight.
+  virtual void add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight,
+                            float eps, Tensor& out) = 0;
+  /// out[M, N] = x[M, K] · w[N, K]ᵀ (out may be float32 while x and w are not).
+  virtual void matmul(const Tensor& x, const Tensor& w, Tensor& out) = 0;
+  /// From qkv [T, (Hq + 2·Hkv)·D]: applies per-head RMSNorm (q_norm, k_norm, eps) and RoPE
+  /// at batch positions to q and k, writes q to q_out [T, Hq, D] and k, v into the layer's
+  /// pools at the batch's slots.
+  virtual void qk_norm_rope_store_kv(const Tensor& qkv, const Tensor& q_norm,
+                                     const Tensor& k_norm, float eps, const RopeParams& rope,
+                                     const AttentionShape& shape, const BatchTensors& batch,
+                                     Tensor& q_out, LayerKv& kv) = 0;
+  /// Causal (bottom-right aligned) grouped-query attention of q [T, Hq, D] over the paged
+  /// cache, reading only positions < kv_lens[b]; out is [T, Hq·D].
+  virtual void attention(const Tensor& q, const LayerKv& kv, const AttentionShape& shape,
+                         const BatchTensors& batch, Tensor& out) = 0;
+  /// out[t, i] = silu(gate_up[t, i]) · gate_up[t, I + i]
+  virtual void silu_mul(const Tensor& gate_up, Tensor& out) = 0;
+  /// out[r, :] = x[indices[r], :]
+  virtual void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) = 0;
+
+  // ---- graphs (optional) --------------------------------------------------------------
+  virtual bool supports_graphs() const { return false; }
+  /// From now on upload_batch() keeps fixed device addresses for every batch within these
+  /// capacities, so that graphs captured over uploaded batches stay valid.
+  virtual void reserve_batch(int32_t max_tokens, int32_t max_seqs, int32_t max_pages_per_seq,
+                             int32_t max_rows) {}
+  /// Records the operations issued until end_capture() instead of running them.
+  virtual void begin_capture();
+  virtual std::unique_ptr<RecordedGraph> end_capture();
+
+  /// Samples one token per row of logits [R, V] (float32). The default copies the logits
+  /// to the host and runs the CPU sampler.
+  virtual std::vector<SampledToken> sample(const Tensor& logits,
+                                           const std::vector<SamplingRow>& rows);
+};
+
+/// Owns one allocation of a backend.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend* backend, size_t bytes)
+      : backend_(backend), ptr_(bytes ? backend->allocate(bytes) : nullptr), bytes_(bytes) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      backend_ = o.backend_;
+      ptr_ = o.ptr_;
+      bytes_ = o.bytes_;
+      o.ptr_ = nullptr;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+
+  void reset() {
+    if (ptr_) backend_->deallocate(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  void* get() const { return ptr_; }
+  size_t size() const { return bytes_; }
+  Tensor tensor(DType dtype, std::initializer_list<int64_t> dims) const {
+    Tensor t(ptr_, dtype, dims);
+    PAGELLM_ASSERT(t.nbytes() <= bytes_) << "tensor larger than its buffer";
+    return t;
+  }
+
+ private:
+  Backend* backend_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+/// Creates a backend by name: "cpu" or "cuda" (when built). Throws Error with the list of
+/// available backends otherwise, or when the device cannot be used.
+std::unique_ptr<Backend> create_backend(const std::string& name);
+/// Names of the backends this build has.
+std::vector<std::string> available_backends();
+
+}  // namespace pagellm

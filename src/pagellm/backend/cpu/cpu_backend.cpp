@@ -1,0 +1,309 @@
+#include "pagellm/backend/cpu/cpu_backend.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <string>
+
+namespace pagellm {
+namespace {
+
+void expect_f32(const Tensor& t, const char* what) {
+  PAGELLM_CHECK(t.dtype == DType::F32)
+      << "cpu backend: " << what << " must be float32, got " << dtype_name(t.dtype);
+}
+
+void expect_i32(const Tensor& t, const char* what) {
+  PAGELLM_CHECK(t.dtype == DType::I32)
+      << "cpu backend: " << what << " must be int32, got " << dtype_name(t.dtype);
+}
+
+// y[i] = x[i] * w[i] / rms(x), all length n.
+inline void rms_norm_row(const float* x, const float* w, float eps, int64_t n, float* y) {
+  double sum_sq = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum_sq += static_cast<double>(x[i]) * x[i];
+  float inv = 1.0f / std::sqrt(static_cast<float>(sum_sq / static_cast<double>(n)) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = w[i] * (x[i] * inv);
+}
+
+Tensor view_of(const std::vector<int32_t>& v, std::initializer_list<int64_t> dims) {
+  return Tensor(const_cast<int32_t*>(v.data()), DType::I32, dims);
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend() {
+  // OpenBLAS spawns its own threads; keep them to the cores OpenMP would use.
+  openblas_set_num_threads(omp_get_max_threads());
+}
+
+size_t CpuBackend::free_memory() const {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  size_t kb = 0;
+  std::string unit;
+  while (meminfo >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+void* CpuBackend::allocate(size_t bytes) {
+  size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  PAGELLM_CHECK(p != nullptr) << "cpu backend: out of host memory allocating " << bytes
+                              << " bytes";
+  return p;
+}
+
+void CpuBackend::deallocate(void* ptr) { std::free(ptr); }
+
+void CpuBackend::copy_to_device(void* dst, const void* src, size_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
+
+void CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
+
+void CpuBackend::upload(Tensor& dst, int64_t dst_offset, const void* src, DType src_dtype,
+                        int64_t n) {
+  PAGELLM_CHECK(dst_offset >= 0 && dst_offset + n <= dst.numel())
+      << "cpu backend: upload of " << n << " elements at " << dst_offset
+      << " overflows tensor " << dst.shape_string();
+  if (dst.dtype == DType::I32 || src_dtype == DType::I32) {
+    PAGELLM_CHECK(dst.dtype == src_dtype) << "cpu backend: cannot upload "
+                                          << dtype_name(src_dtype) << " into "
+                                          << dtype_name(dst.dtype);
+    std::memcpy(dst.ptr<int32_t>() + dst_offset, src, static_cast<size_t>(n) * 4);
+    return;
+  }
+  expect_f32(dst, "upload destination");
+  float* out = dst.ptr<float>() + dst_offset;
+  const size_t esize = dtype_size(src_dtype);
+  constexpr int64_t kChunk = 1 << 16;
+#pragma omp parallel for schedule(static)
+  for (int64_t begin = 0; begin < n; begin += kChunk) {
+    int64_t count = std::min(kChunk, n - begin);
+    convert_to_f32(static_cast<const char*>(src) + begin * esize, src_dtype, out + begin,
+                   static_cast<size_t>(count));
+  }
+}
+
+std::vector<float> CpuBackend::download_f32(const Tensor& src) {
+  std::vector<float> out(static_cast<size_t>(src.numel()));
+  if (src.dtype == DType::I32) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(src.ptr<int32_t>()[i]);
+  } else {
+    convert_to_f32(src.data, src.dtype, out.data(), out.size());
+  }
+  return out;
+}
+
+void CpuBackend::fill(Tensor& t, float value) {
+  expect_f32(t, "fill target");
+  std::fill_n(t.ptr<float>(), t.numel(), value);
+}
+
+BatchTensors CpuBackend::upload_batch(const ForwardBatch& batch) {
+  BatchTensors bt;
+  bt.host = &batch;
+  const int64_t T = batch.num_tokens(), B = batch.num_seqs();
+  bt.token_ids = view_of(batch.token_ids, {T});
+  bt.positions = view_of(batch.positions, {T});
+  bt.slot_mapping = view_of(batch.slot_mapping, {T});
+  bt.query_start = view_of(batch.query_start, {B + 1});
+  bt.kv_lens = view_of(batch.kv_lens, {B});
+  bt.page_table = view_of(batch.page_table, {B, batch.max_pages_per_seq});
+  bt.logits_indices = view_of(batch.logits_indices,
+                              {static_cast<int64_t>(batch.logits_indices.size())});
+  return bt;
+}
+
+void CpuBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
+  expect_f32(table, "embedding table");
+  expect_i32(ids, "token ids");
+  const int64_t T = ids.numel(), H = table.size(1), V = table.size(0);
+  const int32_t* id = ids.ptr<int32_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    PAGELLM_CHECK(id[t] >= 0 && id[t] < V)
+        << "token id " << id[t] << " is outside the vocabulary [0, " << V << ")";
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    std::memcpy(out.ptr<float>() + t * H, table.ptr<float>() + id[t] * H, H * sizeof(float));
+  }
+}
+
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  const int64_t rows = x.size(0), n = x.row_elems();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    rms_norm_row(x.ptr<float>() + r * n, weight.ptr<float>(), eps, n, out.ptr<float>() + r * n);
+  }
+}
+
+void CpuBackend::add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight,
+                              float eps, Tensor& out) {
+  const int64_t rows = residual.size(0), n = residual.row_elems();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* res = residual.ptr<float>() + r * n;
+    const float* d = delta.ptr<float>() + r * n;
+    for (int64_t i = 0; i < n; ++i) res[i] += d[i];
+    rms_norm_row(res, weight.ptr<float>(), eps, n, out.ptr<float>() + r * n);
+  }
+}
+
+void CpuBackend::matmul(const Tensor& x, const Tensor& w, Tensor& out) {
+  expect_f32(x, "matmul input");
+  expect_f32(w, "matmul weight");
+  expect_f32(out, "matmul output");
+  const int64_t M = x.size(0), K = x.row_elems(), N = w.size(0);
+  PAGELLM_CHECK(w.row_elems() == K) << "matmul: input has " << K << " columns, weight "
+                                    << w.shape_string();
+  PAGELLM_CHECK(out.size(0) == M && out.row_elems() == N)
+      << "matmul: output " << out.shape_string() << " is not [" << M << ", " << N << "]";
+  if (M == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M),
+              static_cast<int>(N), static_cast<int>(K), 1.0f, x.ptr<float>(),
+              static_cast<int>(K), w.ptr<float>(), static_cast<int>(K), 0.0f,
+              out.ptr<float>(), static_cast<int>(N));
+}
+
+std::vector<float> rope_inv_freq(double theta, int64_t head_dim) {
+  std::vector<float> inv(static_cast<size_t>(head_dim / 2));
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    // transformers: 1.0 / (base ** (arange(0, dim, 2).float() / dim)) in float32.
+    float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    float power = std::pow(static_cast<float>(theta), exponent);
+    inv[static_cast<size_t>(i)] = 1.0f / power;
+  }
+  return inv;
+}
+
+void apply_rope(float* x, int64_t head_dim, const float* inv_freq, int32_t position) {
+  const int64_t half = head_dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    float angle = static_cast<float>(position) * inv_freq[i];
+    float c = std::cos(angle), s = std::sin(angle);
+    float a = x[i], b = x[i + half];
+    x[i] = a * c - b * s;
+    x[i + half] = b * c + a * s;
+  }
+}
+
+void CpuBackend::qk_norm_rope_store_kv(const Tensor& qkv, const Tensor& q_norm,
+                                       const Tensor& k_norm, float eps, const RopeParams& rope,
+                                       const AttentionShape& shape, const BatchTensors& batch,
+                                       Tensor& q_out, LayerKv& kv) {
+  const int64_t T = qkv.size(0), Hq = shape.num_q_heads, Hkv = shape.num_kv_heads;
+  const int64_t D = shape.head_dim, P = shape.page_size;
+  const int64_t num_pages = kv.k.size(0);
+  const std::vector<float> inv_freq = rope_inv_freq(rope.theta, D);
+  const int32_t* positions = batch.positions.ptr<int32_t>();
+  const int32_t* slots = batch.slot_mapping.ptr<int32_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    PAGELLM_CHECK(slots[t] >= 0 && slots[t] / P < num_pages)
+        << "slot " << slots[t] << " of token " << t << " is outside the KV pool";
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = qkv.ptr<float>() + t * (Hq + 2 * Hkv) * D;
+    for (int64_t h = 0; h < Hq; ++h) {
+      float* q = q_out.ptr<float>() + (t * Hq + h) * D;
+      rms_norm_row(row + h * D, q_norm.ptr<float>(), eps, D, q);
+      apply_rope(q, D, inv_freq.data(), positions[t]);
+    }
+    const int64_t page = slots[t] / P, offset = slots[t] % P;
+    for (int64_t h = 0; h < Hkv; ++h) {
+      const int64_t dst = ((page * Hkv + h) * P + offset) * D;
+      float* k = kv.k.ptr<float>() + dst;
+      rms_norm_row(row + (Hq + h) * D, k_norm.ptr<float>(), eps, D, k);
+      apply_rope(k, D, inv_freq.data(), positions[t]);
+      std::memcpy(kv.v.ptr<float>() + dst, row + (Hq + Hkv + h) * D, D * sizeof(float));
+    }
+  }
+}
+
+void CpuBackend::attention(const Tensor& q, const LayerKv& kv, const AttentionShape& shape,
+                           const BatchTensors& batch, Tensor& out) {
+  const ForwardBatch& fb = *batch.host;
+  const int64_t Hq = shape.num_q_heads, Hkv = shape.num_kv_heads, D = shape.head_dim;
+  const int64_t P = shape.page_size, group = Hq / Hkv;
+  const int64_t T = fb.num_tokens();
+  // Map each token to its sequence once.
+  std::vector<int32_t> seq_of(static_cast<size_t>(T));
+  for (int32_t b = 0; b < fb.num_seqs(); ++b) {
+    for (int32_t t = fb.query_start[b]; t < fb.query_start[b + 1]; ++t) seq_of[t] = b;
+  }
+  const float* kp = kv.k.ptr<float>();
+  const float* vp = kv.v.ptr<float>();
+#pragma omp parallel
+  {
+    std::vector<float> scores;
+    std::vector<double> acc(static_cast<size_t>(D));
+#pragma omp for collapse(2) schedule(dynamic, 4)
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < Hq; ++h) {
+        const int32_t b = seq_of[t];
+        const int32_t q_len = fb.query_len(b), kv_len = fb.kv_lens[b];
+        const int32_t i = static_cast<int32_t>(t) - fb.query_start[b];
+        const int32_t visible = kv_len - q_len + i + 1;  // keys 0 .. position
+        const int32_t* pages = fb.page_table.data() + b * fb.max_pages_per_seq;
+        const int64_t kvh = h / group;
+        const float* qv = q.ptr<float>() + (t * Hq + h) * D;
+        scores.resize(static_cast<size_t>(std::max(visible, 0)));
+        float max_score = -std::numeric_limits<float>::infinity();
+        for (int32_t j = 0; j < visible; ++j) {
+          const float* k = kp + ((pages[j / P] * Hkv + kvh) * P + j % P) * D;
+          float dot = 0.0f;
+          for (int64_t d = 0; d < D; ++d) dot += qv[d] * k[d];
+          scores[j] = dot * shape.scale;
+          max_score = std::max(max_score, scores[j]);
+        }
+        double denom = 0.0;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int32_t j = 0; j < visible; ++j) {
+          double p = std::exp(static_cast<double>(scores[j] - max_score));
+          denom += p;
+          const float* v = vp + ((pages[j / P] * Hkv + kvh) * P + j % P) * D;
+          for (int64_t d = 0; d < D; ++d) acc[d] += p * v[d];
+        }
+        float* o = out.ptr<float>() + (t * Hq + h) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          o[d] = visible > 0 ? static_cast<float>(acc[d] / denom) : 0.0f;
+        }
+      }
+    }
+  }
+}
+
+void CpuBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
+  const int64_t T = gate_up.size(0), I = out.row_elems();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    const float* g = gate_up.ptr<float>() + t * 2 * I;
+    const float* u = g + I;
+    float* o = out.ptr<float>() + t * I;
+    for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  }
+}
+
+void CpuBackend::gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) {
+  const int64_t R = indices.numel(), n = x.row_elems();
+  const int32_t* idx = indices.ptr<int32_t>();
+  for (int64_t r = 0; r < R; ++r) {
+    PAGELLM_CHECK(idx[r] >= 0 && idx[r] < x.size(0))
+        << "gather_rows: row " << idx[r] << " outside [0, " << x.size(0) << ")";
+    std::memcpy(out.ptr<float>() + r * n, x.ptr<float>() + idx[r] * n, n * sizeof(float));
+  }
+}
+
+}  // namespace pagellm

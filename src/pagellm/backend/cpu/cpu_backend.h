@@ -1,0 +1,54 @@
+// The CPU backend: every operation in float32, the reference that other backends match.
+//
+// Matrix products go through OpenBLAS (sgemm); the rest is plain loops parallelised with
+// OpenMP. Weights, activations and the KV pools are float32, so the CPU backend's
+// results differ from a float64 reference only by float32 rounding.
+#pragma once
+
+#include "pagellm/backend/backend.h"
+
+namespace pagellm {
+
+class CpuBackend : public Backend {
+ public:
+  CpuBackend();
+
+  std::string name() const override { return "cpu"; }
+  DType weight_dtype() const override { return DType::F32; }
+  DType activation_dtype() const override { return DType::F32; }
+  DType kv_dtype() const override { return DType::F32; }
+  size_t free_memory() const override;
+
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr) override;
+  void copy_to_device(void* dst, const void* src, size_t bytes) override;
+  void copy_to_host(void* dst, const void* src, size_t bytes) override;
+  void synchronize() override {}
+  void upload(Tensor& dst, int64_t dst_offset, const void* src, DType src_dtype,
+              int64_t n) override;
+  std::vector<float> download_f32(const Tensor& src) override;
+  void fill(Tensor& t, float value) override;
+  BatchTensors upload_batch(const ForwardBatch& batch) override;
+
+  void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
+  void add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight, float eps,
+                    Tensor& out) override;
+  void matmul(const Tensor& x, const Tensor& w, Tensor& out) override;
+  void qk_norm_rope_store_kv(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
+                             float eps, const RopeParams& rope, const AttentionShape& shape,
+                             const BatchTensors& batch, Tensor& q_out, LayerKv& kv) override;
+  void attention(const Tensor& q, const LayerKv& kv, const AttentionShape& shape,
+                 const BatchTensors& batch, Tensor& out) override;
+  void silu_mul(const Tensor& gate_up, Tensor& out) override;
+  void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) override;
+};
+
+/// RoPE inverse frequencies as transformers computes them for Qwen3 (float32):
+/// inv_freq[i] = 1 / theta^(2i / head_dim), i < head_dim / 2.
+std::vector<float> rope_inv_freq(double theta, int64_t head_dim);
+
+/// Applies rotate-half RoPE in place to one head vector x[head_dim] at `position`.
+void apply_rope(float* x, int64_t head_dim, const float* inv_freq, int32_t position);
+
+}  // namespace pagellm

@@ -1,0 +1,67 @@
+// The description of one forward step over a ragged batch, as the model and backends see it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "pagellm/common/tensor.h"
+#include "pagellm/engine/sampling_params.h"
+
+namespace pagellm {
+
+/// Host-resident metadata of one forward step: B sequences contributing T tokens in total.
+///
+/// Sequence b owns tokens [query_start[b], query_start[b+1]) of the step. Its KV length
+/// after the step is kv_lens[b], so its new tokens sit at positions
+/// kv_lens[b] - q_len(b) ... kv_lens[b] - 1 and attend causally with bottom-right
+/// alignment: the token at position p sees keys 0..p. Logical block j of sequence b lives
+/// in physical page page_table[b * max_pages_per_seq + j]; unused entries are 0 (the
+/// reserved page). The K/V of token t is written to slot slot_mapping[t], that is page
+/// slot / page_size at offset slot % page_size.
+struct ForwardBatch {
+  int32_t page_size = 16;
+  int32_t max_pages_per_seq = 0;
+  std::vector<int32_t> token_ids;       // [T]
+  std::vector<int32_t> positions;       // [T]
+  std::vector<int32_t> slot_mapping;    // [T]
+  std::vector<int32_t> query_start;     // [B + 1], query_start[0] == 0
+  std::vector<int32_t> kv_lens;         // [B]
+  std::vector<int32_t> page_table;      // [B * max_pages_per_seq]
+  std::vector<int32_t> logits_indices;  // [R] token rows whose logits are wanted
+  /// 0, or an upper bound of kv_lens over every replay of a graph captured with this batch:
+  /// kernels then size their grids from it rather than from max_kv_len().
+  int32_t kv_len_capacity = 0;
+
+  int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+  int32_t num_seqs() const { return static_cast<int32_t>(kv_lens.size()); }
+  int32_t query_len(int b) const { return query_start[b + 1] - query_start[b]; }
+  int32_t max_query_len() const;
+  int32_t max_kv_len() const;
+  /// Throws Error if the arrays disagree with each other (sizes, offsets, 0 < q <= kv,
+  /// positions, slots inside the pages the table gives, logits rows in range).
+  void validate() const;
+};
+
+/// Device-resident copies of a ForwardBatch's arrays (int32), plus the host original for
+/// planning. On the CPU backend the tensors point at the host vectors themselves.
+struct BatchTensors {
+  const ForwardBatch* host = nullptr;
+  Tensor token_ids;       // [T]
+  Tensor positions;       // [T]
+  Tensor slot_mapping;    // [T]
+  Tensor query_start;     // [B + 1]
+  Tensor kv_lens;         // [B]
+  Tensor page_table;      // [B, max_pages_per_seq]
+  Tensor logits_indices;  // [R]
+};
+
+/// What the sampler needs to know about the request behind one logits row.
+struct SamplingRow {
+  const SamplingParams* params = nullptr;
+  uint64_t seed = 0;             // the request's effective seed
+  int64_t output_index = 0;      // how many tokens the request has generated so far
+  const std::vector<int32_t>* prompt_tokens = nullptr;
+  const std::vector<int32_t>* output_tokens = nullptr;
+};
+
+}  // namespace pagellm

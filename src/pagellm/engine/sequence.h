@@ -1,0 +1,56 @@
+// A request as the scheduler and engine track it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pagellm/engine/sampling_params.h"
+
+namespace pagellm {
+
+enum class SequenceStatus { kWaiting, kRunning, kFinished };
+
+enum class FinishReason {
+  kNone,
+  kEos,           // sampled the model's EOS token
+  kStopToken,     // sampled one of params.stop_token_ids
+  kLength,        // reached params.max_tokens
+  kContextLimit,  // reached the engine's max_model_len
+  kAborted,       // cancelled by the caller
+  kError,         // rejected; see Sequence::error
+};
+const char* finish_reason_name(FinishReason r);
+
+/// One generation request and its progress. Owned by the engine; the scheduler holds
+/// pointers. Tokens are the prompt followed by the output.
+struct Sequence {
+  int64_t id = 0;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> output;
+  std::vector<SampledToken> sampled;  // one per output token, with log-probabilities
+  SamplingParams params;
+  uint64_t seed = 0;  // effective seed (params.seed or derived from id)
+
+  SequenceStatus status = SequenceStatus::kWaiting;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string error;  // set with FinishReason::kError
+
+  /// Tokens whose K/V are in the cache. After a preemption this drops to 0 and the prompt
+  /// and output so far are recomputed.
+  int32_t num_computed = 0;
+  /// Physical pages of the sequence's logical blocks, in order.
+  std::vector<int32_t> pages;
+  /// Row of the page table while running; 0 (the reserved row) otherwise.
+  int32_t slot = 0;
+  int32_t num_preemptions = 0;
+
+  int32_t num_tokens() const { return static_cast<int32_t>(prompt.size() + output.size()); }
+  int32_t token_at(int32_t i) const {
+    int32_t p = static_cast<int32_t>(prompt.size());
+    return i < p ? prompt[i] : output[i - p];
+  }
+  bool finished() const { return status == SequenceStatus::kFinished; }
+};
+
+}  // namespace pagellm

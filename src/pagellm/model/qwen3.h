@@ -1,0 +1,97 @@
+// The Qwen3 dense decoder, written once against the Backend interface.
+//
+// Shapes (T tokens in the step, H hidden, Hq/Hkv heads, D head_dim, I intermediate,
+// V vocab, R logits rows):
+//   embed [T,H] -> 28-36 x { rms_norm -> qkv [T,(Hq+2Hkv)D] -> q/k norm + RoPE, K/V to pages
+//   -> paged attention [T,Hq D] -> o_proj [T,H] -> +residual, rms_norm -> gate_up [T,2I]
+//   -> silu*mul [T,I] -> down [T,H] } -> +residual, final norm -> rows [R,H] -> logits [R,V].
+// q/k/v and gate/up are stored fused, so each is one matrix product.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pagellm/backend/backend.h"
+#include "pagellm/model/config.h"
+
+namespace pagellm {
+
+/// A host-resident weight as read from a file: data of some float dtype and its shape.
+struct WeightView {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+};
+/// Returns the weight with a Hugging Face name (e.g. "model.norm.weight"); throws if absent.
+using WeightLookup = std::function<WeightView(const std::string& name)>;
+/// Called with (bytes done, bytes total) while weights are uploaded.
+using ProgressFn = std::function<void(size_t done, size_t total)>;
+
+/// One decoder layer's weights on the backend.
+struct Qwen3LayerWeights {
+  Tensor input_norm;  // [H]
+  Tensor qkv;         // [(Hq + 2 Hkv) D, H]: rows of q_proj, then k_proj, then v_proj
+  Tensor q_norm;      // [D]
+  Tensor k_norm;      // [D]
+  Tensor o_proj;      // [H, Hq D]
+  Tensor post_norm;   // [H]
+  Tensor gate_up;     // [2 I, H]: rows of gate_proj, then up_proj
+  Tensor down;        // [H, I]
+};
+
+class Qwen3Model {
+ public:
+  /// Uploads the weights named by `lookup` (transformers names) to the backend.
+  Qwen3Model(Backend& backend, const Qwen3Config& config, const WeightLookup& lookup,
+             const ProgressFn& progress = nullptr);
+  /// Loads a Hugging Face folder (config.json + safetensors), validating every weight.
+  static std::unique_ptr<Qwen3Model> load(Backend& backend, const std::string& model_dir,
+                                          const ProgressFn& progress = nullptr);
+
+  const Qwen3Config& config() const { return config_; }
+  Backend& backend() const { return backend_; }
+  AttentionShape attention_shape(int64_t page_size) const;
+  /// Bytes of weights on the backend.
+  size_t weight_bytes() const { return weight_bytes_; }
+
+  /// Allocates activations for steps of up to max_tokens tokens and max_rows logits rows.
+  /// forward() never allocates; views into this workspace are stable (CUDA graphs).
+  void reserve(int32_t max_tokens, int32_t max_rows);
+  int32_t max_tokens() const { return max_tokens_; }
+
+  /// Runs one step: writes the batch's K/V into `kv` (one LayerKv per layer) and returns
+  /// logits [R, V] float32 for the batch's logits rows (a view into the workspace).
+  Tensor forward(const BatchTensors& batch, std::vector<LayerKv>& kv);
+
+ private:
+  Tensor alloc(DType dtype, std::initializer_list<int64_t> dims);
+  Tensor upload_weight(const WeightLookup& lookup, const std::string& name,
+                       std::initializer_list<int64_t> dims, const ProgressFn& progress);
+  void upload_rows_into(Tensor& dst, int64_t row_offset, const WeightLookup& lookup,
+                        const std::string& name, int64_t rows, int64_t cols,
+                        const ProgressFn& progress);
+
+  Backend& backend_;
+  Qwen3Config config_;
+  std::vector<DeviceBuffer> storage_;
+  size_t weight_bytes_ = 0;
+  size_t bytes_done_ = 0;
+  size_t bytes_total_ = 0;
+
+  Tensor embed_;       // [V, H]
+  Tensor final_norm_;  // [H]
+  Tensor lm_head_;     // [V, H] (aliases embed_ when tied)
+  std::vector<Qwen3LayerWeights> layers_;
+
+  struct Workspace {
+    Tensor residual, hidden, qkv, q, attn, proj, gate_up, act, rows, logits;
+  };
+  std::vector<DeviceBuffer> workspace_storage_;
+  Workspace ws_;
+  int32_t max_tokens_ = 0;
+  int32_t max_rows_ = 0;
+};
+
+}  // namespace pagellm
