@@ -1,0 +1,62 @@
+#include "pagellm/engine/batch_builder.h"
+
+#include "pagellm/common/check.h"
+
+namespace pagellm {
+
+ForwardBatch build_forward_batch(const SchedulerOutput& out, const PageTable& page_table,
+                                 int32_t page_size) {
+  PAGELLM_CHECK(page_size >= 1) << "page_size must be at least 1, got " << page_size;
+  ForwardBatch batch;
+  batch.page_size = page_size;
+  batch.max_pages_per_seq = page_table.max_pages_per_seq();
+  const size_t num_seqs = out.scheduled.size();
+  batch.token_ids.reserve(static_cast<size_t>(out.num_tokens));
+  batch.positions.reserve(static_cast<size_t>(out.num_tokens));
+  batch.slot_mapping.reserve(static_cast<size_t>(out.num_tokens));
+  batch.query_start.reserve(num_seqs + 1);
+  batch.kv_lens.reserve(num_seqs);
+  batch.page_table.reserve(num_seqs * static_cast<size_t>(batch.max_pages_per_seq));
+  batch.query_start.push_back(0);
+
+  for (const ScheduledSeq& s : out.scheduled) {
+    const Sequence& seq = *s.seq;
+    const int32_t begin = seq.num_computed;
+    const int32_t end = begin + s.num_new_tokens;
+    PAGELLM_CHECK(seq.status == SequenceStatus::kRunning && s.num_new_tokens >= 1 &&
+                  end <= seq.num_tokens() &&
+                  static_cast<int64_t>(seq.pages.size()) * page_size >= end)
+        << "build_forward_batch(): request " << seq.id
+        << " is not as schedule() left it (finished, advanced or without pages for " << end
+        << " tokens)";
+    for (int32_t p = begin; p < end; ++p) {
+      batch.token_ids.push_back(seq.token_at(p));
+      batch.positions.push_back(p);
+      batch.slot_mapping.push_back(seq.pages[p / page_size] * page_size + p % page_size);
+    }
+    batch.query_start.push_back(batch.num_tokens());
+    batch.kv_lens.push_back(end);
+    const int32_t* row = page_table.row(seq.slot);
+    batch.page_table.insert(batch.page_table.end(), row, row + batch.max_pages_per_seq);
+    if (s.samples) batch.logits_indices.push_back(batch.num_tokens() - 1);
+  }
+  return batch;
+}
+
+std::vector<SamplingRow> build_sampling_rows(const SchedulerOutput& out) {
+  std::vector<SamplingRow> rows;
+  for (const ScheduledSeq& s : out.scheduled) {
+    if (!s.samples) continue;
+    const Sequence& seq = *s.seq;
+    SamplingRow row;
+    row.params = &seq.params;
+    row.seed = seq.seed;
+    row.output_index = static_cast<int64_t>(seq.output.size());
+    row.prompt_tokens = &seq.prompt;
+    row.output_tokens = &seq.output;
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace pagellm

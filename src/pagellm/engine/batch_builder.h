@@ -1,0 +1,28 @@
+// Turns a SchedulerOutput into the ForwardBatch (and sampler rows) of one model step.
+#pragma once
+
+#include <vector>
+
+#include "pagellm/backend/forward_batch.h"
+#include "pagellm/engine/scheduler.h"
+#include "pagellm/kv/page_table.h"
+
+namespace pagellm {
+
+/// Builds the host metadata of the step `out` plans. Call between schedule() and
+/// on_step_done(): it reads each sequence's num_computed before the step.
+///
+/// For scheduled sequence b with c = num_computed and n new tokens: token_ids and
+/// positions are token_at(c .. c+n-1) and c .. c+n-1; slot_mapping[t] = page * page_size +
+/// offset of position p in seq->pages; kv_lens[b] = c + n; page_table row b is the
+/// sequence's PageTable row (its pages, then zeros); logits_indices holds the last token
+/// row of each sequence with samples == true, in scheduled order, so logits row r belongs
+/// to the r-th sampling sequence, as on_step_done() expects.
+ForwardBatch build_forward_batch(const SchedulerOutput& out, const PageTable& page_table,
+                                 int32_t page_size);
+
+/// One SamplingRow per sampling sequence of `out`, in the order of logits_indices.
+/// The rows point into the sequences, so they stay valid until on_step_done().
+std::vector<SamplingRow> build_sampling_rows(const SchedulerOutput& out);
+
+}  // namespace pagellm

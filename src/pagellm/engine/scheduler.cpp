@@ -1,0 +1,347 @@
+#include "pagellm/engine/scheduler.h"
+
+#include <algorithm>
+#include <sstream>
+#include <unordered_set>
+#include <utility>
+
+#include "pagellm/common/check.h"
+
+namespace pagellm {
+
+namespace {
+
+bool contains(const std::vector<int32_t>& tokens, int32_t token) {
+  return std::find(tokens.begin(), tokens.end(), token) != tokens.end();
+}
+
+}  // namespace
+
+int32_t SchedulerOutput::num_sampling() const {
+  int32_t n = 0;
+  for (const ScheduledSeq& s : scheduled) n += s.samples ? 1 : 0;
+  return n;
+}
+
+Scheduler::Scheduler(SchedulerConfig config, PageAllocator& allocator, PageTable& page_table)
+    : config_(std::move(config)), allocator_(allocator), page_table_(page_table) {
+  PAGELLM_CHECK(config_.max_num_seqs >= 1)
+      << "max_num_seqs must be at least 1, got " << config_.max_num_seqs;
+  PAGELLM_CHECK(config_.max_num_batched_tokens >= config_.max_num_seqs)
+      << "max_num_batched_tokens (" << config_.max_num_batched_tokens
+      << ") must be at least max_num_seqs (" << config_.max_num_seqs
+      << ") so that every running sequence can decode in every step";
+  PAGELLM_CHECK(config_.page_size >= 1) << "page_size must be at least 1, got "
+                                        << config_.page_size;
+  PAGELLM_CHECK(config_.max_model_len >= 2)
+      << "max_model_len must be at least 2 (one prompt token and one generated token), got "
+      << config_.max_model_len;
+  PAGELLM_CHECK(config_.max_pages_per_seq >= 0)
+      << "max_pages_per_seq must be 0 (derived) or positive, got " << config_.max_pages_per_seq;
+  if (config_.max_pages_per_seq == 0) {
+    config_.max_pages_per_seq =
+        (config_.max_model_len + config_.page_size - 1) / config_.page_size;
+  }
+  PAGELLM_CHECK(page_table_.max_pages_per_seq() == config_.max_pages_per_seq)
+      << "the page table holds " << page_table_.max_pages_per_seq()
+      << " pages per sequence but the scheduler is configured for " << config_.max_pages_per_seq
+      << " (ceil(max_model_len / page_size) unless set explicitly)";
+}
+
+int32_t Scheduler::pages_for(int32_t num_tokens) const {
+  return (num_tokens + config_.page_size - 1) / config_.page_size;
+}
+
+std::string Scheduler::rejection_reason(const Sequence& seq) const {
+  std::ostringstream why;
+  const int64_t prompt_len = static_cast<int64_t>(seq.prompt.size());
+  if (prompt_len == 0) {
+    why << "request " << seq.id << " has an empty prompt; a prompt needs at least one token";
+    return why.str();
+  }
+  if (prompt_len >= config_.max_model_len) {
+    why << "request " << seq.id << " has a prompt of " << prompt_len
+        << " tokens but max_model_len is " << config_.max_model_len
+        << "; the prompt must be at most " << config_.max_model_len - 1
+        << " tokens so that at least one token can be generated";
+    return why.str();
+  }
+  if (seq.params.max_tokens < 1) {
+    why << "request " << seq.id << " asks for max_tokens = " << seq.params.max_tokens
+        << "; it must be at least 1";
+    return why.str();
+  }
+  // At its longest the sequence has max_total tokens; the last one is sampled but never fed
+  // back, so the cache holds at most max_total - 1 of them.
+  const int64_t max_total =
+      std::min<int64_t>(prompt_len + seq.params.max_tokens, config_.max_model_len);
+  const int64_t max_cached = max_total - 1;
+  const int64_t max_pages = (max_cached + config_.page_size - 1) / config_.page_size;
+  auto describe = [&] {
+    why << "request " << seq.id << " needs up to " << max_pages << " KV-cache pages (prompt "
+        << prompt_len << " + up to " << max_total - prompt_len << " generated tokens, "
+        << max_cached << " of them cached, " << config_.page_size << " tokens per page)";
+  };
+  if (max_pages > config_.max_pages_per_seq) {
+    describe();
+    why << " but a page-table row holds only " << config_.max_pages_per_seq
+        << " pages; lower max_tokens or shorten the prompt";
+    return why.str();
+  }
+  if (max_pages > allocator_.num_usable()) {
+    describe();
+    why << " but the KV cache has only " << allocator_.num_usable()
+        << " pages; lower max_tokens, shorten the prompt or give the KV cache more memory";
+    return why.str();
+  }
+  return "";
+}
+
+bool Scheduler::add(Sequence* seq) {
+  PAGELLM_CHECK(seq != nullptr) << "Scheduler::add() got a null sequence";
+  PAGELLM_CHECK(seq->status == SequenceStatus::kWaiting && seq->output.empty() &&
+                seq->sampled.empty() && seq->num_computed == 0 && seq->pages.empty() &&
+                seq->slot == 0)
+      << "Scheduler::add(): request " << seq->id
+      << " is not a fresh sequence (it must be waiting, with no output, nothing computed, "
+         "no pages and no page-table row)";
+  PAGELLM_CHECK(unfinished_.count(seq->id) == 0)
+      << "Scheduler::add(): request id " << seq->id << " is already waiting or running";
+  std::string why = rejection_reason(*seq);
+  if (!why.empty()) {
+    seq->status = SequenceStatus::kFinished;
+    seq->finish_reason = FinishReason::kError;
+    seq->error = std::move(why);
+    return false;
+  }
+  unfinished_.emplace(seq->id, seq);
+  waiting_.push_back(seq);
+  return true;
+}
+
+bool Scheduler::grow(Sequence* seq, int32_t num_tokens) {
+  const int32_t have = static_cast<int32_t>(seq->pages.size());
+  const int32_t need = pages_for(num_tokens) - have;
+  if (need <= 0) return true;
+  if (!allocator_.allocate(need, &seq->pages)) return false;
+  for (int32_t b = have; b < have + need; ++b) page_table_.set(seq->slot, b, seq->pages[b]);
+  return true;
+}
+
+void Scheduler::free_resources(Sequence* seq) {
+  allocator_.release(seq->pages);
+  seq->pages.clear();
+  if (seq->slot != 0) page_table_.release(seq->slot);
+  seq->slot = 0;
+}
+
+void Scheduler::preempt_last_running(SchedulerOutput* out) {
+  Sequence* victim = running_.back();
+  running_.pop_back();
+  free_resources(victim);
+  victim->num_computed = 0;
+  victim->status = SequenceStatus::kWaiting;
+  ++victim->num_preemptions;
+  waiting_.push_front(victim);
+  out->preempted.push_back(victim);
+}
+
+void Scheduler::finish(Sequence* seq, FinishReason reason) {
+  if (seq->status == SequenceStatus::kRunning) {
+    running_.erase(std::find(running_.begin(), running_.end(), seq));
+  } else {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), seq));
+  }
+  free_resources(seq);
+  seq->status = SequenceStatus::kFinished;
+  seq->finish_reason = reason;
+  unfinished_.erase(seq->id);
+}
+
+SchedulerOutput Scheduler::schedule() {
+  PAGELLM_CHECK(!step_in_flight_) << "Scheduler::schedule() called before on_step_done() "
+                                     "reported step "
+                                  << step_;
+  SchedulerOutput out;
+  out.step = ++step_;
+  int32_t budget = config_.max_num_batched_tokens;
+
+  // 1. Running sequences, oldest first. Each needs pages for the tokens it computes now; if
+  // the pool is short, the newest running sequence is preempted until it is not. Victims
+  // come from the back, so they were not scheduled yet this step (or are `seq` itself).
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Sequence* seq = running_[i];
+    const int32_t remaining = seq->num_tokens() - seq->num_computed;
+    PAGELLM_ASSERT(remaining >= 1) << "running request " << seq->id << " has nothing to compute";
+    const int32_t n = std::min(remaining, budget);
+    const int32_t target = seq->num_computed + n;
+    bool fits = grow(seq, target);
+    while (!fits && running_.size() > i + 1) {
+      preempt_last_running(&out);
+      fits = grow(seq, target);
+    }
+    if (fits) {
+      out.scheduled.push_back({seq, n, target == seq->num_tokens()});
+      budget -= n;
+      ++i;
+    } else if (i > 0) {
+      preempt_last_running(&out);  // seq itself: the newest, and the older ones keep going
+    } else {
+      // Alone and still short: only possible when pages are held outside the scheduler
+      // (add() rejects any request that cannot fit the whole pool). Report, do not spin.
+      const int32_t need = pages_for(target) - static_cast<int32_t>(seq->pages.size());
+      std::ostringstream why;
+      why << "request " << seq->id << " needs " << need << " more KV-cache pages but only "
+          << allocator_.num_free() << " of " << allocator_.num_usable()
+          << " are free and no other request is running (pages are held outside the "
+             "scheduler)";
+      seq->error = why.str();
+      finish(seq, FinishReason::kError);
+      out.finished.push_back(seq);
+    }
+  }
+
+  // 2. Waiting requests, FIFO, while budget, rows and pages allow. Not after a preemption:
+  // the pool is short, and a new request would only be preempted in turn. A request whose
+  // prompt exceeds the remaining budget is admitted with a chunk of it.
+  if (out.preempted.empty()) {
+    while (!waiting_.empty() && budget > 0 &&
+           static_cast<int32_t>(running_.size()) < config_.max_num_seqs &&
+           page_table_.num_free_rows() > 0) {
+      Sequence* seq = waiting_.front();
+      const int32_t n = std::min(seq->num_tokens(), budget);
+      const int32_t need = pages_for(n);
+      if (!allocator_.can_allocate(need)) {
+        if (!running_.empty()) break;  // pages come back as running requests finish
+        // Nothing runs that could free pages: the missing pages are held outside the
+        // scheduler. Report instead of returning empty steps forever.
+        std::ostringstream why;
+        why << "request " << seq->id << " needs " << need << " KV-cache pages to start but only "
+            << allocator_.num_free() << " of " << allocator_.num_usable()
+            << " are free and no request is running (pages are held outside the scheduler)";
+        seq->error = why.str();
+        finish(seq, FinishReason::kError);
+        out.finished.push_back(seq);
+        continue;
+      }
+      waiting_.pop_front();
+      seq->slot = page_table_.acquire();
+      PAGELLM_ASSERT(seq->slot > 0) << "no free page-table row";
+      const bool grown = grow(seq, n);
+      PAGELLM_ASSERT(grown) << "pages checked free but allocation failed";
+      seq->status = SequenceStatus::kRunning;
+      running_.push_back(seq);
+      out.scheduled.push_back({seq, n, n == seq->num_tokens()});
+      budget -= n;
+    }
+  }
+
+  out.num_tokens = config_.max_num_batched_tokens - budget;
+  step_in_flight_ = !out.scheduled.empty();
+  return out;
+}
+
+std::vector<Sequence*> Scheduler::on_step_done(const SchedulerOutput& out,
+                                               const std::vector<SampledToken>& sampled) {
+  std::vector<Sequence*> finished;
+  if (out.scheduled.empty()) {
+    PAGELLM_CHECK(sampled.empty()) << "on_step_done(): step " << out.step
+                                   << " scheduled nothing but got " << sampled.size()
+                                   << " sampled tokens";
+    return finished;
+  }
+  PAGELLM_CHECK(step_in_flight_ && out.step == step_)
+      << "on_step_done() for step " << out.step << ", but the step awaiting it is "
+      << (step_in_flight_ ? std::to_string(step_) : std::string("none"));
+  PAGELLM_CHECK(static_cast<int32_t>(sampled.size()) == out.num_sampling())
+      << "on_step_done(): step " << out.step << " has " << out.num_sampling()
+      << " sampling sequences but got " << sampled.size() << " sampled tokens";
+  step_in_flight_ = false;
+
+  size_t k = 0;
+  for (const ScheduledSeq& s : out.scheduled) {
+    const SampledToken* token = s.samples ? &sampled[k++] : nullptr;
+    Sequence* seq = s.seq;
+    if (seq->finished()) continue;  // aborted after schedule(): drop its token
+    PAGELLM_ASSERT(seq->status == SequenceStatus::kRunning &&
+                   seq->num_computed + s.num_new_tokens <= seq->num_tokens())
+        << "request " << seq->id << " was changed between schedule() and on_step_done()";
+    seq->num_computed += s.num_new_tokens;
+    if (token == nullptr) continue;
+    seq->output.push_back(token->token);
+    seq->sampled.push_back(*token);
+
+    FinishReason reason = FinishReason::kNone;
+    if (!seq->params.ignore_eos && contains(config_.eos_token_ids, token->token)) {
+      reason = FinishReason::kEos;
+    } else if (contains(seq->params.stop_token_ids, token->token)) {
+      reason = FinishReason::kStopToken;
+    } else if (static_cast<int64_t>(seq->output.size()) >= seq->params.max_tokens) {
+      reason = FinishReason::kLength;
+    } else if (seq->num_tokens() >= config_.max_model_len) {
+      reason = FinishReason::kContextLimit;
+    }
+    if (reason != FinishReason::kNone) {
+      finish(seq, reason);
+      finished.push_back(seq);
+    }
+  }
+  return finished;
+}
+
+bool Scheduler::abort(int64_t id) {
+  auto it = unfinished_.find(id);
+  if (it == unfinished_.end()) return false;
+  finish(it->second, FinishReason::kAborted);
+  return true;
+}
+
+void Scheduler::check_invariants(
+    const std::vector<const std::vector<int32_t>*>& extra_owners) const {
+  std::vector<const std::vector<int32_t>*> owners = extra_owners;
+  for (const Sequence* seq : running_) owners.push_back(&seq->pages);
+  allocator_.check_invariants(owners);
+  page_table_.check_invariants();
+
+  PAGELLM_ASSERT(static_cast<int32_t>(running_.size()) <= config_.max_num_seqs)
+      << running_.size() << " running sequences exceed max_num_seqs " << config_.max_num_seqs;
+  PAGELLM_ASSERT(page_table_.num_used_rows() == static_cast<int32_t>(running_.size()))
+      << page_table_.num_used_rows() << " page-table rows in use for " << running_.size()
+      << " running sequences";
+  PAGELLM_ASSERT(unfinished_.size() == running_.size() + waiting_.size())
+      << unfinished_.size() << " unfinished requests but " << running_.size() << " running and "
+      << waiting_.size() << " waiting";
+
+  std::unordered_set<int32_t> slots;
+  for (const Sequence* seq : running_) {
+    auto it = unfinished_.find(seq->id);
+    PAGELLM_ASSERT(it != unfinished_.end() && it->second == seq)
+        << "running request " << seq->id << " is not registered";
+    PAGELLM_ASSERT(seq->status == SequenceStatus::kRunning)
+        << "request " << seq->id << " is in the running list but not running";
+    PAGELLM_ASSERT(page_table_.in_use(seq->slot) && slots.insert(seq->slot).second)
+        << "request " << seq->id << " does not own its page-table row " << seq->slot;
+    const int32_t num_pages = static_cast<int32_t>(seq->pages.size());
+    PAGELLM_ASSERT(num_pages >= pages_for(seq->num_computed) &&
+                   num_pages <= pages_for(seq->num_tokens()))
+        << "request " << seq->id << " holds " << num_pages << " pages for "
+        << seq->num_computed << " computed of " << seq->num_tokens() << " tokens";
+    const int32_t* row = page_table_.row(seq->slot);
+    for (int32_t b = 0; b < config_.max_pages_per_seq; ++b) {
+      const int32_t expected = b < num_pages ? seq->pages[b] : 0;
+      PAGELLM_ASSERT(row[b] == expected)
+          << "page-table row " << seq->slot << " of request " << seq->id << " maps block " << b
+          << " to page " << row[b] << ", expected " << expected;
+    }
+  }
+  for (const Sequence* seq : waiting_) {
+    auto it = unfinished_.find(seq->id);
+    PAGELLM_ASSERT(it != unfinished_.end() && it->second == seq)
+        << "waiting request " << seq->id << " is not registered";
+    PAGELLM_ASSERT(seq->status == SequenceStatus::kWaiting && seq->pages.empty() &&
+                   seq->slot == 0 && seq->num_computed == 0)
+        << "waiting request " << seq->id << " holds pages, a row or computed tokens";
+  }
+}
+
+}  // namespace pagellm

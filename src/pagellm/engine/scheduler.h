@@ -1,0 +1,149 @@
+// Continuous-batching scheduler with chunked prefill and preemption by recompute.
+//
+// One step of the engine is:
+//   out = scheduler.schedule();                 // who runs, how many tokens, pages ready
+//   batch = build_forward_batch(out, ...);      // batch_builder.h
+//   sampled = model step + sampler;             // one token per `samples` entry, in order
+//   scheduler.on_step_done(out, sampled);       // append tokens, retire finished requests
+// The contract (what each step guarantees, the preemption policy, the budget accounting)
+// is written out in docs/parts/scheduler.md.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "pagellm/engine/sequence.h"
+#include "pagellm/kv/page_allocator.h"
+#include "pagellm/kv/page_table.h"
+
+namespace pagellm {
+
+/// Limits the scheduler works within.
+struct SchedulerConfig {
+  /// Most sequences running at once (also bounded by the page table's free rows).
+  int32_t max_num_seqs = 256;
+  /// Most tokens (prefill chunks plus decodes) in one step. Must be >= max_num_seqs, so
+  /// that every running decode fits in every step.
+  int32_t max_num_batched_tokens = 2048;
+  /// Tokens per KV page.
+  int32_t page_size = 16;
+  /// Most tokens (prompt + output) of one sequence; a sequence stops when it reaches it.
+  int32_t max_model_len = 4096;
+  /// Capacity of one page-table row. 0: derived as ceil(max_model_len / page_size). Must
+  /// equal the PageTable's max_pages_per_seq.
+  int32_t max_pages_per_seq = 0;
+  /// Tokens that end a request (unless its params.ignore_eos).
+  std::vector<int32_t> eos_token_ids;
+};
+
+/// One sequence's share of a step.
+struct ScheduledSeq {
+  Sequence* seq = nullptr;
+  /// Tokens computed this step: seq->token_at(num_computed .. num_computed + n - 1), where
+  /// num_computed is the value before on_step_done().
+  int32_t num_new_tokens = 0;
+  /// True when this step reaches the end of the sequence's known tokens, so its last row
+  /// produces a sampled token (a decode or the last prefill chunk).
+  bool samples = false;
+};
+
+/// The plan of one step.
+struct SchedulerOutput {
+  /// Step number (from 1), matched by on_step_done().
+  int64_t step = 0;
+  /// Running sequences first, in their running order, then newly admitted ones in FIFO
+  /// order. Pages for num_computed + num_new_tokens tokens are allocated and in the page
+  /// table row seq->slot.
+  std::vector<ScheduledSeq> scheduled;
+  /// Sequences preempted this step (pages and row freed, num_computed reset to 0, back at
+  /// the front of the waiting queue).
+  std::vector<Sequence*> preempted;
+  /// Sequences that schedule() finished with FinishReason::kError because they could not
+  /// get a page even with nothing else running (only when pages are held outside the
+  /// scheduler).
+  std::vector<Sequence*> finished;
+  /// Sum of num_new_tokens; <= max_num_batched_tokens.
+  int32_t num_tokens = 0;
+  /// Entries with samples == true, that is, the number of tokens on_step_done() expects.
+  int32_t num_sampling() const;
+};
+
+/// FIFO continuous-batching scheduler over a PageAllocator and a PageTable it uses
+/// exclusively. Holds pointers to Sequences owned by the engine; a sequence must outlive
+/// its time in the scheduler (until it is finished and any step that scheduled it is
+/// done). Not thread-safe: call everything from the engine's thread.
+class Scheduler {
+ public:
+  /// Throws Error for a non-positive limit, max_num_batched_tokens < max_num_seqs, or a
+  /// page table whose row capacity differs from the config's max_pages_per_seq.
+  Scheduler(SchedulerConfig config, PageAllocator& allocator, PageTable& page_table);
+
+  /// Queues a new request (status kWaiting, no output, nothing computed). A request that
+  /// can never run (empty prompt, prompt of max_model_len tokens or more, max_tokens < 1,
+  /// or more KV pages at its longest than the pool or a page-table row holds) is not
+  /// queued: it is finished at once with FinishReason::kError and seq->error saying why.
+  /// Returns whether it was queued. Throws Error for a null, already used or duplicate-id
+  /// sequence (engine bugs, not user input).
+  bool add(Sequence* seq);
+
+  /// Plans one step; see SchedulerOutput and docs/parts/scheduler.md. Throws Error if the
+  /// previous non-empty step has not been reported with on_step_done().
+  SchedulerOutput schedule();
+
+  /// Reports the step `out` has run. `sampled` holds one token per entry of out.scheduled
+  /// with samples == true, in order. Advances num_computed, appends the tokens (and their
+  /// SampledToken to Sequence::sampled), and retires the sequences that finished (EOS,
+  /// stop token, max_tokens, max_model_len), freeing their pages and rows. Sequences
+  /// aborted since schedule() are skipped (their token is dropped). Returns the sequences
+  /// finished by this call, in scheduled order.
+  std::vector<Sequence*> on_step_done(const SchedulerOutput& out,
+                                      const std::vector<SampledToken>& sampled);
+
+  /// Cancels a waiting or running request: frees its pages and row and finishes it with
+  /// FinishReason::kAborted. Returns false when no unfinished request has this id.
+  bool abort(int64_t id);
+
+  bool has_unfinished() const { return !waiting_.empty() || !running_.empty(); }
+  size_t num_waiting() const { return waiting_.size(); }
+  size_t num_running() const { return running_.size(); }
+  /// In running order: oldest admission first (the last one is preempted first).
+  const std::vector<Sequence*>& running() const { return running_; }
+  /// In admission order: the front is admitted next.
+  const std::deque<Sequence*>& waiting() const { return waiting_; }
+  const SchedulerConfig& config() const { return config_; }
+
+  /// Verifies the whole bookkeeping: the allocator's and page table's own invariants;
+  /// every allocated page referenced exactly refcount times by the running sequences'
+  /// page lists plus `extra_owners` (pages held outside the scheduler); each running
+  /// sequence has its own row, whose entries equal its pages (then zeros), and pages for
+  /// at least num_computed and at most num_tokens() tokens; waiting sequences hold no
+  /// pages, no row and nothing computed. Throws Error naming the first violation.
+  void check_invariants(const std::vector<const std::vector<int32_t>*>& extra_owners = {}) const;
+
+ private:
+  /// Pages needed to hold the K/V of the first `num_tokens` tokens.
+  int32_t pages_for(int32_t num_tokens) const;
+  /// Allocates pages so that seq covers `num_tokens` tokens; false (nothing changed) if
+  /// the pool has too few free pages.
+  bool grow(Sequence* seq, int32_t num_tokens);
+  /// Frees pages and row and resets progress; the caller requeues.
+  void free_resources(Sequence* seq);
+  void preempt_last_running(SchedulerOutput* out);
+  void finish(Sequence* seq, FinishReason reason);
+  /// Why a new request can never run, or "" if it can.
+  std::string rejection_reason(const Sequence& seq) const;
+
+  SchedulerConfig config_;
+  PageAllocator& allocator_;
+  PageTable& page_table_;
+  std::deque<Sequence*> waiting_;
+  std::vector<Sequence*> running_;
+  std::unordered_map<int64_t, Sequence*> unfinished_;  // id -> sequence, waiting or running
+  int64_t step_ = 0;
+  bool step_in_flight_ = false;
+};
+
+}  // namespace pagellm

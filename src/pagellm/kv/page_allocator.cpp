@@ -1,0 +1,107 @@
+#include "pagellm/kv/page_allocator.h"
+
+#include "pagellm/common/check.h"
+
+namespace pagellm {
+
+PageAllocator::PageAllocator(int32_t num_pages) {
+  PAGELLM_CHECK(num_pages >= 2) << "the KV cache needs at least 2 pages (page 0 is reserved "
+                                   "for padding), got num_pages = "
+                                << num_pages;
+  refcounts_.assign(static_cast<size_t>(num_pages), 0);
+  for (int32_t p = 1; p < num_pages; ++p) free_list_.push_back(p);
+}
+
+void PageAllocator::check_page(int32_t page, const char* what) const {
+  PAGELLM_CHECK(page >= 1 && page < num_pages())
+      << what << " of page " << page << ": pages are 1.." << num_pages() - 1
+      << " (page 0 is reserved for padding)";
+}
+
+int32_t PageAllocator::allocate() {
+  if (free_list_.empty()) return -1;
+  int32_t page = free_list_.front();
+  free_list_.pop_front();
+  PAGELLM_ASSERT(refcounts_[page] == 0) << "free-listed page " << page << " has refcount "
+                                        << refcounts_[page];
+  refcounts_[page] = 1;
+  return page;
+}
+
+bool PageAllocator::allocate(int32_t count, std::vector<int32_t>* pages) {
+  PAGELLM_CHECK(count >= 0) << "cannot allocate a negative number of pages (" << count << ")";
+  if (!can_allocate(count)) return false;
+  for (int32_t i = 0; i < count; ++i) pages->push_back(allocate());
+  return true;
+}
+
+void PageAllocator::incref(int32_t page) {
+  check_page(page, "incref");
+  PAGELLM_CHECK(refcounts_[page] >= 1)
+      << "incref of free page " << page << ": only a referenced page can be shared";
+  ++refcounts_[page];
+}
+
+bool PageAllocator::decref(int32_t page) {
+  check_page(page, "decref");
+  PAGELLM_CHECK(refcounts_[page] >= 1) << "double free of page " << page
+                                       << ": it is already on the free list";
+  if (--refcounts_[page] > 0) return false;
+  free_list_.push_back(page);
+  return true;
+}
+
+void PageAllocator::release(const std::vector<int32_t>& pages) {
+  for (int32_t page : pages) decref(page);
+}
+
+int32_t PageAllocator::refcount(int32_t page) const {
+  PAGELLM_CHECK(page >= 0 && page < num_pages())
+      << "refcount of page " << page << ": pages are 0.." << num_pages() - 1;
+  return refcounts_[page];
+}
+
+void PageAllocator::check_invariants() const {
+  PAGELLM_ASSERT(refcounts_[0] == 0) << "reserved page 0 has refcount " << refcounts_[0];
+  std::vector<char> on_free_list(refcounts_.size(), 0);
+  for (int32_t page : free_list_) {
+    PAGELLM_ASSERT(page >= 1 && page < num_pages()) << "free list holds invalid page " << page;
+    PAGELLM_ASSERT(!on_free_list[page]) << "page " << page << " is on the free list twice";
+    PAGELLM_ASSERT(refcounts_[page] == 0)
+        << "free-listed page " << page << " has refcount " << refcounts_[page];
+    on_free_list[page] = 1;
+  }
+  int32_t referenced = 0;
+  for (int32_t page = 1; page < num_pages(); ++page) {
+    PAGELLM_ASSERT(refcounts_[page] >= 0) << "page " << page << " has negative refcount";
+    if (refcounts_[page] > 0) {
+      ++referenced;
+    } else {
+      PAGELLM_ASSERT(on_free_list[page]) << "page " << page << " is unreferenced but not free";
+    }
+  }
+  PAGELLM_ASSERT(num_free() + referenced == num_usable())
+      << "free " << num_free() << " + referenced " << referenced << " != usable "
+      << num_usable();
+}
+
+void PageAllocator::check_invariants(
+    const std::vector<const std::vector<int32_t>*>& owners) const {
+  check_invariants();
+  std::vector<int32_t> seen(refcounts_.size(), 0);
+  for (size_t o = 0; o < owners.size(); ++o) {
+    for (int32_t page : *owners[o]) {
+      PAGELLM_ASSERT(page >= 1 && page < num_pages())
+          << "owner " << o << " holds invalid page " << page;
+      PAGELLM_ASSERT(refcounts_[page] > 0) << "owner " << o << " holds free page " << page;
+      ++seen[page];
+    }
+  }
+  for (int32_t page = 1; page < num_pages(); ++page) {
+    PAGELLM_ASSERT(seen[page] == refcounts_[page])
+        << "page " << page << " has refcount " << refcounts_[page] << " but " << seen[page]
+        << " owner references";
+  }
+}
+
+}  // namespace pagellm

@@ -1,0 +1,100 @@
+// The ForwardBatch built from a SchedulerOutput, checked array by array on a step that
+// mixes a full prefill, a prefill chunk and then a decode with a chunk spanning pages.
+#include "pagellm/engine/batch_builder.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "scheduler/sim.h"
+
+namespace pagellm {
+namespace {
+
+using testing::Sim;
+using testing::small_config;
+
+std::vector<int32_t> prompt_slice(const Sequence& s, int32_t begin, int32_t end) {
+  return std::vector<int32_t>(s.prompt.begin() + begin, s.prompt.begin() + end);
+}
+
+std::vector<int32_t> row_with(std::vector<int32_t> pages, int32_t width) {
+  pages.resize(static_cast<size_t>(width), 0);
+  return pages;
+}
+
+TEST(BatchBuilder, MixedPrefillChunkAndDecode) {
+  Sim sim(small_config(4, 8), 33);  // page_size 4, 16 pages per row
+  Sequence* a = sim.make({1, 5, 4});
+  Sequence* b = sim.make({2, 10, 4});
+  ASSERT_TRUE(sim.scheduler().add(a));
+  ASSERT_TRUE(sim.scheduler().add(b));
+
+  // Step 1: a prefills 5 tokens (pages 1, 2; row 1), b a 3-token chunk (page 3; row 2).
+  SchedulerOutput out = sim.scheduler().schedule();
+  ForwardBatch batch = build_forward_batch(out, sim.table(), 4);
+  EXPECT_EQ(batch.page_size, 4);
+  EXPECT_EQ(batch.max_pages_per_seq, 16);
+  std::vector<int32_t> tokens = prompt_slice(*a, 0, 5);
+  for (int32_t t : prompt_slice(*b, 0, 3)) tokens.push_back(t);
+  EXPECT_EQ(batch.token_ids, tokens);
+  EXPECT_EQ(batch.positions, (std::vector<int32_t>{0, 1, 2, 3, 4, 0, 1, 2}));
+  EXPECT_EQ(batch.slot_mapping, (std::vector<int32_t>{4, 5, 6, 7, 8, 12, 13, 14}));
+  EXPECT_EQ(batch.query_start, (std::vector<int32_t>{0, 5, 8}));
+  EXPECT_EQ(batch.kv_lens, (std::vector<int32_t>{5, 3}));
+  std::vector<int32_t> table = row_with({1, 2}, 16);
+  for (int32_t p : row_with({3}, 16)) table.push_back(p);
+  EXPECT_EQ(batch.page_table, table);
+  EXPECT_EQ(batch.logits_indices, (std::vector<int32_t>{4}));  // b's chunk does not sample
+  std::vector<SamplingRow> rows = build_sampling_rows(out);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].params, &a->params);
+  EXPECT_EQ(rows[0].seed, a->seed);
+  EXPECT_EQ(rows[0].output_index, 0);
+  EXPECT_EQ(rows[0].prompt_tokens, &a->prompt);
+  EXPECT_EQ(rows[0].output_tokens, &a->output);
+
+  SampledToken t;
+  t.token = 77;
+  sim.scheduler().on_step_done(out, {t});
+
+  // Step 2: a decodes position 5 (page 2, offset 1); b gets positions 3..9: the end of
+  // page 3, all of a new page 4 and half of page 5, and samples its first token.
+  out = sim.scheduler().schedule();
+  batch = build_forward_batch(out, sim.table(), 4);
+  tokens = {77};
+  for (int32_t tok : prompt_slice(*b, 3, 10)) tokens.push_back(tok);
+  EXPECT_EQ(batch.token_ids, tokens);
+  EXPECT_EQ(batch.positions, (std::vector<int32_t>{5, 3, 4, 5, 6, 7, 8, 9}));
+  EXPECT_EQ(batch.slot_mapping, (std::vector<int32_t>{9, 15, 16, 17, 18, 19, 20, 21}));
+  EXPECT_EQ(batch.query_start, (std::vector<int32_t>{0, 1, 8}));
+  EXPECT_EQ(batch.kv_lens, (std::vector<int32_t>{6, 10}));
+  table = row_with({1, 2}, 16);
+  for (int32_t p : row_with({3, 4, 5}, 16)) table.push_back(p);
+  EXPECT_EQ(batch.page_table, table);
+  EXPECT_EQ(batch.logits_indices, (std::vector<int32_t>{0, 7}));
+  rows = build_sampling_rows(out);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].output_index, 1);
+  EXPECT_EQ(rows[1].output_tokens, &b->output);
+  EXPECT_EQ(rows[1].output_index, 0);
+}
+
+TEST(BatchBuilder, EmptyStepAndStaleOutput) {
+  Sim sim(small_config(4, 8), 33);
+  SchedulerOutput empty = sim.scheduler().schedule();
+  ForwardBatch batch = build_forward_batch(empty, sim.table(), 4);
+  EXPECT_EQ(batch.num_seqs(), 0);
+  EXPECT_EQ(batch.query_start, (std::vector<int32_t>{0}));
+  EXPECT_TRUE(build_sampling_rows(empty).empty());
+
+  // Building from an output after on_step_done() advanced the sequence is an error.
+  ASSERT_TRUE(sim.add({1, 4, 1}));
+  SchedulerOutput out = sim.scheduler().schedule();
+  SampledToken t;
+  sim.scheduler().on_step_done(out, {t});
+  EXPECT_THROW(build_forward_batch(out, sim.table(), 4), Error);
+}
+
+}  // namespace
+}  // namespace pagellm
