@@ -101,6 +101,10 @@ class Backend {
   /// out[r, :] = x[indices[r], :]
   virtual void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) = 0;
 
+  /// Measures device memory bandwidth with a large copy: (bytes read + bytes written) per
+  /// second. The limit that bandwidth-bound work (decode) is measured against.
+  virtual double measure_copy_bandwidth();
+
   // ---- graphs (optional) --------------------------------------------------------------
   virtual bool supports_graphs() const { return false; }
   /// From now on upload_batch() keeps fixed device addresses for every batch within these
