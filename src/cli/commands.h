@@ -5,8 +5,10 @@
 
 namespace pagellm::cli {
 
-// cmd_generate.cpp: make-model, generate, bench
+// cmd_generate.cpp: make-model, generate
 void register_model_commands(CLI::App& app);
+// cmd_bench.cpp: bench
+void register_bench_command(CLI::App& app);
 // cmd_tokenize.cpp: tokenize, detokenize, chat-template
 void register_tokenizer_commands(CLI::App& app);
 

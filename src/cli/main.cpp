@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   CLI::App app{"pagellm: Qwen3 inference with a paged KV cache"};
   app.require_subcommand(1);
   pagellm::cli::register_model_commands(app);
+  pagellm::cli::register_bench_command(app);
   pagellm::cli::register_tokenizer_commands(app);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Builds the CUDA binaries for the GPU machine into build-gpu/ (here, where the compilers
+# and Debian's libraries are) and copies the shared libraries that machine lacks into
+# build-gpu/lib, so that scripts/gpu_suite.sh needs no compiler or package there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${1:-build-gpu}
+cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGELLM_CUDA=ON -DPAGELLM_STATIC_DEPS=ON >/dev/null
+cmake --build "$B" -j2 --target pagellm_cli test_cuda $(cd "$B" && ninja -t targets all | grep -oE '^[a-z_]+_bench' | sort -u | tr '\n' ' ')
+mkdir -p "$B/lib"
+# Everything the binaries link that is neither glibc, the C++ runtime nor a CUDA library
+# (those come from the GPU machine's own toolkit and driver).
+for bin in "$B/pagellm" "$B/tests/test_cuda"; do
+  ldd "$bin" | awk '/=> \//{print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|ld-linux*|libstdc++*|libgcc_s*) ;;
+      libcuda.so*|libcublas*|libcudnn*|libnccl*|libcudart*) ;;
+      *) cp -uL "$lib" "$B/lib/" ;;
+    esac
+  done
+done
+ls "$B/lib"

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU suite: runs on a GPU machine from a build made by scripts/build_gpu.sh (no
+# compiler or package needed there beyond the CUDA toolkit, python3 with torch and
+# transformers). Usage: scripts/gpu_suite.sh BUILD_DIR LOG_DIR [steps...]
+# Steps (default: all): tests e2e bench attn hf
+set -uo pipefail
+cd "$(dirname "$0")/.."
+B=${1:-build-gpu}
+LOG=${2:-gpu-logs}
+shift 2 || true
+STEPS=${*:-tests e2e bench attn hf}
+mkdir -p "$LOG"
+export LD_LIBRARY_PATH="$PWD/$B/lib:/usr/local/cuda/lib64:/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}"
+export PYTHONUNBUFFERED=1
+status=0
+step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+
+step "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$LOG/gpu.txt"
+ldd "$B/pagellm" | grep -E "not found|cublas|cudnn" | tee "$LOG/ldd.txt"
+
+if has tests; then
+  step "op tests (test_cuda)"
+  "$B/tests/test_cuda" --gtest_brief=1 2>&1 | tee "$LOG/test_cuda.log" | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if has e2e; then
+  for preset in qwen3-0.6b qwen3-4b; do
+    step "end to end against transformers: $preset"
+    dir=/tmp/hf-$preset
+    [ -f "$dir/config.json" ] || python3 python/model/save_pretrained_reference.py \
+      --preset "$preset" --out "$dir" --seed 0 --dtype bf16 > "$LOG/save_$preset.log" 2>&1
+    python3 python/e2e/compare_hf.py --model "$dir" --pagellm "$B/pagellm" 2>&1 | tee "$LOG/e2e_$preset.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
+fi
+
+if has bench; then
+  step "pagellm bench: W1 and the batch sweep"
+  "$B/pagellm" bench --json-out "$LOG/bench.jsonl" 2>&1 | tee "$LOG/bench_w1.log"
+  for batch in 1 8 64 128 256; do
+    "$B/pagellm" bench --batch "$batch" --output-len 128 --json-out "$LOG/bench.jsonl" 2>&1 | tee -a "$LOG/bench_sweep.log"
+  done
+fi
+
+if has attn; then
+  step "paged attention kernels"
+  "$B/attention_bench" --out "$LOG/attention_bench.csv" 2>&1 | tee "$LOG/attention_bench.log" | tail -60
+fi
+
+if has hf; then
+  step "transformers on W1 (static cache, compiled)"
+  timeout 400 python3 python/bench/hf_w1.py 2>&1 | tail -3 | tee "$LOG/hf_w1.log"
+fi
+echo
+echo "gpu suite: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
+exit $status

@@ -1,0 +1,176 @@
+// bench: the W1 workload (or any preset / batch / lengths) through the engine, with
+// prefill, decode and end-to-end throughput and decode's fraction of the bandwidth limit.
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "pagellm/common/progress.h"
+#include "pagellm/engine/engine.h"
+#include "pagellm/model/make_model.h"
+#include "pagellm/model/random_weights.h"
+
+namespace pagellm::cli {
+namespace {
+
+struct BenchArgs {
+  std::string model;
+  std::string preset = "qwen3-4b";
+  int batch = 32;
+  int prompt_len = 256;
+  int output_len = 512;
+  uint64_t seed = 0;
+  std::string json_out;
+  EngineSettings engine;
+};
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+void run_bench(BenchArgs args) {
+  EngineSettings settings = args.engine;
+  if (settings.config.max_model_len <= 0) {
+    settings.config.max_model_len = args.prompt_len + args.output_len;
+  }
+  settings.config.max_num_seqs = std::max(settings.config.max_num_seqs, args.batch);
+  settings.config.max_num_batched_tokens =
+      std::max(settings.config.max_num_batched_tokens, settings.config.max_num_seqs);
+
+  std::unique_ptr<Engine> engine;
+  std::string model_name;
+  if (!args.model.empty()) {
+    engine = load_engine(args.model, settings);
+    model_name = args.model;
+  } else {
+    // Random weights made in memory: no files, same values make-model would write.
+    std::unique_ptr<Backend> backend = create_backend(settings.config.backend);
+    const Qwen3Config config = preset_config(args.preset);
+    ProgressBar bar("building " + args.preset);
+    auto model = std::make_unique<Qwen3Model>(
+        *backend, config, random_weight_lookup(config, args.seed, DType::BF16),
+        [&](size_t done, size_t total) { bar.update(done, total); });
+    bar.finish();
+    engine = std::make_unique<Engine>(std::move(backend), std::move(model), settings.config);
+    model_name = args.preset + " (random weights)";
+  }
+  const Qwen3Config& mc = engine->model().config();
+  Backend& backend = engine->backend();
+  const double bandwidth = backend.measure_copy_bandwidth();
+
+  std::mt19937 rng(static_cast<uint32_t>(args.seed));
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(mc.vocab_size) - 1);
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.max_tokens = args.output_len;
+  greedy.ignore_eos = true;
+  std::vector<int64_t> ids;
+  for (int b = 0; b < args.batch; ++b) {
+    std::vector<int32_t> prompt(static_cast<size_t>(args.prompt_len));
+    for (auto& t : prompt) t = tok(rng);
+    ids.push_back(engine->add_request(std::move(prompt), greedy));
+  }
+
+  // Phase 1: until every request has its first token (prefill). Phase 2: decode.
+  backend.synchronize();
+  const auto t0 = Clock::now();
+  auto all_have = [&](size_t n) {
+    for (int64_t id : ids)
+      if (engine->request(id).output.size() < n && !engine->request(id).finished()) return false;
+    return true;
+  };
+  while (!all_have(1)) engine->step();
+  const auto t1 = Clock::now();
+  const int64_t steps_before = engine->stats().steps;
+  const int64_t graph_before = engine->stats().graph_steps;
+  std::vector<double> step_times;
+  while (engine->has_unfinished()) {
+    const auto s0 = Clock::now();
+    engine->step();
+    step_times.push_back(seconds(s0, Clock::now()));
+  }
+  backend.synchronize();
+  const auto t2 = Clock::now();
+
+  int64_t generated = 0;
+  for (int64_t id : ids) {
+    const Sequence& s = engine->request(id);
+    PAGELLM_CHECK(s.finish_reason == FinishReason::kLength)
+        << "bench request " << id << " ended with " << finish_reason_name(s.finish_reason) << " "
+        << s.error;
+    generated += static_cast<int64_t>(s.output.size());
+  }
+  const double prefill_s = seconds(t0, t1), decode_s = seconds(t1, t2);
+  const int64_t decode_tokens = generated - args.batch;
+  const int64_t decode_steps = engine->stats().steps - steps_before;
+
+  // Bytes a decode step must read: every weight once (the embedding table only as
+  // lm_head when tied; an untied table is only gathered) plus the K/V of the context.
+  const size_t wbytes = engine->model().weight_bytes();
+  const size_t embed_bytes = static_cast<size_t>(mc.vocab_size * mc.hidden_size) *
+                             dtype_size(backend.weight_dtype());
+  const double weight_read = static_cast<double>(mc.tie_word_embeddings ? wbytes : wbytes - embed_bytes);
+  const double kv_per_token = 2.0 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim *
+                              dtype_size(backend.kv_dtype());
+  const double avg_context = args.prompt_len + args.output_len / 2.0;
+  const double kv_read = kv_per_token * avg_context * args.batch;
+  const double step_bytes = weight_read + kv_read;
+  const double step_s = decode_steps > 0 ? decode_s / decode_steps : 0.0;
+  const double achieved = step_s > 0 ? step_bytes / step_s : 0.0;
+  const double limit_tok_s = bandwidth / step_bytes * args.batch;
+  std::sort(step_times.begin(), step_times.end());
+  const double median_step = step_times.empty() ? 0.0 : step_times[step_times.size() / 2];
+
+  std::printf("pagellm bench: %s on %s, batch %d, prompt %d, output %d, page %d\n",
+              model_name.c_str(), backend.name().c_str(), args.batch, args.prompt_len,
+              args.output_len, engine->config().page_size);
+  std::printf("  prefill     %10.1f tok/s  (%.3f s)\n", args.batch * args.prompt_len / prefill_s,
+              prefill_s);
+  std::printf("  decode      %10.1f tok/s  (%lld steps, %.3f s, median step %.3f ms, %lld in graphs)\n",
+              decode_tokens / decode_s, static_cast<long long>(decode_steps), decode_s,
+              median_step * 1e3, static_cast<long long>(engine->stats().graph_steps - graph_before));
+  std::printf("  end-to-end  %10.1f tok/s  (%.3f s)\n", generated / (prefill_s + decode_s),
+              prefill_s + decode_s);
+  std::printf("  decode step reads %.2f GB weights + %.2f GB KV; achieved %.0f GB/s of %.0f GB/s "
+              "measured copy bandwidth = %.1f %% (limit %.0f tok/s)\n",
+              weight_read / 1e9, kv_read / 1e9, achieved / 1e9, bandwidth / 1e9,
+              100.0 * achieved / bandwidth, limit_tok_s);
+  if (!args.json_out.empty()) {
+    nlohmann::json j = {{"model", model_name}, {"backend", backend.name()},
+                        {"batch", args.batch}, {"prompt_len", args.prompt_len},
+                        {"output_len", args.output_len},
+                        {"prefill_tok_s", args.batch * args.prompt_len / prefill_s},
+                        {"decode_tok_s", decode_tokens / decode_s},
+                        {"e2e_tok_s", generated / (prefill_s + decode_s)},
+                        {"median_step_ms", median_step * 1e3},
+                        {"bandwidth_gbs", bandwidth / 1e9},
+                        {"fraction_of_limit", achieved / bandwidth},
+                        {"limit_tok_s", limit_tok_s}};
+    std::ofstream(args.json_out, std::ios::app) << j.dump() << "\n";
+  }
+}
+
+}  // namespace
+
+void register_bench_command(CLI::App& app) {
+  auto a = std::make_shared<BenchArgs>();
+  a->engine.config.backend = available_backends().back();  // cuda when built
+  CLI::App* cmd = app.add_subcommand("bench", "throughput benchmark (default: the W1 workload)");
+  cmd->add_option("--model", a->model, "model folder (default: random weights of --preset)");
+  cmd->add_option("--preset", a->preset, "architecture for random weights")->capture_default_str();
+  cmd->add_option("--batch", a->batch, "concurrent requests")->capture_default_str();
+  cmd->add_option("--prompt-len", a->prompt_len, "prompt tokens")->capture_default_str();
+  cmd->add_option("--output-len", a->output_len, "generated tokens")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "weights and prompts seed")->capture_default_str();
+  cmd->add_option("--json-out", a->json_out, "append a JSON line with the figures");
+  add_engine_options(cmd, a->engine);
+  cmd->callback([a] { run_bench(*a); });
+}
+
+}  // namespace pagellm::cli

@@ -1,0 +1,62 @@
+#include "cli/common.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "pagellm/common/progress.h"
+#include "pagellm/model/make_model.h"
+
+namespace pagellm::cli {
+
+void add_engine_options(CLI::App* cmd, EngineSettings& s) {
+  cmd->add_option("--backend", s.config.backend, "cpu | cuda")->capture_default_str();
+  cmd->add_option("--page-size", s.config.page_size, "tokens per KV page")->capture_default_str();
+  cmd->add_option("--num-pages", s.config.num_pages, "KV pages (default: from --kv-cache-gb)");
+  cmd->add_option("--kv-cache-gb", s.kv_cache_gb, "memory for the KV cache (default: automatic)");
+  cmd->add_option("--max-num-seqs", s.config.max_num_seqs, "most requests running at once")
+      ->capture_default_str();
+  cmd->add_option("--max-batched-tokens", s.config.max_num_batched_tokens,
+                  "most tokens in one step")
+      ->capture_default_str();
+  cmd->add_option("--max-model-len", s.config.max_model_len,
+                  "longest prompt + output (default: the model's)");
+}
+
+std::unique_ptr<Engine> load_engine(const std::string& model_dir, const EngineSettings& s) {
+  EngineConfig config = s.config;
+  if (s.kv_cache_gb > 0) config.kv_cache_bytes = static_cast<size_t>(s.kv_cache_gb * 1e9);
+  ProgressBar bar("loading " + model_dir);
+  auto engine = Engine::create(model_dir, config, [&](size_t done, size_t total) {
+    if (total > (size_t{256} << 20)) bar.update(done, total);
+  });
+  bar.finish();
+  return engine;
+}
+
+std::string default_model_dir() {
+  std::filesystem::path base;
+  if (const char* cache = std::getenv("PAGELLM_CACHE")) {
+    base = cache;
+  } else if (const char* xdg = std::getenv("XDG_CACHE_HOME")) {
+    base = std::filesystem::path(xdg) / "pagellm";
+  } else if (const char* home = std::getenv("HOME")) {
+    base = std::filesystem::path(home) / ".cache" / "pagellm";
+  } else {
+    base = std::filesystem::temp_directory_path() / "pagellm";
+  }
+  const std::filesystem::path dir = base / "tiny-seed0";
+  if (!std::filesystem::exists(dir / "config.json") ||
+      !std::filesystem::exists(dir / "tokenizer.json")) {
+    std::fprintf(stderr, "pagellm: no --model given; making the embedded tiny model in %s\n",
+                 dir.c_str());
+    MakeModelOptions opt;
+    opt.preset = "tiny";
+    opt.out_dir = dir.string();
+    opt.seed = 0;
+    make_model(opt);
+    write_model_tokenizer(dir.string(), preset_config("tiny").vocab_size);
+  }
+  return dir.string();
+}
+
+}  // namespace pagellm::cli
