@@ -1,0 +1,393 @@
+// Paged attention benchmark: decode bandwidth and prefill tensor-core rate, each against the
+// ceiling this run measures (decode) or the bars of issue 6 (prefill).
+//
+//   attention_bench [--quick] [--out FILE.csv]
+//
+// Decode (Qwen3-8B attention: 32 query heads, 8 KV heads, head_dim 128, 16-token pages):
+// bytes = K/V rows read + q read + out written; time = median over graph replays of a graph
+// holding many launches, which rotate over page tables pointing at disjoint pages so that
+// no launch finds its K/V in L2. Printed as GB/s and as a fraction of the device-to-device
+// copy bandwidth measured at the start of the run (bytes read + bytes written).
+// Prefill: causal FLOPs = 4 · head_dim · num_q_heads · Σ (keys each query token sees),
+// timed the same way, printed as TFLOP/s beside FlashAttention-2's (~309-342) and cuDNN's
+// (~577-606) rates on this H200 at 4k-32k tokens, 32 heads, D = 128.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "pagellm/cuda/attention.h"
+
+namespace {
+
+#define CHECK_CUDA(expr)                                                                      \
+  do {                                                                                        \
+    cudaError_t err_ = (expr);                                                                \
+    if (err_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "CUDA error %s in %s at %s:%d\n", cudaGetErrorString(err_), #expr, \
+                   __FILE__, __LINE__);                                                       \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+/// Fills n bf16 values with a hash of their index, uniform in [-1, 1) (never zeros: zeros
+/// can run faster than real data).
+__global__ void fill_random_bf16(__nv_bfloat16* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 0x9e3779b9u ^ seed ^ static_cast<uint32_t>(i >> 32);
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    p[i] = __float2bfloat16(static_cast<float>(x) * (2.0f / 4294967296.0f) - 1.0f);
+  }
+}
+
+__global__ void count_nonfinite(const __nv_bfloat16* p, size_t n, unsigned long long* count) {
+  unsigned long long local = 0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    if (!isfinite(__bfloat162float(p[i]))) ++local;
+  }
+  if (local) atomicAdd(count, local);
+}
+
+void fill_random(void* p, size_t n, uint32_t seed) {
+  fill_random_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
+  CHECK_CUDA(cudaGetLastError());
+}
+
+size_t nonfinite(const void* p, size_t n) {
+  unsigned long long* d = nullptr;
+  CHECK_CUDA(cudaMalloc(&d, sizeof(*d)));
+  CHECK_CUDA(cudaMemset(d, 0, sizeof(*d)));
+  count_nonfinite<<<512, 256>>>(static_cast<const __nv_bfloat16*>(p), n, d);
+  CHECK_CUDA(cudaGetLastError());
+  unsigned long long h = 0;
+  CHECK_CUDA(cudaMemcpy(&h, d, sizeof(h), cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaFree(d));
+  return static_cast<size_t>(h);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+/// Median milliseconds of one replay of `exec` over `reps` replays (after one warm-up).
+double time_graph(cudaGraphExec_t exec, cudaStream_t stream, int reps) {
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<double> ms;
+  for (int r = 0; r < reps; ++r) {
+    CHECK_CUDA(cudaEventRecord(start, stream));
+    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    CHECK_CUDA(cudaEventRecord(stop, stream));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float t = 0.0f;
+    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  return median(ms);
+}
+
+/// Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written.
+double copy_bandwidth_gbs(cudaStream_t stream) {
+  const size_t bytes = size_t{2} << 30;
+  void *a = nullptr, *b = nullptr;
+  CHECK_CUDA(cudaMalloc(&a, bytes));
+  CHECK_CUDA(cudaMalloc(&b, bytes));
+  fill_random(a, bytes / 2, 1);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < 4; ++i) {
+    CHECK_CUDA(
+        cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  const double ms = time_graph(exec, stream, 10) / 4;
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaFree(a));
+  CHECK_CUDA(cudaFree(b));
+  return 2.0 * bytes / (ms * 1e-3) / 1e9;
+}
+
+struct Row {
+  std::string kind;
+  int head_dim, num_q_heads, num_kv_heads, page_size, batch, q_len, kv_len, splits;
+  double time_us, gbs, frac_copy, tflops;
+};
+
+/// A paged KV cache big enough for every configuration, filled with random bf16 once.
+struct Pool {
+  int num_kv_heads, head_dim, page_size;
+  int64_t num_pages;
+  void* k = nullptr;
+  void* v = nullptr;
+  Pool(int64_t tokens, int hkv, int d, int page) : num_kv_heads(hkv), head_dim(d), page_size(page) {
+    num_pages = tokens / page + 1;
+    const size_t elems = static_cast<size_t>(num_pages) * hkv * page * d;
+    CHECK_CUDA(cudaMalloc(&k, elems * 2));
+    CHECK_CUDA(cudaMalloc(&v, elems * 2));
+    fill_random(k, elems, 2);
+    fill_random(v, elems, 3);
+    CHECK_CUDA(cudaDeviceSynchronize());
+  }
+  ~Pool() {
+    cudaFree(k);
+    cudaFree(v);
+  }
+};
+
+/// Device metadata for `copies` batches of `batch` sequences (q_len query tokens each, kv_len
+/// keys), each copy on its own pages (shuffled), plus q, out and workspace.
+struct Batch {
+  int batch, q_len, kv_len, copies, max_pages;
+  int32_t *query_start = nullptr, *kv_lens = nullptr, *tables = nullptr;
+  void *q = nullptr, *out = nullptr, *workspace = nullptr;
+  size_t workspace_bytes = 0;
+  Batch(const Pool& pool, int num_q_heads, int b, int ql, int kvl, int n_copies, std::mt19937& rng)
+      : batch(b), q_len(ql), kv_len(kvl), copies(n_copies) {
+    max_pages = (kv_len + pool.page_size - 1) / pool.page_size;
+    const int64_t needed = static_cast<int64_t>(copies) * batch * max_pages;
+    if (needed + 1 > pool.num_pages) throw std::runtime_error("pool too small");
+    std::vector<int32_t> pages(needed);
+    std::iota(pages.begin(), pages.end(), 1);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    std::vector<int32_t> qs(batch + 1), kvs(batch, kv_len);
+    for (int i = 0; i <= batch; ++i) qs[i] = i * q_len;
+    CHECK_CUDA(cudaMalloc(&query_start, qs.size() * 4));
+    CHECK_CUDA(cudaMalloc(&kv_lens, kvs.size() * 4));
+    CHECK_CUDA(cudaMalloc(&tables, pages.size() * 4));
+    CHECK_CUDA(cudaMemcpy(query_start, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(kv_lens, kvs.data(), kvs.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(tables, pages.data(), pages.size() * 4, cudaMemcpyHostToDevice));
+    const size_t qo = static_cast<size_t>(batch) * q_len * num_q_heads * pool.head_dim;
+    CHECK_CUDA(cudaMalloc(&q, qo * 2));
+    CHECK_CUDA(cudaMalloc(&out, qo * 2));
+    fill_random(q, qo, 4);
+    workspace_bytes = pagellm::cuda::paged_decode_workspace_bytes(num_q_heads, pool.head_dim);
+    if (workspace_bytes) CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
+    CHECK_CUDA(cudaDeviceSynchronize());  // uploads done before work on other streams
+  }
+  ~Batch() {
+    cudaFree(query_start);
+    cudaFree(kv_lens);
+    cudaFree(tables);
+    cudaFree(q);
+    cudaFree(out);
+    if (workspace) cudaFree(workspace);
+  }
+  pagellm::cuda::PagedAttentionParams params(const Pool& pool, int num_q_heads, int copy) const {
+    pagellm::cuda::PagedAttentionParams p;
+    p.q = q;
+    p.k_pool = pool.k;
+    p.v_pool = pool.v;
+    p.out = out;
+    p.query_start = query_start;
+    p.kv_lens = kv_lens;
+    p.page_table = tables + static_cast<size_t>(copy) * batch * max_pages;
+    p.num_seqs = batch;
+    p.num_tokens = batch * q_len;
+    p.num_q_heads = num_q_heads;
+    p.num_kv_heads = pool.num_kv_heads;
+    p.head_dim = pool.head_dim;
+    p.page_size = pool.page_size;
+    p.max_pages_per_seq = max_pages;
+    p.max_query_len = q_len;
+    p.max_kv_len = kv_len;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(pool.head_dim));
+    p.workspace = workspace;
+    p.workspace_bytes = workspace_bytes;
+    return p;
+  }
+};
+
+/// Captures `launches` calls rotating over the batch's copies; returns ms per call.
+double time_calls(const Pool& pool, const Batch& batch, int num_q_heads, bool decode, int launches,
+                  int reps, cudaStream_t stream) {
+  auto call = [&](int copy) {
+    const auto p = batch.params(pool, num_q_heads, copy % batch.copies);
+    if (decode) {
+      pagellm::cuda::paged_decode_attention(p, stream);
+    } else {
+      pagellm::cuda::paged_prefill_attention(p, stream);
+    }
+  };
+  call(0);  // outside capture: kernel attributes, module load
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < launches; ++i) call(i);
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  const double ms = time_graph(exec, stream, reps) / launches;
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  return ms;
+}
+
+void write_csv(const std::string& path, const std::vector<Row>& rows) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    std::exit(1);
+  }
+  std::fprintf(f,
+               "kind,head_dim,num_q_heads,num_kv_heads,page_size,batch,q_len,kv_len,splits,"
+               "time_us,gb_per_s,frac_copy_bw,tflops\n");
+  for (const Row& r : rows) {
+    std::fprintf(f, "%s,%d,%d,%d,%d,%d,%d,%d,%d,%.3f,%.1f,%.4f,%.2f\n", r.kind.c_str(), r.head_dim,
+                 r.num_q_heads, r.num_kv_heads, r.page_size, r.batch, r.q_len, r.kv_len, r.splits,
+                 r.time_us, r.gbs, r.frac_copy, r.tflops);
+  }
+  std::fclose(f);
+}
+
+}  // namespace
+
+int run(int argc, char** argv) {
+  std::string out_path;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
+      out_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--quick")) {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--out FILE.csv]\n", argv[0]);
+      return 2;
+    }
+  }
+  int device = 0;
+  CHECK_CUDA(cudaGetDevice(&device));
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const double copy_gbs = copy_bandwidth_gbs(stream);
+  std::printf("device: %s, %d SMs, L2 %d MB; copy bandwidth (read + write) %.0f GB/s\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbs);
+  std::vector<Row> rows;
+  std::mt19937 rng(12345);
+  const size_t l2_rotation_bytes = size_t{512} << 20;  // stay well clear of the 60 MB L2
+
+  // ---- decode ---------------------------------------------------------------------------
+  {
+    const int hq = 32, hkv = 8, d = 128, page = 16;
+    const std::vector<int> contexts =
+        quick ? std::vector<int>{4096, 32768}
+              : std::vector<int>{128, 512, 1024, 2048, 4096, 8192, 16384, 32768};
+    const std::vector<int> batches =
+        quick ? std::vector<int>{1, 64} : std::vector<int>{1, 4, 16, 64, 256};
+    int64_t max_tokens = 0;
+    for (int c : contexts) {
+      for (int b : batches) {
+        const int64_t bytes = int64_t{c} * b * hkv * d * 4;
+        const int64_t copies = std::max<int64_t>(1, (l2_rotation_bytes + bytes - 1) / bytes);
+        max_tokens = std::max(max_tokens, copies * b * ((c + page - 1) / page * page));
+      }
+    }
+    Pool pool(max_tokens + page, hkv, d, page);
+    std::printf("\ndecode: Hq %d, Hkv %d, D %d, page %d (bytes = K/V + q + out)\n", hq, hkv, d,
+                page);
+    std::printf("%8s %6s %6s %10s %9s %8s\n", "context", "batch", "splits", "time_us", "GB/s",
+                "of_copy");
+    for (int c : contexts) {
+      for (int b : batches) {
+        const double kv_bytes = double(c) * b * hkv * d * 2 * 2;
+        const double qo_bytes = double(b) * hq * d * 2 * 2;
+        const int copies =
+            static_cast<int>(std::max<double>(1, std::ceil(l2_rotation_bytes / kv_bytes)));
+        Batch batch(pool, hq, b, 1, c, std::min(copies, 1024), rng);
+        const int launches = std::max(batch.copies, 8);
+        const double ms = time_calls(pool, batch, hq, true, launches, quick ? 5 : 9, stream);
+        const size_t bad = nonfinite(batch.out, size_t(b) * hq * d);
+        const int splits = pagellm::cuda::plan_decode_splits(batch.params(pool, hq, 0));
+        const double gbs = (kv_bytes + qo_bytes) / (ms * 1e-3) / 1e9;
+        rows.push_back(
+            {"decode", d, hq, hkv, page, b, 1, c, splits, ms * 1e3, gbs, gbs / copy_gbs, 0.0});
+        std::printf("%8d %6d %6d %10.2f %9.0f %7.1f%%%s\n", c, b, splits, ms * 1e3, gbs,
+                    100.0 * gbs / copy_gbs, bad ? "  NON-FINITE OUTPUT" : "");
+      }
+    }
+  }
+
+  // ---- prefill --------------------------------------------------------------------------
+  {
+    struct Config {
+      int hq, hkv, d, batch, q_len, kv_len;
+    };
+    std::vector<Config> configs;
+    const std::vector<int> lengths =
+        quick ? std::vector<int>{4096} : std::vector<int>{1024, 4096, 8192, 16384, 32768};
+    for (int hkv : {32, 8}) {
+      for (int len : lengths) configs.push_back({32, hkv, 128, 1, len, len});
+    }
+    if (!quick) {
+      configs.push_back({32, 8, 128, 8, 2048, 2048});
+      configs.push_back({32, 8, 128, 32, 512, 512});
+      configs.push_back({32, 8, 128, 4, 512, 8192});    // chunked prefill after 7.5k cached
+      configs.push_back({32, 8, 128, 1, 2048, 32768});  // last chunk of a 32k prompt
+      configs.push_back({32, 8, 128, 64, 32, 2048});    // short queries: 64-row tiles
+      configs.push_back({16, 8, 64, 1, 8192, 8192});    // head_dim 64
+    }
+    std::printf(
+        "\nprefill: causal FLOPs = 4 * D * Hq * pairs; bars: FA2 ~309-342, cuDNN ~577-606 "
+        "TFLOP/s\n");
+    std::printf("%4s %4s %4s %6s %6s %6s %10s %8s\n", "Hq", "Hkv", "D", "batch", "q", "kv",
+                "time_us", "TFLOP/s");
+    for (const Config& cf : configs) {
+      const int page = 16;
+      const int64_t tokens = int64_t{cf.batch} * ((cf.kv_len + page - 1) / page * page) * 2;
+      Pool pool(tokens + page, cf.hkv, cf.d, page);
+      Batch batch(pool, cf.hq, cf.batch, cf.q_len, cf.kv_len, 1, rng);
+      double pairs = 0;
+      for (int i = 0; i < cf.q_len; ++i) pairs += cf.kv_len - cf.q_len + i + 1;
+      pairs *= cf.batch;
+      const double flops = 4.0 * cf.d * cf.hq * pairs;
+      const int launches = std::clamp(static_cast<int>(2e12 / flops), 1, 20);
+      const double ms = time_calls(pool, batch, cf.hq, false, launches, quick ? 3 : 5, stream);
+      const size_t bad = nonfinite(batch.out, size_t(cf.batch) * cf.q_len * cf.hq * cf.d);
+      const double tflops = flops / (ms * 1e-3) / 1e12;
+      rows.push_back({"prefill", cf.d, cf.hq, cf.hkv, page, cf.batch, cf.q_len, cf.kv_len, 0,
+                      ms * 1e3, 0.0, 0.0, tflops});
+      std::printf("%4d %4d %4d %6d %6d %6d %10.1f %8.1f%s\n", cf.hq, cf.hkv, cf.d, cf.batch,
+                  cf.q_len, cf.kv_len, ms * 1e3, tflops, bad ? "  NON-FINITE OUTPUT" : "");
+    }
+  }
+  if (!out_path.empty()) write_csv(out_path, rows);
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attention_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,108 @@
+// Paged attention on the GPU: decode (one query token per sequence, split-KV on CUDA cores)
+// and prefill (ragged, causal, cached prefixes, FlashAttention-2 style on tensor cores).
+//
+// Both read K/V from the paged pools the KV cache owns and know nothing of requests or
+// schedulers: they take raw device pointers and sizes, so they can be tested and
+// benchmarked alone. Neither allocates, synchronises or copies between host and device;
+// each only enqueues kernels on `stream`, with a grid that depends on host-side fields
+// alone, so both may be captured into a CUDA graph and replayed with new device metadata
+// (query_start, kv_lens, page_table) as long as the host fields stay the same.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pagellm::cuda {
+
+/// Arguments of one paged-attention call. All pointers are device pointers.
+///
+/// Shapes (bf16 = __nv_bfloat16):
+///   q, out           bf16 [num_tokens, num_q_heads, head_dim]
+///   k_pool, v_pool   bf16 [num_pages, num_kv_heads, page_size, head_dim]
+///   query_start      int32 [num_seqs + 1], query_start[0] == 0, non-decreasing
+///   kv_lens          int32 [num_seqs]
+///   page_table       int32 [num_seqs, max_pages_per_seq]
+///
+/// Sequence b owns query tokens [query_start[b], query_start[b+1]); with q = its query
+/// length and kv = kv_lens[b] (its new tokens included, already written into the pools),
+/// its query token i sits at position kv - q + i and attends keys 0 .. kv - q + i (causal,
+/// bottom-right aligned). Logical block j of sequence b is physical page
+/// page_table[b * max_pages_per_seq + j]. Only positions < kv are read; kv is clamped to
+/// max_pages_per_seq * page_size, so a table row is never read past its end. A row with
+/// q == 0 writes nothing; a query token that sees no key (kv == 0, or q > kv) gets zeros.
+/// Query head h reads KV head h / (num_q_heads / num_kv_heads) (GQA).
+///
+/// The kernels read the per-sequence device arrays on the device; the host fields below
+/// (counts and upper bounds) size the grids. Within one CUDA graph they must stay fixed.
+/// The first call with a given head_dim (and, for prefill, tile height) sets the kernel's
+/// shared-memory limit with cudaFuncSetAttribute: make it before capturing a graph.
+struct PagedAttentionParams {
+  const void* q = nullptr;
+  const void* k_pool = nullptr;
+  const void* v_pool = nullptr;
+  void* out = nullptr;
+  const int32_t* query_start = nullptr;
+  const int32_t* kv_lens = nullptr;
+  const int32_t* page_table = nullptr;
+  int32_t num_seqs = 0;
+  int32_t num_tokens = 0;
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;   // 64 or 128
+  int32_t page_size = 0;  // any value in 1..kMaxPageSize; 16, 32 and 64 are the fast ones
+  int32_t max_pages_per_seq = 0;
+  int32_t max_query_len = 0;  // upper bound of every q (prefill picks its tile height by it)
+  int32_t max_kv_len = 0;     // upper bound of every kv (decode picks its split count by it)
+  float scale = 0.0f;         // softmax scale, usually 1/sqrt(head_dim)
+  void* workspace = nullptr;  // decode's split-KV partial results; 256-byte aligned
+  size_t workspace_bytes = 0;
+  /// Decode only: the number of KV splits per (sequence, KV head). 0 lets
+  /// paged_decode_attention choose (plan_decode_splits). A fixed value must fit the
+  /// workspace (paged_attention_workspace_bytes(num_tokens, ..., num_splits)).
+  int32_t num_splits = 0;
+};
+
+/// Largest page size the kernels accept.
+inline constexpr int32_t kMaxPageSize = 1024;
+/// Largest number of KV splits decode uses.
+inline constexpr int32_t kMaxDecodeSplits = 64;
+
+/// Bytes of workspace that decode needs to run `max_splits` KV splits over up to
+/// `max_tokens` query tokens: f32 partial outputs plus (max, sum) pairs per split and query
+/// head, (head_dim + 2) * 4 bytes per (token, split, head). Decode never plans more splits
+/// than the workspace it is given holds, so a smaller workspace only costs parallelism at
+/// small batches (zero bytes means one split). 0 when max_splits <= 1.
+size_t paged_attention_workspace_bytes(int32_t max_tokens, int32_t num_q_heads, int32_t head_dim,
+                                       int32_t max_splits);
+
+/// A workspace size with which plan_decode_splits is never limited by the workspace, at any
+/// decode batch (one token per sequence) on GPUs of up to 256 SMs: room for 1024
+/// (token, split) pairs, since the planner keeps num_seqs x num_kv_heads x num_splits within
+/// two CTAs per SM. 17 MB for Qwen3-8B.
+size_t paged_decode_workspace_bytes(int32_t num_q_heads, int32_t head_dim);
+
+/// The number of KV splits paged_decode_attention uses for `p` when p.num_splits == 0: the
+/// most splits whose num_seqs x num_kv_heads x splits CTAs still fit in one wave of two
+/// CTAs per SM of the current device, at most one split per 128 keys of max_kv_len, at most
+/// kMaxDecodeSplits, and no more than the workspace holds. Depends only on host fields, so
+/// it is stable within a CUDA graph.
+int32_t plan_decode_splits(const PagedAttentionParams& p);
+
+/// Attention for batches in which every sequence has at most one query token (q == 1;
+/// q == 0 rows are skipped). A row with q > 1 is still computed correctly, one token after
+/// the other, but slowly: use paged_prefill_attention for those.
+/// One CTA per (sequence, KV head, split) reads each K/V page once for up to 16 query
+/// heads of its GQA group, on tensor cores; with more than one split a second kernel merges
+/// the partial softmax states (log-sum-exp). Throws pagellm::Error for unsupported shapes or a
+/// workspace too small for p.num_splits.
+void paged_decode_attention(const PagedAttentionParams& p, cudaStream_t stream);
+
+/// Attention for ragged batches of any query lengths (prefill, chunked prefill with a
+/// cached prefix, or mixed batches). One CTA per (query tile of 64 or 128 rows, query
+/// head); tiles are mapped to sequences on the device from query_start. Throws
+/// pagellm::Error for unsupported shapes.
+void paged_prefill_attention(const PagedAttentionParams& p, cudaStream_t stream);
+
+}  // namespace pagellm::cuda

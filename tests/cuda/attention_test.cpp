@@ -1,0 +1,791 @@
+// Paged attention kernels (decode and prefill) against a CPU reference in double precision
+// over the same bf16-rounded inputs.
+//
+// Every case draws fresh random inputs (the seed is printed; set PAGELLM_TEST_SEED to
+// replay one), shuffles the physical pages, fills every pool slot that no sequence owns
+// (page 0 included) with NaN so that a read past kv_len shows up, and poisons the output
+// with NaN so that an unwritten row shows up. A case passes when
+//   - every query row of every sequence is finite (NaN never passes),
+//   - rows that see no key are exactly zero,
+//   - ||out - ref|| / ||ref|| <= 1e-2 over the checked rows, and no single (token, head) row
+//     is off by more than 3e-2 relative.
+// Long sequences are checked on a sample of rows (first, last and random ones); all rows are
+// still checked for finiteness.
+#include "pagellm/cuda/attention.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "pagellm/common/check.h"
+#include "pagellm/common/dtype.h"
+#include "pagellm/cuda/cuda_check.h"
+
+namespace pagellm::cuda {
+namespace {
+
+constexpr uint16_t kBf16NaN = 0x7fc0;
+
+// ---- device memory ----------------------------------------------------------------------
+
+template <class T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  explicit DeviceArray(size_t n) : n_(n) {
+    if (n_ > 0) PAGELLM_CUDA_CHECK(cudaMalloc(&ptr_, n_ * sizeof(T)));
+  }
+  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) { upload(host); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  DeviceArray(DeviceArray&& o) noexcept : ptr_(o.ptr_), n_(o.n_) { o.ptr_ = nullptr; }
+  DeviceArray& operator=(DeviceArray&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  ~DeviceArray() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  T* get() const { return ptr_; }
+  size_t size() const { return n_; }
+  void upload(const std::vector<T>& host) {
+    PAGELLM_ASSERT(host.size() == n_);
+    if (n_ > 0)
+      PAGELLM_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(n_);
+    if (n_ > 0)
+      PAGELLM_CUDA_CHECK(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+  void fill_bytes(int value) {
+    if (n_ > 0) PAGELLM_CUDA_CHECK(cudaMemset(ptr_, value, n_ * sizeof(T)));
+  }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t n_ = 0;
+};
+
+// ---- problem description ----------------------------------------------------------------
+
+/// One attention call: shapes plus per-sequence lengths.
+struct Case {
+  std::string name;
+  int head_dim = 128;
+  int num_q_heads = 8;
+  int num_kv_heads = 2;
+  int page_size = 16;
+  std::vector<int> q_lens;   // per sequence
+  std::vector<int> kv_lens;  // per sequence
+  float q_scale = 1.0f;      // larger values make the softmax peakier
+  int num_splits = 0;        // decode only; 0 = automatic
+  int max_query_len = -1;    // -1: the true maximum
+  int max_kv_len = -1;       // -1: the true maximum
+  int extra_tokens = 0;      // rows of q/out past the last sequence (never written)
+
+  std::string describe() const {
+    std::ostringstream s;
+    s << name << " [D=" << head_dim << " Hq=" << num_q_heads << " Hkv=" << num_kv_heads
+      << " page=" << page_size << " seqs=" << q_lens.size() << " splits=" << num_splits << "]";
+    return s.str();
+  }
+};
+
+/// Host copies of one problem's inputs, laid out as the kernels take them.
+struct Problem {
+  Case c;
+  int num_tokens = 0;
+  int num_pages = 0;
+  int max_pages_per_seq = 0;
+  std::vector<int32_t> query_start, kv_lens, page_table;
+  std::vector<uint16_t> q, k_pool, v_pool;  // bf16 bits
+
+  int group() const { return c.num_q_heads / c.num_kv_heads; }
+  size_t kv_index(int b, int pos, int kv_head, int d) const {
+    const int page = page_table[static_cast<size_t>(b) * max_pages_per_seq + pos / c.page_size];
+    return ((static_cast<size_t>(page) * c.num_kv_heads + kv_head) * c.page_size +
+            pos % c.page_size) *
+               c.head_dim +
+           d;
+  }
+};
+
+uint64_t test_seed() {
+  static const uint64_t seed = []() -> uint64_t {
+    if (const char* env = std::getenv("PAGELLM_TEST_SEED")) return std::strtoull(env, nullptr, 10);
+    return (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  }();
+  return seed;
+}
+
+/// Random bf16 in [-1, 1) times `scale`, never exactly NaN.
+uint16_t random_bf16(std::mt19937_64& rng, float scale) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  return f32_to_bf16(u(rng) * scale);
+}
+
+Problem make_problem(const Case& c, std::mt19937_64& rng) {
+  Problem pr;
+  pr.c = c;
+  const int B = static_cast<int>(c.q_lens.size());
+  PAGELLM_ASSERT(c.kv_lens.size() == c.q_lens.size());
+  pr.query_start.assign(B + 1, 0);
+  for (int b = 0; b < B; ++b) pr.query_start[b + 1] = pr.query_start[b] + c.q_lens[b];
+  pr.num_tokens = pr.query_start[B] + c.extra_tokens;
+  pr.kv_lens.assign(c.kv_lens.begin(), c.kv_lens.end());
+
+  int max_blocks = 1, total_blocks = 0;
+  for (int b = 0; b < B; ++b) {
+    const int blocks = (c.kv_lens[b] + c.page_size - 1) / c.page_size;
+    max_blocks = std::max(max_blocks, blocks);
+    total_blocks += blocks;
+  }
+  pr.max_pages_per_seq = max_blocks + 1;  // one spare entry per row, left at page 0
+  pr.num_pages = 1 + total_blocks + 3;    // page 0 reserved, a few pages nobody owns
+  std::vector<int32_t> free_pages(pr.num_pages - 1);
+  std::iota(free_pages.begin(), free_pages.end(), 1);
+  std::shuffle(free_pages.begin(), free_pages.end(), rng);
+  pr.page_table.assign(static_cast<size_t>(B) * pr.max_pages_per_seq, 0);
+  size_t next = 0;
+  for (int b = 0; b < B; ++b) {
+    const int blocks = (c.kv_lens[b] + c.page_size - 1) / c.page_size;
+    for (int j = 0; j < blocks; ++j) {
+      pr.page_table[static_cast<size_t>(b) * pr.max_pages_per_seq + j] = free_pages[next++];
+    }
+  }
+
+  const size_t pool_elems =
+      static_cast<size_t>(pr.num_pages) * c.num_kv_heads * c.page_size * c.head_dim;
+  pr.k_pool.assign(pool_elems, kBf16NaN);
+  pr.v_pool.assign(pool_elems, kBf16NaN);
+  for (int b = 0; b < B; ++b) {
+    for (int pos = 0; pos < c.kv_lens[b]; ++pos) {
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        for (int d = 0; d < c.head_dim; ++d) {
+          const size_t i = pr.kv_index(b, pos, h, d);
+          pr.k_pool[i] = random_bf16(rng, 1.0f);
+          pr.v_pool[i] = random_bf16(rng, 1.0f);
+        }
+      }
+    }
+  }
+  pr.q.resize(static_cast<size_t>(pr.num_tokens) * c.num_q_heads * c.head_dim);
+  for (auto& x : pr.q) x = random_bf16(rng, c.q_scale);
+  return pr;
+}
+
+/// Device copies of a Problem plus the output and workspace.
+struct DeviceProblem {
+  DeviceArray<uint16_t> q, k_pool, v_pool, out;
+  DeviceArray<int32_t> query_start, kv_lens, page_table;
+  DeviceArray<unsigned char> workspace;
+
+  explicit DeviceProblem(const Problem& pr)
+      : q(pr.q),
+        k_pool(pr.k_pool),
+        v_pool(pr.v_pool),
+        out(pr.q.size()),
+        query_start(pr.query_start),
+        kv_lens(pr.kv_lens),
+        page_table(pr.page_table),
+        workspace(paged_attention_workspace_bytes(pr.num_tokens, pr.c.num_q_heads, pr.c.head_dim,
+                                                  kMaxDecodeSplits)) {}
+
+  PagedAttentionParams params(const Problem& pr) const {
+    PagedAttentionParams p;
+    p.q = q.get();
+    p.k_pool = k_pool.get();
+    p.v_pool = v_pool.get();
+    p.out = out.get();
+    p.query_start = query_start.get();
+    p.kv_lens = kv_lens.get();
+    p.page_table = page_table.get();
+    p.num_seqs = static_cast<int32_t>(pr.kv_lens.size());
+    p.num_tokens = pr.num_tokens;
+    p.num_q_heads = pr.c.num_q_heads;
+    p.num_kv_heads = pr.c.num_kv_heads;
+    p.head_dim = pr.c.head_dim;
+    p.page_size = pr.c.page_size;
+    p.max_pages_per_seq = pr.max_pages_per_seq;
+    int max_q = 0, max_kv = 0;
+    for (size_t b = 0; b < pr.kv_lens.size(); ++b) {
+      max_q = std::max(max_q, pr.query_start[b + 1] - pr.query_start[b]);
+      max_kv = std::max(max_kv, pr.kv_lens[b]);
+    }
+    p.max_query_len = pr.c.max_query_len >= 0 ? pr.c.max_query_len : max_q;
+    p.max_kv_len = pr.c.max_kv_len >= 0 ? pr.c.max_kv_len : max_kv;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(pr.c.head_dim));
+    p.workspace = workspace.get();
+    p.workspace_bytes = workspace.size();
+    p.num_splits = pr.c.num_splits;
+    return p;
+  }
+};
+
+// ---- reference and comparison -------------------------------------------------------------
+
+/// out[d] for query token i of sequence b, head h, in double precision.
+void reference_row(const Problem& pr, int b, int i, int h, float scale, std::vector<double>& out) {
+  const Case& c = pr.c;
+  const int D = c.head_dim;
+  const int q_len = pr.query_start[b + 1] - pr.query_start[b];
+  const int kv = pr.kv_lens[b];
+  const int n_keys = std::min(kv, kv - q_len + i + 1);
+  out.assign(D, 0.0);
+  if (n_keys <= 0) return;
+  const int kv_head = h / pr.group();
+  const uint16_t* qrow =
+      &pr.q[(static_cast<size_t>(pr.query_start[b] + i) * c.num_q_heads + h) * D];
+  std::vector<double> qd(D), logits(n_keys);
+  for (int d = 0; d < D; ++d) qd[d] = bf16_to_f32(qrow[d]);
+  double mx = -INFINITY;
+  for (int j = 0; j < n_keys; ++j) {
+    const uint16_t* krow = &pr.k_pool[pr.kv_index(b, j, kv_head, 0)];
+    double dot = 0.0;
+    for (int d = 0; d < D; ++d) dot += qd[d] * bf16_to_f32(krow[d]);
+    logits[j] = dot * scale;
+    mx = std::max(mx, logits[j]);
+  }
+  double sum = 0.0;
+  for (int j = 0; j < n_keys; ++j) {
+    logits[j] = std::exp(logits[j] - mx);
+    sum += logits[j];
+  }
+  for (int j = 0; j < n_keys; ++j) {
+    const uint16_t* vrow = &pr.v_pool[pr.kv_index(b, j, kv_head, 0)];
+    const double w = logits[j] / sum;
+    for (int d = 0; d < D; ++d) out[d] += w * bf16_to_f32(vrow[d]);
+  }
+}
+
+/// Query rows of sequence b that the reference checks: all of them when short, otherwise
+/// the first and last 8 and 48 random ones.
+std::vector<int> rows_to_check(int q_len, std::mt19937_64& rng) {
+  std::vector<int> rows;
+  if (q_len <= 64) {
+    rows.resize(q_len);
+    std::iota(rows.begin(), rows.end(), 0);
+    return rows;
+  }
+  for (int i = 0; i < 8; ++i) rows.push_back(i);
+  for (int i = q_len - 8; i < q_len; ++i) rows.push_back(i);
+  std::uniform_int_distribution<int> u(8, q_len - 9);
+  for (int k = 0; k < 48; ++k) rows.push_back(u(rng));
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+struct CheckResult {
+  bool ok = true;
+  std::string report;
+};
+
+/// Compares a downloaded output with the reference; the report says what went wrong where.
+CheckResult check_output(const Problem& pr, const std::vector<uint16_t>& out, float scale,
+                         std::mt19937_64& rng) {
+  const Case& c = pr.c;
+  const int D = c.head_dim;
+  const int B = static_cast<int>(pr.kv_lens.size());
+  CheckResult res;
+  std::ostringstream msg;
+  msg << c.describe() << " seed=" << test_seed() << ": ";
+
+  // Finiteness of every row that belongs to a sequence; exact zeros where no key is seen.
+  int64_t nonfinite = 0, nonzero_empty = 0;
+  std::string first_bad;
+  for (int b = 0; b < B; ++b) {
+    const int q_len = pr.query_start[b + 1] - pr.query_start[b];
+    for (int i = 0; i < q_len; ++i) {
+      const int n_keys = std::min(pr.kv_lens[b], pr.kv_lens[b] - q_len + i + 1);
+      for (int h = 0; h < c.num_q_heads; ++h) {
+        const size_t row = (static_cast<size_t>(pr.query_start[b] + i) * c.num_q_heads + h) * D;
+        for (int d = 0; d < D; ++d) {
+          const float v = bf16_to_f32(out[row + d]);
+          if (!std::isfinite(v)) {
+            if (nonfinite++ == 0) {
+              std::ostringstream s;
+              s << "seq " << b << " token " << i << " head " << h << " dim " << d << " = " << v
+                << " (q_len " << q_len << ", kv_len " << pr.kv_lens[b] << ")";
+              first_bad = s.str();
+            }
+          } else if (n_keys <= 0 && v != 0.0f) {
+            ++nonzero_empty;
+          }
+        }
+      }
+    }
+  }
+  if (nonfinite > 0) {
+    res.ok = false;
+    msg << nonfinite << " non-finite output values (NaN = unwritten or poisoned input read), "
+        << "first at " << first_bad << "; ";
+  }
+  if (nonzero_empty > 0) {
+    res.ok = false;
+    msg << nonzero_empty << " values of rows that see no key are not zero; ";
+  }
+
+  // Accuracy on the checked rows.
+  struct Row {
+    int b, i;
+  };
+  std::vector<Row> rows;
+  for (int b = 0; b < B; ++b) {
+    const int q_len = pr.query_start[b + 1] - pr.query_start[b];
+    for (int i : rows_to_check(q_len, rng)) rows.push_back({b, i});
+  }
+  const int64_t n_items = static_cast<int64_t>(rows.size()) * c.num_q_heads;
+  std::vector<double> err2(n_items, 0.0), ref2(n_items, 0.0);
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t item = 0; item < n_items; ++item) {
+    const Row r = rows[item / c.num_q_heads];
+    const int h = static_cast<int>(item % c.num_q_heads);
+    std::vector<double> ref;
+    reference_row(pr, r.b, r.i, h, scale, ref);
+    const size_t base = (static_cast<size_t>(pr.query_start[r.b] + r.i) * c.num_q_heads + h) * D;
+    double e = 0.0, n = 0.0;
+    for (int d = 0; d < D; ++d) {
+      const double diff = static_cast<double>(bf16_to_f32(out[base + d])) - ref[d];
+      e += diff * diff;
+      n += ref[d] * ref[d];
+    }
+    err2[item] = std::isfinite(e) ? e : 1e30;
+    ref2[item] = n;
+  }
+  double e_total = 0.0, n_total = 0.0, worst = 0.0;
+  int64_t worst_item = -1;
+  for (int64_t k = 0; k < n_items; ++k) {
+    e_total += err2[k];
+    n_total += ref2[k];
+    const double rel = std::sqrt(err2[k]) / std::max(std::sqrt(ref2[k]), 1e-3);
+    if (rel > worst) {
+      worst = rel;
+      worst_item = k;
+    }
+  }
+  const double rel_total = std::sqrt(e_total) / std::max(std::sqrt(n_total), 1e-12);
+  msg << "rel_err=" << rel_total << " over " << n_items << " rows, worst row rel_err=" << worst;
+  if (worst_item >= 0) {
+    const Row r = rows[worst_item / c.num_q_heads];
+    const int q_len = pr.query_start[r.b + 1] - pr.query_start[r.b];
+    msg << " at seq " << r.b << " token " << r.i << " head " << worst_item % c.num_q_heads
+        << " (q_len " << q_len << ", kv_len " << pr.kv_lens[r.b] << ")";
+  }
+  if (!(rel_total <= 1e-2) || !(worst <= 3e-2)) res.ok = false;
+  res.report = msg.str();
+  return res;
+}
+
+enum class Kernel { kDecode, kPrefill };
+
+/// Runs one case through one kernel (output poisoned first) and checks it.
+void run_case(const Case& c, Kernel kernel, std::mt19937_64& rng) {
+  SCOPED_TRACE(c.describe());
+  const Problem pr = make_problem(c, rng);
+  DeviceProblem dev(pr);
+  dev.out.fill_bytes(0xff);  // bf16 0xffff is NaN
+  const PagedAttentionParams p = dev.params(pr);
+  if (kernel == Kernel::kDecode) {
+    paged_decode_attention(p, nullptr);
+  } else {
+    paged_prefill_attention(p, nullptr);
+  }
+  PAGELLM_CUDA_CHECK(cudaGetLastError());
+  PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
+  const CheckResult r = check_output(pr, dev.out.download(), p.scale, rng);
+  EXPECT_TRUE(r.ok) << (kernel == Kernel::kDecode ? "decode " : "prefill ") << r.report;
+  if (r.ok && std::getenv("PAGELLM_TEST_VERBOSE")) std::cout << "  ok " << r.report << "\n";
+}
+
+/// Log-uniform integer in [lo, hi].
+int log_uniform(std::mt19937_64& rng, int lo, int hi) {
+  std::uniform_real_distribution<double> u(std::log(lo), std::log(hi + 1.0));
+  return std::clamp(static_cast<int>(std::exp(u(rng))), lo, hi);
+}
+
+class PagedAttention : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+      cudaGetLastError();
+      GTEST_SKIP() << "no CUDA device";
+    }
+    static bool printed = false;
+    if (!printed) {
+      std::cout << "[ seed     ] PAGELLM_TEST_SEED=" << test_seed() << "\n";
+      printed = true;
+    }
+    rng_.seed(test_seed() ^ std::hash<std::string>{}(
+                                ::testing::UnitTest::GetInstance()->current_test_info()->name()));
+  }
+  std::mt19937_64 rng_;
+};
+
+// ---- decode -------------------------------------------------------------------------------
+
+TEST_F(PagedAttention, DecodeSweepsHeadDimGroupAndPageSize) {
+  const int batches[] = {1, 5, 17, 64};
+  int k = 0;
+  for (int D : {64, 128}) {
+    for (int G : {1, 2, 4, 8}) {
+      for (int page : {16, 32, 64}) {
+        Case c;
+        c.name = "decode sweep";
+        c.head_dim = D;
+        c.num_kv_heads = 2;
+        c.num_q_heads = 2 * G;
+        c.page_size = page;
+        const int B = batches[k++ % 4];
+        for (int b = 0; b < B; ++b) {
+          c.q_lens.push_back(1);
+          c.kv_lens.push_back(log_uniform(rng_, 1, 4096));
+        }
+        run_case(c, Kernel::kDecode, rng_);
+      }
+    }
+  }
+}
+
+TEST_F(PagedAttention, DecodeForcedSplitCountsAgree) {
+  for (int splits : {1, 2, 3, 7, 16, 64}) {
+    Case c;
+    c.name = "decode forced splits";
+    c.num_q_heads = 8;
+    c.num_kv_heads = 2;
+    c.page_size = 16;
+    for (int kv : {1, 31, 32, 33, 100, 1000, 4096}) {
+      c.q_lens.push_back(1);
+      c.kv_lens.push_back(kv);
+    }
+    c.num_splits = splits;
+    run_case(c, Kernel::kDecode, rng_);
+  }
+}
+
+TEST_F(PagedAttention, DecodeQwen3Shape) {
+  Case c;
+  c.name = "decode qwen3-8b shape";
+  c.num_q_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.page_size = 16;
+  for (int b = 0; b < 8; ++b) {
+    c.q_lens.push_back(1);
+    c.kv_lens.push_back(3000 + 137 * b);
+  }
+  run_case(c, Kernel::kDecode, rng_);
+}
+
+TEST_F(PagedAttention, DecodeGroupsOfAnySize) {
+  // Up to 16 heads share a CTA; 20 and 32 take two CTAs per KV head.
+  for (int G : {3, 6, 12, 16, 20, 32}) {
+    Case c;
+    c.name = "decode group " + std::to_string(G);
+    c.num_kv_heads = 1;
+    c.num_q_heads = G;
+    c.head_dim = 64;
+    for (int b = 0; b < 3; ++b) {
+      c.q_lens.push_back(1);
+      c.kv_lens.push_back(log_uniform(rng_, 1, 2000));
+    }
+    run_case(c, Kernel::kDecode, rng_);
+  }
+}
+
+TEST_F(PagedAttention, DecodeOddPageSizes) {
+  for (int page : {1, 7, 128}) {
+    Case c;
+    c.name = "decode odd page size";
+    c.page_size = page;
+    for (int b = 0; b < 4; ++b) {
+      c.q_lens.push_back(1);
+      c.kv_lens.push_back(log_uniform(rng_, 1, 1500));
+    }
+    run_case(c, Kernel::kDecode, rng_);
+  }
+}
+
+TEST_F(PagedAttention, DecodePaddingRowsAndPeakySoftmax) {
+  Case c;
+  c.name = "decode padding rows, q x 8";
+  c.q_scale = 8.0f;  // logits up to ~90: tests the running max
+  // Real rows mixed with padding: (q 1, kv 0) must give zeros, (q 0, any kv) writes nothing.
+  c.q_lens = {1, 1, 0, 1, 0, 1};
+  c.kv_lens = {700, 0, 0, 1, 5, 2500};
+  c.extra_tokens = 3;
+  run_case(c, Kernel::kDecode, rng_);
+}
+
+TEST_F(PagedAttention, DecodeRowsWithSeveralTokensStayCorrect) {
+  Case c;
+  c.name = "decode multi-token rows";
+  c.q_lens = {1, 3, 2, 5};
+  c.kv_lens = {40, 300, 2, 1200};
+  c.num_splits = 4;
+  run_case(c, Kernel::kDecode, rng_);
+}
+
+TEST_F(PagedAttention, DecodeGraphReplaysWithNewLengths) {
+  // Captured once with capacity-sized host fields, replayed with different device lengths.
+  constexpr int kBatch = 6, kCapacity = 4096;
+  Case c;
+  c.name = "decode graph replay";
+  c.num_q_heads = 16;
+  c.num_kv_heads = 4;
+  for (int b = 0; b < kBatch; ++b) {
+    c.q_lens.push_back(1);
+    c.kv_lens.push_back(kCapacity);
+  }
+  const Problem full = make_problem(c, rng_);
+  DeviceProblem dev(full);
+  PagedAttentionParams p = dev.params(full);
+  p.max_kv_len = kCapacity;
+  cudaStream_t stream;  // blocking: ordered after the uploads on the legacy stream
+  PAGELLM_CUDA_CHECK(cudaStreamCreate(&stream));
+  paged_decode_attention(p, stream);  // warm-up outside capture (sets kernel attributes)
+  PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  PAGELLM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  paged_decode_attention(p, stream);
+  PAGELLM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  PAGELLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    Problem pr = full;
+    for (int b = 0; b < kBatch; ++b) pr.kv_lens[b] = log_uniform(rng_, 1, kCapacity);
+    pr.kv_lens[0] = replay == 0 ? 0 : pr.kv_lens[0];  // a padding row in the first replay
+    pr.c.kv_lens.assign(pr.kv_lens.begin(), pr.kv_lens.end());
+    dev.kv_lens.upload(pr.kv_lens);
+    dev.out.fill_bytes(0xff);
+    PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
+    PAGELLM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    pr.c.name = "decode graph replay " + std::to_string(replay);
+    const CheckResult r = check_output(pr, dev.out.download(), p.scale, rng_);
+    EXPECT_TRUE(r.ok) << r.report;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// ---- prefill ------------------------------------------------------------------------------
+
+TEST_F(PagedAttention, PrefillSweepsHeadDimGroupAndPageSize) {
+  for (int D : {64, 128}) {
+    for (int G : {1, 2, 4, 8}) {
+      for (int page : {16, 32, 64}) {
+        Case c;
+        c.name = "prefill sweep";
+        c.head_dim = D;
+        c.num_kv_heads = G == 8 ? 1 : 2;
+        c.num_q_heads = c.num_kv_heads * G;
+        c.page_size = page;
+        const int B = std::uniform_int_distribution<int>(1, 4)(rng_);
+        for (int b = 0; b < B; ++b) {
+          const int kv = log_uniform(rng_, 1, 1500);
+          // A third fresh prefills (q == kv), the rest with a cached prefix.
+          const int q = (b % 3 == 0) ? kv : log_uniform(rng_, 1, kv);
+          c.q_lens.push_back(q);
+          c.kv_lens.push_back(kv);
+        }
+        run_case(c, Kernel::kPrefill, rng_);
+      }
+    }
+  }
+}
+
+TEST_F(PagedAttention, PrefillLongSequences) {
+  for (int D : {64, 128}) {
+    Case c;
+    c.name = "prefill 4096";
+    c.head_dim = D;
+    c.num_q_heads = 4;
+    c.num_kv_heads = 1;
+    c.q_lens = {4096};
+    c.kv_lens = {4096};
+    run_case(c, Kernel::kPrefill, rng_);
+  }
+  Case c;
+  c.name = "prefill chunk after 3000 cached";
+  c.q_lens = {100, 1000};
+  c.kv_lens = {3100, 4000};
+  run_case(c, Kernel::kPrefill, rng_);
+}
+
+TEST_F(PagedAttention, PrefillBatch64Ragged) {
+  Case c;
+  c.name = "prefill 64 ragged";
+  c.num_q_heads = 4;
+  c.num_kv_heads = 2;
+  c.page_size = 32;
+  for (int b = 0; b < 64; ++b) {
+    const int kv = log_uniform(rng_, 1, 600);
+    c.q_lens.push_back(log_uniform(rng_, 1, kv));
+    c.kv_lens.push_back(kv);
+  }
+  run_case(c, Kernel::kPrefill, rng_);
+}
+
+TEST_F(PagedAttention, PrefillShortQueriesUseEitherTileHeight) {
+  // max_query_len <= 64 picks 64-row tiles; a wrong (too small) bound or 0 must not matter.
+  for (int max_q : {-1, 0, 1}) {
+    Case c;
+    c.name = "prefill short queries, max_query_len " + std::to_string(max_q);
+    c.max_query_len = max_q;
+    for (int b = 0; b < 12; ++b) {
+      const int kv = log_uniform(rng_, 1, 2000);
+      c.q_lens.push_back(std::min(kv, log_uniform(rng_, 1, 64)));
+      c.kv_lens.push_back(kv);
+    }
+    run_case(c, Kernel::kPrefill, rng_);
+  }
+}
+
+TEST_F(PagedAttention, PrefillMixedWithDecodeRowsAndPadding) {
+  Case c;
+  c.name = "prefill mixed, padding, q x 8";
+  c.q_scale = 8.0f;
+  // Decode rows, a fresh prefill, a chunk, and padding: (q 0, kv 0), (q 2, kv 0) -> zeros,
+  // (q 0, kv 9).
+  c.q_lens = {1, 1, 300, 0, 2, 77, 0, 1};
+  c.kv_lens = {500, 1, 300, 0, 0, 1077, 9, 129};
+  c.extra_tokens = 5;
+  run_case(c, Kernel::kPrefill, rng_);
+}
+
+TEST_F(PagedAttention, PrefillOddPageSizes) {
+  for (int page : {1, 7, 128}) {
+    Case c;
+    c.name = "prefill odd page size";
+    c.head_dim = 64;
+    c.page_size = page;
+    c.q_lens = {200, 33};
+    c.kv_lens = {250, 33};
+    run_case(c, Kernel::kPrefill, rng_);
+  }
+}
+
+TEST_F(PagedAttention, DecodeAndPrefillAgreeOnDecodeBatches) {
+  // The same decode-shaped batch through both kernels: both are checked against the reference.
+  Case c;
+  c.name = "decode batch through prefill";
+  c.num_q_heads = 32;
+  c.num_kv_heads = 8;
+  for (int b = 0; b < 16; ++b) {
+    c.q_lens.push_back(1);
+    c.kv_lens.push_back(log_uniform(rng_, 1, 4096));
+  }
+  run_case(c, Kernel::kPrefill, rng_);
+  run_case(c, Kernel::kDecode, rng_);
+}
+
+// ---- argument checks ---------------------------------------------------------------------
+
+TEST_F(PagedAttention, RejectsUnsupportedArguments) {
+  Case c;
+  c.name = "errors";
+  c.q_lens = {1, 1};
+  c.kv_lens = {10, 20};
+  const Problem pr = make_problem(c, rng_);
+  DeviceProblem dev(pr);
+  const PagedAttentionParams good = dev.params(pr);
+  auto expect_error = [&](PagedAttentionParams p, const std::string& fragment) {
+    for (int k = 0; k < 2; ++k) {
+      try {
+        if (k == 0) {
+          paged_decode_attention(p, nullptr);
+        } else {
+          paged_prefill_attention(p, nullptr);
+        }
+        ADD_FAILURE() << "expected an error mentioning '" << fragment << "'";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+      }
+    }
+  };
+  PagedAttentionParams p = good;
+  p.head_dim = 96;
+  expect_error(p, "head_dim");
+  p = good;
+  p.num_q_heads = 6;
+  p.num_kv_heads = 4;
+  expect_error(p, "num_kv_heads");
+  p = good;
+  p.page_size = 0;
+  expect_error(p, "page_size");
+  p = good;
+  p.q = static_cast<const char*>(good.q) + 2;
+  expect_error(p, "aligned");
+  p = good;
+  p.kv_lens = nullptr;
+  expect_error(p, "null");
+  p = good;
+  p.scale = 0.0f;
+  expect_error(p, "scale");
+
+  p = good;
+  p.num_splits = 8;
+  p.workspace_bytes = 16;
+  EXPECT_THROW(paged_decode_attention(p, nullptr), Error);
+  PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+TEST(PagedAttentionPlan, SplitsFitTheWorkspaceAndFillTheDevice) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    GTEST_SKIP() << "no CUDA device";
+  }
+  PagedAttentionParams p;
+  p.num_seqs = 1;
+  p.num_tokens = 1;
+  p.num_q_heads = 32;
+  p.num_kv_heads = 8;
+  p.head_dim = 128;
+  p.max_kv_len = 32768;
+  p.workspace = reinterpret_cast<void*>(256);  // only its size matters for planning
+  p.workspace_bytes = paged_attention_workspace_bytes(1, 32, 128, kMaxDecodeSplits);
+  const int32_t many = plan_decode_splits(p);
+  EXPECT_GE(many, 8) << "one sequence with 8 KV heads should be split to fill the device";
+  EXPECT_LE(many, kMaxDecodeSplits);
+  p.workspace_bytes = paged_attention_workspace_bytes(1, 32, 128, 3);
+  EXPECT_LE(plan_decode_splits(p), 3) << "splits must fit the workspace";
+  p.workspace_bytes = 0;
+  EXPECT_EQ(plan_decode_splits(p), 1);
+  p.workspace_bytes = paged_attention_workspace_bytes(1, 32, 128, kMaxDecodeSplits);
+  p.max_kv_len = 100;
+  EXPECT_EQ(plan_decode_splits(p), 1) << "short contexts need no split";
+  p.max_kv_len = 32768;
+  p.num_seqs = p.num_tokens = 256;
+  p.workspace_bytes = paged_attention_workspace_bytes(256, 32, 128, kMaxDecodeSplits);
+  EXPECT_EQ(plan_decode_splits(p), 1) << "256 x 8 CTAs fill the device without splits";
+
+  // paged_decode_workspace_bytes never limits the plan.
+  for (int batch : {1, 2, 3, 4, 8, 16, 33, 64}) {
+    p.num_seqs = p.num_tokens = batch;
+    p.workspace_bytes = paged_attention_workspace_bytes(batch, 32, 128, kMaxDecodeSplits);
+    const int32_t unlimited = plan_decode_splits(p);
+    p.workspace_bytes = paged_decode_workspace_bytes(32, 128);
+    EXPECT_EQ(plan_decode_splits(p), unlimited) << "batch " << batch;
+  }
+}
+
+}  // namespace
+}  // namespace pagellm::cuda
