@@ -40,7 +40,7 @@ struct PlanArgs {
   std::string device_profile;
   std::string device_name;
   int32_t sm_count = 0;
-  std::string compute_capability = "9.0";
+  std::string compute_capability;
   std::string cudnn_version = "none";
   bool device_from_table = false;
   std::vector<std::string> tables;
@@ -161,13 +161,14 @@ void run_attention_plan(const PlanArgs& a) {
   if (a.declared_max_q >= 0) view.max_query_len = static_cast<int32_t>(a.declared_max_q);
   if (a.declared_max_kv >= 0) view.max_kv_len = static_cast<int32_t>(a.declared_max_kv);
 
+  for (const std::string& t : a.tables) {
+    PAGELLM_CHECK(fs::exists(t)) << "--table " << t
+                                 << " does not exist (expected a crossover JSON file or a folder)";
+  }
   std::vector<std::string> paths;
   if (!a.no_default_tables) paths = default_crossover_table_paths();
   paths.insert(paths.end(), a.tables.begin(), a.tables.end());
   const CrossoverTables tables = CrossoverTables::load(paths, /*skip_missing=*/true);
-  for (const std::string& t : a.tables) {
-    PAGELLM_CHECK(fs::exists(t)) << "--table " << t << " does not exist";
-  }
 
   DeviceProfile device;
   if (!a.device_profile.empty()) {
@@ -179,7 +180,9 @@ void run_attention_plan(const PlanArgs& a) {
   } else {
     device.name = a.device_name;
     device.sm_count = a.sm_count;
-    parse_compute_capability(a.compute_capability, device.cc_major, device.cc_minor);
+    if (!a.compute_capability.empty()) {
+      parse_compute_capability(a.compute_capability, device.cc_major, device.cc_minor);
+    }
     device.cudnn_version = parse_cudnn_version(a.cudnn_version);
   }
 
@@ -253,8 +256,7 @@ void register_attention_commands(CLI::App& app) {
                    "JSON {name, sm_count, compute_capability, cudnn_version} of the GPU to plan for");
   plan->add_option("--device-name", a->device_name, "GPU name, e.g. \"NVIDIA H200\"");
   plan->add_option("--sm-count", a->sm_count, "GPU multiprocessors");
-  plan->add_option("--compute-capability", a->compute_capability, "e.g. 9.0")
-      ->capture_default_str();
+  plan->add_option("--compute-capability", a->compute_capability, "e.g. 9.0");
   plan->add_option("--cudnn-version", a->cudnn_version, "e.g. 9.14.0, or none")
       ->capture_default_str();
   plan->add_flag("--device-from-table", a->device_from_table,

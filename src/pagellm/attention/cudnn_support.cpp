@@ -1,0 +1,170 @@
+#include "pagellm/attention/cudnn_support.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <functional>
+#include <sstream>
+
+namespace pagellm {
+
+bool AttentionDomain::operator==(const AttentionDomain& o) const {
+  return dtype == o.dtype && num_q_heads == o.num_q_heads && num_kv_heads == o.num_kv_heads &&
+         head_dim == o.head_dim && page_size == o.page_size &&
+         std::memcmp(&scale, &o.scale, sizeof scale) == 0;
+}
+
+AttentionBatchView batch_view(const ForwardBatch& batch) {
+  AttentionBatchView v;
+  v.query_start = batch.query_start.data();
+  v.query_start_size = batch.query_start.size();
+  v.kv_lens = batch.kv_lens.data();
+  v.kv_lens_size = batch.kv_lens.size();
+  v.page_table_size = batch.page_table.size();
+  v.max_pages_per_seq = batch.max_pages_per_seq;
+  v.num_seqs = batch.num_seqs();
+  v.num_tokens = batch.num_tokens();
+  const bool well_formed = batch.query_start.size() == batch.kv_lens.size() + 1;
+  v.max_query_len = well_formed ? batch.max_query_len() : 0;
+  v.max_kv_len = batch.max_kv_len();
+  v.kv_len_capacity = batch.kv_len_capacity;
+  return v;
+}
+
+int32_t cudnn_max_paged_head_dim(CudnnVersion version) { return version <= 90900 ? 128 : 256; }
+
+RuleResult check_cudnn_domain(const AttentionDomain& d, const AttentionBatchView& b,
+                              AttentionPhase phase, LaunchMode mode, const DeviceProfile& device) {
+  const CudnnVersion v = device.cudnn_version;
+  if (v <= 0) return RuleResult::fail(Reason::kNoCudnn);
+  const CudnnVersion needed =
+      phase == AttentionPhase::kPrefill ? kCudnnPagedRaggedMin : kCudnnPagedMin;
+  if (v < needed) return RuleResult::fail(Reason::kCudnnTooOld, v, needed);
+  if (v == 91000 || v == 91001) return RuleResult::fail(Reason::kCudnnKnownBad, v);
+  const int64_t cc = int64_t{device.cc_major} * 10 + device.cc_minor;
+  if (cc < 80) return RuleResult::fail(Reason::kComputeCapability, cc, 80);
+  if (d.dtype != DType::BF16 && d.dtype != DType::F16) {
+    return RuleResult::fail(Reason::kDtype, static_cast<int64_t>(d.dtype));
+  }
+  if (d.num_q_heads <= 0 || d.num_kv_heads <= 0) {
+    return RuleResult::fail(Reason::kHeadCounts, d.num_q_heads, d.num_kv_heads);
+  }
+  if (d.num_q_heads % d.num_kv_heads != 0) {
+    return RuleResult::fail(Reason::kGqaRatio, d.num_q_heads, d.num_kv_heads);
+  }
+  const int32_t max_d = cudnn_max_paged_head_dim(v);
+  if (d.head_dim < 8 || d.head_dim % 8 != 0 || d.head_dim > max_d) {
+    return RuleResult::fail(Reason::kHeadDim, d.head_dim, max_d);
+  }
+  if (d.page_size < 1 || d.page_size > kCudnnMaxPageSize) {
+    return RuleResult::fail(Reason::kPageSize, d.page_size, kCudnnMaxPageSize);
+  }
+  if (b.num_seqs <= 0) return RuleResult::fail(Reason::kBatchRange, b.num_seqs);
+  if (b.max_query_len <= 0 || b.num_tokens <= 0) {
+    return RuleResult::fail(Reason::kQueryRange, b.max_query_len, b.num_tokens);
+  }
+  // The paged KV bound is an int in cuDNN's API and the table row bounds every KV length.
+  const int64_t table_tokens = int64_t{b.max_pages_per_seq} * d.page_size;
+  const int64_t kv_limit = std::min<int64_t>(table_tokens, INT_MAX);
+  const int64_t kv_bound = std::max<int64_t>(b.max_kv_len, b.kv_len_capacity);
+  if (b.max_kv_len <= 0 || kv_bound > kv_limit) {
+    return RuleResult::fail(Reason::kKvRange, kv_bound, kv_limit);
+  }
+  const int64_t elements = int64_t{b.num_tokens} * d.num_q_heads * d.head_dim;
+  if (elements > INT_MAX) return RuleResult::fail(Reason::kOffsetOverflow, elements, INT_MAX);
+  if (mode == LaunchMode::kGraph && phase == AttentionPhase::kPrefill) {
+    return RuleResult::fail(Reason::kGraphRagged);
+  }
+  return RuleResult::pass();
+}
+
+RuleResult cudnn_static_support(const AttentionDomain& domain, AttentionPhase phase,
+                                const DeviceProfile& device) {
+  // A minimal well-formed batch of the phase, so that only the static checks can fail.
+  const int32_t q = phase == AttentionPhase::kDecode ? 1 : 2;
+  AttentionBatchView b;
+  b.num_seqs = 1;
+  b.num_tokens = q;
+  b.max_query_len = q;
+  b.max_kv_len = q;
+  b.max_pages_per_seq = std::max(1, (q + std::max(domain.page_size, 1) - 1) /
+                                        std::max(domain.page_size, 1));
+  return check_cudnn_domain(domain, b, phase, LaunchMode::kEager, device);
+}
+
+bool CudnnPlanKey::operator==(const CudnnPlanKey& o) const {
+  return num_seqs == o.num_seqs && max_query_len == o.max_query_len &&
+         max_kv_len == o.max_kv_len && num_q_heads == o.num_q_heads &&
+         num_kv_heads == o.num_kv_heads && head_dim == o.head_dim && page_size == o.page_size &&
+         max_pages_per_seq == o.max_pages_per_seq && dtype == o.dtype && ragged == o.ragged &&
+         std::memcmp(&scale, &o.scale, sizeof scale) == 0;
+}
+
+std::string CudnnPlanKey::describe() const {
+  std::ostringstream s;
+  s << "B=" << num_seqs << " s_q=" << max_query_len << " s_kv=" << max_kv_len
+    << " Hq=" << num_q_heads << " Hkv=" << num_kv_heads << " D=" << head_dim
+    << " page=" << page_size << " table=" << max_pages_per_seq << " " << dtype_name(dtype)
+    << (ragged ? " ragged" : " dense") << " scale=" << scale;
+  return s.str();
+}
+
+size_t CudnnPlanKeyHash::operator()(const CudnnPlanKey& k) const {
+  uint32_t scale_bits = 0;
+  std::memcpy(&scale_bits, &k.scale, sizeof scale_bits);
+  const uint64_t parts[] = {static_cast<uint64_t>(k.num_seqs),
+                            static_cast<uint64_t>(k.max_query_len),
+                            static_cast<uint64_t>(k.max_kv_len),
+                            static_cast<uint64_t>(k.num_q_heads),
+                            static_cast<uint64_t>(k.num_kv_heads),
+                            static_cast<uint64_t>(k.head_dim),
+                            static_cast<uint64_t>(k.page_size),
+                            static_cast<uint64_t>(k.max_pages_per_seq),
+                            static_cast<uint64_t>(k.dtype) * 2 + (k.ragged ? 1 : 0),
+                            scale_bits};
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
+  for (uint64_t p : parts) {
+    h ^= p;
+    h *= 1099511628211ull;
+  }
+  return static_cast<size_t>(h);
+}
+
+int32_t bucket_pow2(int32_t x, int32_t floor) {
+  int64_t want = std::max(x, floor);
+  int64_t b = 1;
+  while (b < want && b < (int64_t{1} << 30)) b <<= 1;
+  return static_cast<int32_t>(b);
+}
+
+CudnnPlanKey make_cudnn_plan_key(const AttentionDomain& d, const AttentionBatchView& b,
+                                 AttentionPhase phase, int32_t actual_max_query_len,
+                                 int32_t actual_max_kv_len, int32_t query_capacity) {
+  CudnnPlanKey k;
+  k.num_seqs = b.num_seqs;
+  k.num_q_heads = d.num_q_heads;
+  k.num_kv_heads = d.num_kv_heads;
+  k.head_dim = d.head_dim;
+  k.page_size = d.page_size;
+  k.max_pages_per_seq = b.max_pages_per_seq;
+  k.dtype = d.dtype;
+  k.scale = d.scale;
+  k.ragged = phase == AttentionPhase::kPrefill;
+  if (!k.ragged) {
+    k.max_query_len = 1;
+  } else if (query_capacity > 0) {
+    k.max_query_len = bucket_pow2(query_capacity, 64);
+  } else {
+    k.max_query_len = bucket_pow2(actual_max_query_len, 64);
+  }
+  const int64_t table_tokens = int64_t{b.max_pages_per_seq} * d.page_size;
+  const int32_t cap = static_cast<int32_t>(std::min<int64_t>(table_tokens, INT_MAX));
+  if (b.kv_len_capacity > 0) {
+    k.max_kv_len = std::min(b.kv_len_capacity, cap);
+  } else {
+    k.max_kv_len = std::min(bucket_pow2(actual_max_kv_len, 256), cap);
+  }
+  return k;
+}
+
+}  // namespace pagellm

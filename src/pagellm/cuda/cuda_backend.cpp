@@ -1,0 +1,893 @@
+// The CUDA backend: device set-up and its failure messages, memory and transfers, batch
+// metadata, and the dispatch of each Backend operation to its kernel (kernels.h,
+// attention.h, sampling.h) or to cuBLASLt (matmul.h).
+#include "pagellm/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "pagellm/common/random.h"
+#include "pagellm/cuda/attention.h"
+#include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/kernels.h"
+#include "pagellm/cuda/matmul.h"
+#include "pagellm/cuda/sampling.h"
+#include "pagellm/engine/sampler.h"
+
+namespace pagellm {
+namespace cuda {
+namespace {
+
+// cuBLASLt workspace: 32 MiB is what cuBLAS itself uses on Hopper.
+constexpr size_t kMatmulWorkspaceBytes = size_t{32} << 20;
+// Decode attention's split-KV partials are sized for 8 splits of 256 query tokens of 64
+// heads x 128 (~64 MiB): every Qwen3 up to 32B, and twice the tokens for 32 heads. Decode
+// plans no more splits than fit, so a larger batch is still correct; it just splits less,
+// which it does not need to once the batch alone fills the GPU.
+constexpr int32_t kAttentionWorkspaceTokens = 256;
+constexpr int32_t kAttentionWorkspaceHeads = 64;
+constexpr int32_t kAttentionWorkspaceHeadDim = 128;
+constexpr int32_t kAttentionWorkspaceSplits = 8;
+// Host-to-device upload chunk (two pinned buffers of this size).
+constexpr size_t kUploadChunkBytes = size_t{16} << 20;
+// Batch metadata regions start on 64-byte boundaries.
+constexpr int64_t kBatchAlign = 16;  // int32 elements
+
+cudaStream_t as_stream(CUstream_st* s) { return s; }
+cudaEvent_t as_event(CUevent_st* e) { return e; }
+
+std::string format_bytes(size_t bytes) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(bytes >= (size_t{1} << 30) ? 2 : 1);
+  if (bytes >= (size_t{1} << 30)) {
+    os << static_cast<double>(bytes) / double(size_t{1} << 30) << " GiB";
+  } else {
+    os << static_cast<double>(bytes) / double(size_t{1} << 20) << " MiB";
+  }
+  return os.str();
+}
+
+int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+
+void expect_dtype(const Tensor& t, DType want, const char* op, const char* what) {
+  PAGELLM_CHECK(t.dtype == want) << "cuda backend: " << op << ": " << what << " must be "
+                                 << dtype_name(want) << ", got " << dtype_name(t.dtype)
+                                 << " " << t.shape_string();
+}
+
+void expect_data(const Tensor& t, const char* op, const char* what) {
+  PAGELLM_CHECK(t.data != nullptr || t.numel() == 0)
+      << "cuda backend: " << op << ": " << what << " " << t.shape_string()
+      << " has no memory";
+}
+
+// Converts n elements from src (from) into dst (to) on the host, in parallel blocks.
+void convert_on_host(const void* src, DType from, void* dst, DType to, int64_t n) {
+  const size_t in_size = dtype_size(from), out_size = dtype_size(to);
+  if (from == to) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * in_size);
+    return;
+  }
+  constexpr int64_t kBlock = 1 << 16;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t begin = b * kBlock, count = std::min(kBlock, n - begin);
+    const void* s = static_cast<const char*>(src) + begin * static_cast<int64_t>(in_size);
+    void* d = static_cast<char*>(dst) + begin * static_cast<int64_t>(out_size);
+    if (to == DType::F32) {
+      convert_to_f32(s, from, static_cast<float*>(d), static_cast<size_t>(count));
+    } else if (from == DType::F32) {
+      convert_from_f32(static_cast<const float*>(s), d, to, static_cast<size_t>(count));
+    } else {
+      thread_local std::vector<float> tmp;
+      tmp.resize(static_cast<size_t>(count));
+      convert_to_f32(s, from, tmp.data(), static_cast<size_t>(count));
+      convert_from_f32(tmp.data(), d, to, static_cast<size_t>(count));
+    }
+  }
+}
+
+bool is_float_type(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F16; }
+
+/// A captured CUDA graph, replayed on the backend's stream.
+class CudaGraph final : public RecordedGraph {
+ public:
+  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
+  void replay() override { PAGELLM_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
+
+// Why no device could be opened, for people rather than for CUDA experts.
+[[noreturn]] void fail_no_device(cudaError_t err) {
+  std::string reason;
+  switch (err) {
+    case cudaErrorNoDevice:
+      reason = "no CUDA GPU is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)";
+      break;
+    case cudaErrorInsufficientDriver:
+      reason = "the NVIDIA driver is missing or older than this build's CUDA runtime needs "
+               "(install or update the driver)";
+      break;
+    default:
+      reason = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + " (" +
+               cudaGetErrorString(err) + ")";
+  }
+  PAGELLM_FAIL() << "cuda backend unavailable: " << reason << "; use the cpu backend instead";
+}
+
+}  // namespace
+
+// ---- set-up -----------------------------------------------------------------------------
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  int count = 0;
+  const cudaError_t count_err = cudaGetDeviceCount(&count);
+  if (count_err != cudaSuccess) {
+    cudaGetLastError();
+    fail_no_device(count_err);
+  }
+  if (count == 0) fail_no_device(cudaErrorNoDevice);
+  PAGELLM_CHECK(device >= 0 && device < count)
+      << "cuda backend unavailable: device " << device << " requested, but " << count
+      << " CUDA device(s) are visible (valid: 0.." << count - 1 << ")";
+
+  cudaDeviceProp prop{};
+  PAGELLM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  {
+    std::ostringstream os;
+    os << prop.name << " (device " << device << ", compute capability " << prop.major << "."
+       << prop.minor << ", " << format_bytes(prop.totalGlobalMem) << ")";
+    description_ = os.str();
+  }
+  PAGELLM_CHECK(prop.major >= 8)
+      << "cuda backend unavailable: " << description_
+      << " is not supported; the CUDA backend needs compute capability 8.0 or newer (bf16 "
+         "tensor cores); use the cpu backend instead";
+  PAGELLM_CUDA_CHECK(cudaSetDevice(device));
+  const cudaError_t image = probe_kernel_image();
+  PAGELLM_CHECK(image == cudaSuccess)
+      << "cuda backend unavailable: this build has no kernels that run on " << description_
+      << " (" << cudaGetErrorString(image) << "); rebuild with "
+      << "-DCMAKE_CUDA_ARCHITECTURES=" << prop.major << prop.minor << " (the default build "
+      << "targets sm_90a, that is H100/H200)";
+
+  try {
+    PAGELLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    matmul_workspace_bytes_ = kMatmulWorkspaceBytes;
+    matmul_workspace_ = allocate(matmul_workspace_bytes_);
+    attention_workspace_bytes_ = paged_attention_workspace_bytes(
+        kAttentionWorkspaceTokens, kAttentionWorkspaceHeads, kAttentionWorkspaceHeadDim,
+        kAttentionWorkspaceSplits);
+    attention_workspace_ = allocate(attention_workspace_bytes_);
+    matmul_ = std::make_unique<LtMatmul>(matmul_workspace_, matmul_workspace_bytes_);
+
+    uint64_t table[kPruneTableSize];
+    fill_prune_table(table);
+    prune_table_ = static_cast<uint64_t*>(allocate(sizeof(table)));
+    PAGELLM_CUDA_CHECK(cudaMemcpy(prune_table_, table, sizeof(table), cudaMemcpyHostToDevice));
+
+    upload_chunk_bytes_ = kUploadChunkBytes;
+    for (PinnedSlot& slot : upload_staging_) {
+      PAGELLM_CUDA_CHECK(cudaHostAlloc(&slot.host, upload_chunk_bytes_, cudaHostAllocDefault));
+      PAGELLM_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
+    }
+    for (PinnedSlot& slot : batch_staging_) {
+      PAGELLM_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
+    }
+    grow_batch_buffers(256, 64, 64 * 64, 64);
+  } catch (...) {
+    release_all();
+    throw;
+  }
+}
+
+CudaBackend::~CudaBackend() { release_all(); }
+
+void CudaBackend::release_all() noexcept {
+  if (stream_ != nullptr) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream_, &status) == cudaSuccess &&
+        status != cudaStreamCaptureStatusNone) {
+      cudaGraph_t graph = nullptr;
+      if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+    }
+    cudaStreamSynchronize(stream_);
+  }
+  matmul_.reset();
+  auto free_device = [](void* p) {
+    if (p) cudaFree(p);
+  };
+  auto free_slot = [](PinnedSlot& slot) {
+    if (slot.host) cudaFreeHost(slot.host);
+    if (slot.done) cudaEventDestroy(slot.done);
+    slot = PinnedSlot{};
+  };
+  free_device(matmul_workspace_);
+  free_device(attention_workspace_);
+  free_device(prune_table_);
+  free_device(batch_device_);
+  free_device(sampling_device_);
+  free_device(sampling_scratch_);
+  if (sampling_host_) cudaFreeHost(sampling_host_);
+  for (PinnedSlot& slot : upload_staging_) free_slot(slot);
+  for (PinnedSlot& slot : batch_staging_) free_slot(slot);
+  matmul_workspace_ = attention_workspace_ = nullptr;
+  prune_table_ = nullptr;
+  batch_device_ = nullptr;
+  sampling_device_ = sampling_host_ = nullptr;
+  sampling_scratch_ = nullptr;
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  stream_ = nullptr;
+  cudaGetLastError();  // nothing above may leave an error for a later check to misreport
+}
+
+size_t CudaBackend::free_memory() const {
+  size_t free_bytes = 0, total_bytes = 0;
+  PAGELLM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return free_bytes;
+}
+
+bool CudaBackend::capturing() const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  PAGELLM_CUDA_CHECK(cudaStreamIsCapturing(as_stream(stream_), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// ---- memory ---------------------------------------------------------------------------
+
+void* CudaBackend::allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* ptr = nullptr;
+  const cudaError_t err = cudaMalloc(&ptr, bytes);
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // not sticky; clear it so the next launch check does not see it
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    PAGELLM_FAIL() << "out of GPU memory: cannot allocate " << format_bytes(bytes) << " on "
+                   << description_ << "; " << format_bytes(free_bytes) << " of "
+                   << format_bytes(total_bytes)
+                   << " are free (use a smaller model, fewer KV pages or a shorter context)";
+  }
+  PAGELLM_CUDA_CHECK(err);
+  return ptr;
+}
+
+void CudaBackend::deallocate(void* ptr) {
+  if (ptr == nullptr) return;
+  // Called from destructors: report, never throw.
+  const cudaError_t err = cudaFree(ptr);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    std::fprintf(stderr, "pagellm: cudaFree failed: %s\n", cudaGetErrorString(err));
+  }
+}
+
+void CudaBackend::copy_to_device(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  PAGELLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, as_stream(stream_)));
+  PAGELLM_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream_)));
+}
+
+void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  PAGELLM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, as_stream(stream_)));
+  PAGELLM_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream_)));
+}
+
+void CudaBackend::synchronize() { PAGELLM_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream_))); }
+
+void CudaBackend::upload(Tensor& dst, int64_t dst_offset, const void* src, DType src_dtype,
+                         int64_t n) {
+  PAGELLM_CHECK(n >= 0 && dst_offset >= 0 && dst_offset + n <= dst.numel())
+      << "cuda backend: upload of " << n << " elements at offset " << dst_offset
+      << " does not fit tensor " << dst.shape_string();
+  if (n == 0) return;
+  PAGELLM_CHECK(dst.data != nullptr && src != nullptr)
+      << "cuda backend: upload needs a destination and a source";
+  if (!is_float_type(dst.dtype) || !is_float_type(src_dtype)) {
+    PAGELLM_CHECK(dst.dtype == src_dtype)
+        << "cuda backend: cannot upload " << dtype_name(src_dtype) << " into "
+        << dtype_name(dst.dtype) << " (float types convert among float32, bfloat16 and "
+        << "float16; integer types must match)";
+  }
+  const size_t in_size = dtype_size(src_dtype), out_size = dtype_size(dst.dtype);
+  const int64_t chunk = static_cast<int64_t>(upload_chunk_bytes_ / out_size);
+  char* dst_base = static_cast<char*>(dst.data) + dst_offset * static_cast<int64_t>(out_size);
+  int index = 0;
+  for (int64_t begin = 0; begin < n; begin += chunk, ++index) {
+    const int64_t count = std::min(chunk, n - begin);
+    PinnedSlot& slot = upload_staging_[index % 2];
+    // The copy that last read this staging buffer must be done before it is refilled.
+    PAGELLM_CUDA_CHECK(cudaEventSynchronize(as_event(slot.done)));
+    convert_on_host(static_cast<const char*>(src) + begin * static_cast<int64_t>(in_size),
+                    src_dtype, slot.host, dst.dtype, count);
+    PAGELLM_CUDA_CHECK(cudaMemcpyAsync(dst_base + begin * static_cast<int64_t>(out_size),
+                                       slot.host, static_cast<size_t>(count) * out_size,
+                                       cudaMemcpyHostToDevice, as_stream(stream_)));
+    PAGELLM_CUDA_CHECK(cudaEventRecord(as_event(slot.done), as_stream(stream_)));
+  }
+}
+
+std::vector<float> CudaBackend::download_f32(const Tensor& src) {
+  const size_t n = static_cast<size_t>(src.numel());
+  std::vector<float> out(n);
+  if (n == 0) return out;
+  expect_data(src, "download_f32", "source");
+  std::vector<unsigned char> raw(src.nbytes());
+  copy_to_host(raw.data(), src.data, raw.size());
+  switch (src.dtype) {
+    case DType::I32: {
+      const auto* v = reinterpret_cast<const int32_t*>(raw.data());
+      for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(v[i]);
+      break;
+    }
+    case DType::I64: {
+      const auto* v = reinterpret_cast<const int64_t*>(raw.data());
+      for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(v[i]);
+      break;
+    }
+    default: convert_to_f32(raw.data(), src.dtype, out.data(), n);
+  }
+  return out;
+}
+
+void CudaBackend::fill(Tensor& t, float value) {
+  expect_data(t, "fill", "target");
+  launch_fill(t.data, t.dtype, t.numel(), value, as_stream(stream_));
+}
+
+double CudaBackend::measure_copy_bandwidth() {
+  PAGELLM_CHECK(!capturing()) << "cuda backend: cannot measure bandwidth during graph capture";
+  // Large enough that launch latency is noise; halve while memory is short (the KV cache
+  // may already hold most of it).
+  for (size_t bytes = size_t{1} << 30; bytes >= (size_t{16} << 20); bytes /= 2) {
+    void* a = nullptr;
+    void* b = nullptr;
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      if (a) cudaFree(a);
+      continue;
+    }
+    cudaEvent_t start = nullptr, stop = nullptr;
+    std::vector<float> ms;
+    try {
+      PAGELLM_CUDA_CHECK(cudaEventCreate(&start));
+      PAGELLM_CUDA_CHECK(cudaEventCreate(&stop));
+      cudaStream_t s = as_stream(stream_);
+      PAGELLM_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));  // warm-up
+      for (int i = 0; i < 5; ++i) {
+        PAGELLM_CUDA_CHECK(cudaEventRecord(start, s));
+        PAGELLM_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
+        PAGELLM_CUDA_CHECK(cudaEventRecord(stop, s));
+        PAGELLM_CUDA_CHECK(cudaEventSynchronize(stop));
+        float elapsed = 0.0f;
+        PAGELLM_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start, stop));
+        ms.push_back(elapsed);
+      }
+    } catch (...) {
+      if (start) cudaEventDestroy(start);
+      if (stop) cudaEventDestroy(stop);
+      cudaFree(a);
+      cudaFree(b);
+      throw;
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    cudaFree(a);
+    cudaFree(b);
+    std::sort(ms.begin(), ms.end());
+    return 2.0 * static_cast<double>(bytes) / (static_cast<double>(ms[ms.size() / 2]) * 1e-3);
+  }
+  PAGELLM_FAIL() << "cuda backend: not even 32 MiB of GPU memory free to measure bandwidth";
+}
+
+// ---- batch metadata -------------------------------------------------------------------------
+
+CudaBackend::BatchLayout CudaBackend::batch_layout() const {
+  BatchLayout l{};
+  int64_t at = 0;
+  auto region = [&at](int64_t elements) {
+    const int64_t start = at;
+    at += align_up(std::max<int64_t>(elements, 1), kBatchAlign);
+    return static_cast<size_t>(start);
+  };
+  l.token_ids = region(cap_tokens_);
+  l.positions = region(cap_tokens_);
+  l.slot_mapping = region(cap_tokens_);
+  l.query_start = region(cap_seqs_ + 1);
+  l.kv_lens = region(cap_seqs_);
+  l.logits_indices = region(cap_rows_);
+  l.page_table = region(cap_page_entries_);  // last: only its used part is copied
+  l.total = static_cast<size_t>(at);
+  return l;
+}
+
+void CudaBackend::grow_batch_buffers(int64_t tokens, int64_t seqs, int64_t page_entries,
+                                     int64_t rows) {
+  if (tokens <= cap_tokens_ && seqs <= cap_seqs_ && page_entries <= cap_page_entries_ &&
+      rows <= cap_rows_ && batch_device_ != nullptr) {
+    return;
+  }
+  PAGELLM_CHECK(!capturing())
+      << "cuda backend: the batch metadata buffers must grow, which cannot happen during "
+         "graph capture; call reserve_batch() with the largest batch before capturing";
+  // Grow geometrically so that a slowly growing workload reallocates rarely.
+  auto grown = [](int64_t need, int64_t have) { return need <= have ? have : std::max(need, 2 * have); };
+  const int64_t new_tokens = grown(tokens, cap_tokens_), new_seqs = grown(seqs, cap_seqs_);
+  const int64_t new_pages = grown(page_entries, cap_page_entries_);
+  const int64_t new_rows = grown(rows, cap_rows_);
+  // Everything that reads the old buffers must be done before they are freed.
+  synchronize();
+  cap_tokens_ = new_tokens;
+  cap_seqs_ = new_seqs;
+  cap_page_entries_ = new_pages;
+  cap_rows_ = new_rows;
+  const size_t bytes = batch_layout().total * sizeof(int32_t);
+  try {
+    if (batch_device_) cudaFree(batch_device_);
+    batch_device_ = nullptr;
+    batch_device_ = static_cast<int32_t*>(allocate(bytes));
+    for (PinnedSlot& slot : batch_staging_) {
+      if (slot.host) cudaFreeHost(slot.host);
+      slot.host = nullptr;
+      PAGELLM_CUDA_CHECK(cudaHostAlloc(&slot.host, bytes, cudaHostAllocDefault));
+    }
+  } catch (...) {
+    // Leave no half-grown state: the next upload_batch allocates afresh.
+    if (batch_device_) cudaFree(batch_device_);
+    batch_device_ = nullptr;
+    for (PinnedSlot& slot : batch_staging_) {
+      if (slot.host) cudaFreeHost(slot.host);
+      slot.host = nullptr;
+    }
+    cap_tokens_ = cap_seqs_ = cap_page_entries_ = cap_rows_ = 0;
+    throw;
+  }
+}
+
+void CudaBackend::reserve_batch(int32_t max_tokens, int32_t max_seqs, int32_t max_pages_per_seq,
+                                int32_t max_rows) {
+  PAGELLM_CHECK(max_tokens >= 0 && max_seqs >= 0 && max_pages_per_seq >= 0 && max_rows >= 0)
+      << "cuda backend: reserve_batch needs non-negative sizes";
+  grow_batch_buffers(max_tokens, max_seqs, int64_t{max_seqs} * max_pages_per_seq, max_rows);
+}
+
+BatchTensors CudaBackend::upload_batch(const ForwardBatch& batch) {
+  const int64_t T = batch.num_tokens(), B = batch.num_seqs();
+  const int64_t R = static_cast<int64_t>(batch.logits_indices.size());
+  const int64_t P = static_cast<int64_t>(batch.page_table.size());
+  PAGELLM_CHECK(static_cast<int64_t>(batch.positions.size()) == T &&
+                static_cast<int64_t>(batch.slot_mapping.size()) == T)
+      << "cuda backend: upload_batch: token_ids, positions and slot_mapping differ in length ("
+      << T << ", " << batch.positions.size() << ", " << batch.slot_mapping.size() << ")";
+  PAGELLM_CHECK(static_cast<int64_t>(batch.query_start.size()) == B + 1)
+      << "cuda backend: upload_batch: query_start has " << batch.query_start.size()
+      << " entries for " << B << " sequences (need " << B + 1 << ")";
+  PAGELLM_CHECK(batch.max_pages_per_seq >= 0 && P == B * batch.max_pages_per_seq)
+      << "cuda backend: upload_batch: page table has " << P << " entries, expected " << B
+      << " x " << batch.max_pages_per_seq;
+  PAGELLM_CHECK(!capturing())
+      << "cuda backend: upload_batch copies to the device and cannot be captured in a graph; "
+         "upload before capture or replay";
+  grow_batch_buffers(T, B, P, R);
+  const BatchLayout l = batch_layout();
+
+  PinnedSlot& slot = batch_staging_[batch_slot_];
+  batch_slot_ ^= 1;
+  PAGELLM_CUDA_CHECK(cudaEventSynchronize(as_event(slot.done)));
+  auto* staged = static_cast<int32_t*>(slot.host);
+  auto put = [staged](size_t offset, const std::vector<int32_t>& v) {
+    if (!v.empty()) std::memcpy(staged + offset, v.data(), v.size() * sizeof(int32_t));
+  };
+  put(l.token_ids, batch.token_ids);
+  put(l.positions, batch.positions);
+  put(l.slot_mapping, batch.slot_mapping);
+  put(l.query_start, batch.query_start);
+  put(l.kv_lens, batch.kv_lens);
+  put(l.logits_indices, batch.logits_indices);
+  put(l.page_table, batch.page_table);
+  const size_t used = (l.page_table + static_cast<size_t>(P)) * sizeof(int32_t);
+  PAGELLM_CUDA_CHECK(cudaMemcpyAsync(batch_device_, staged, used, cudaMemcpyHostToDevice,
+                                     as_stream(stream_)));
+  PAGELLM_CUDA_CHECK(cudaEventRecord(as_event(slot.done), as_stream(stream_)));
+
+  BatchTensors bt;
+  bt.host = &batch;
+  bt.token_ids = Tensor(batch_device_ + l.token_ids, DType::I32, {T});
+  bt.positions = Tensor(batch_device_ + l.positions, DType::I32, {T});
+  bt.slot_mapping = Tensor(batch_device_ + l.slot_mapping, DType::I32, {T});
+  bt.query_start = Tensor(batch_device_ + l.query_start, DType::I32, {B + 1});
+  bt.kv_lens = Tensor(batch_device_ + l.kv_lens, DType::I32, {B});
+  bt.page_table = Tensor(batch_device_ + l.page_table, DType::I32, {B, batch.max_pages_per_seq});
+  bt.logits_indices = Tensor(batch_device_ + l.logits_indices, DType::I32, {R});
+  return bt;
+}
+
+// ---- operations -----------------------------------------------------------------------------
+
+void CudaBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
+  expect_dtype(ids, DType::I32, "embedding", "token ids");
+  PAGELLM_CHECK(table.ndim == 2 && out.dtype == table.dtype && out.numel() == ids.numel() * table.size(1))
+      << "cuda backend: embedding: table " << dtype_name(table.dtype) << " "
+      << table.shape_string() << ", " << ids.numel() << " ids and output "
+      << dtype_name(out.dtype) << " " << out.shape_string() << " do not match (need output ["
+      << ids.numel() << ", " << (table.ndim == 2 ? table.size(1) : 0) << "] of the table's dtype)";
+  expect_data(table, "embedding", "table");
+  expect_data(out, "embedding", "output");
+  launch_gather_rows(table.data, table.size(0), ids.ptr<int32_t>(), out.data, ids.numel(),
+                     table.size(1) * static_cast<int64_t>(dtype_size(table.dtype)),
+                     as_stream(stream_));
+}
+
+void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  expect_dtype(x, DType::BF16, "rms_norm", "input");
+  expect_dtype(weight, DType::BF16, "rms_norm", "weight");
+  expect_dtype(out, DType::BF16, "rms_norm", "output");
+  const int64_t rows = x.ndim == 0 ? 0 : x.size(0), hidden = x.row_elems();
+  PAGELLM_CHECK(weight.numel() == hidden && out.numel() == x.numel())
+      << "cuda backend: rms_norm: input " << x.shape_string() << ", weight "
+      << weight.shape_string() << " and output " << out.shape_string() << " do not match";
+  launch_rms_norm(x.data, weight.data, out.data, rows, hidden, eps, as_stream(stream_));
+}
+
+void CudaBackend::add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight,
+                               float eps, Tensor& out) {
+  expect_dtype(residual, DType::BF16, "add_rms_norm", "residual");
+  expect_dtype(delta, DType::BF16, "add_rms_norm", "delta");
+  expect_dtype(weight, DType::BF16, "add_rms_norm", "weight");
+  expect_dtype(out, DType::BF16, "add_rms_norm", "output");
+  const int64_t rows = residual.ndim == 0 ? 0 : residual.size(0), hidden = residual.row_elems();
+  PAGELLM_CHECK(delta.numel() == residual.numel() && weight.numel() == hidden &&
+                out.numel() == residual.numel())
+      << "cuda backend: add_rms_norm: residual " << residual.shape_string() << ", delta "
+      << delta.shape_string() << ", weight " << weight.shape_string() << " and output "
+      << out.shape_string() << " do not match";
+  launch_add_rms_norm(residual.data, delta.data, weight.data, out.data, rows, hidden, eps,
+                      as_stream(stream_));
+}
+
+void CudaBackend::matmul(const Tensor& x, const Tensor& w, Tensor& out) {
+  expect_dtype(x, DType::BF16, "matmul", "input");
+  expect_dtype(w, DType::BF16, "matmul", "weight");
+  PAGELLM_CHECK(out.dtype == DType::BF16 || out.dtype == DType::F32)
+      << "cuda backend: matmul: output must be bfloat16 or float32, got "
+      << dtype_name(out.dtype);
+  PAGELLM_CHECK(x.ndim >= 1 && w.ndim == 2)
+      << "cuda backend: matmul: need x [M, K] and w [N, K], got " << x.shape_string()
+      << " and " << w.shape_string();
+  const int64_t M = x.size(0), K = x.row_elems(), N = w.size(0);
+  PAGELLM_CHECK(w.size(1) == K && out.ndim >= 1 && out.size(0) == M && out.row_elems() == N)
+      << "cuda backend: matmul: x " << x.shape_string() << " times w " << w.shape_string()
+      << "^T does not give output " << out.shape_string() << " (need [" << M << ", " << N
+      << "] with w [N, " << K << "])";
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    launch_fill(out.data, out.dtype, out.numel(), 0.0f, as_stream(stream_));
+    return;
+  }
+  matmul_->run(x.data, w.data, out.data, out.dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF, M,
+               N, K, as_stream(stream_));
+}
+
+void CudaBackend::qk_norm_rope_store_kv(const Tensor& qkv, const Tensor& q_norm,
+                                        const Tensor& k_norm, float eps, const RopeParams& rope,
+                                        const AttentionShape& shape, const BatchTensors& batch,
+                                        Tensor& q_out, LayerKv& kv) {
+  const char* op = "qk_norm_rope_store_kv";
+  expect_dtype(qkv, DType::BF16, op, "qkv");
+  expect_dtype(q_norm, DType::BF16, op, "q_norm weight");
+  expect_dtype(k_norm, DType::BF16, op, "k_norm weight");
+  expect_dtype(q_out, DType::BF16, op, "q output");
+  expect_dtype(kv.k, DType::BF16, op, "K pool");
+  expect_dtype(kv.v, DType::BF16, op, "V pool");
+  const int64_t Hq = shape.num_q_heads, Hkv = shape.num_kv_heads, D = shape.head_dim;
+  const int64_t P = shape.page_size;
+  PAGELLM_CHECK(Hq > 0 && Hkv > 0 && Hq % Hkv == 0 && qk_norm_rope_supports_head_dim(
+                                                          static_cast<int32_t>(D)) && P > 0)
+      << "cuda backend: " << op << ": unsupported shape (" << Hq << " q heads, " << Hkv
+      << " kv heads, head_dim " << D << ", page size " << P
+      << "); need q heads a multiple of kv heads, head_dim 64, 128 or 256";
+  PAGELLM_CHECK(rope.head_dim == 0 || rope.head_dim == D)
+      << "cuda backend: " << op << ": RoPE over " << rope.head_dim << " of " << D
+      << " dims is not supported (Qwen3 rotates the full head)";
+  const int64_t T = qkv.ndim == 0 ? 0 : qkv.size(0);
+  PAGELLM_CHECK(qkv.row_elems() == (Hq + 2 * Hkv) * D && q_norm.numel() == D &&
+                k_norm.numel() == D && q_out.numel() == T * Hq * D)
+      << "cuda backend: " << op << ": qkv " << qkv.shape_string() << ", q_norm "
+      << q_norm.shape_string() << ", k_norm " << k_norm.shape_string() << ", q_out "
+      << q_out.shape_string() << " do not match " << Hq << "+2x" << Hkv << " heads of " << D;
+  PAGELLM_CHECK(kv.k.ndim == 4 && kv.v.ndim == 4 && kv.k.size(1) == Hkv && kv.k.size(2) == P &&
+                kv.k.size(3) == D && kv.v.numel() == kv.k.numel() && kv.v.size(0) == kv.k.size(0))
+      << "cuda backend: " << op << ": KV pools " << kv.k.shape_string() << " / "
+      << kv.v.shape_string() << " are not [pages, " << Hkv << ", " << P << ", " << D << "]";
+  PAGELLM_CHECK(batch.positions.numel() == T && batch.slot_mapping.numel() == T)
+      << "cuda backend: " << op << ": " << T << " tokens but the batch has "
+      << batch.positions.numel() << " positions and " << batch.slot_mapping.numel() << " slots";
+  if (T == 0) return;
+  QkNormRopeArgs a;
+  a.qkv = qkv.data;
+  a.q_norm = q_norm.data;
+  a.k_norm = k_norm.data;
+  a.positions = batch.positions.ptr<int32_t>();
+  a.slot_mapping = batch.slot_mapping.ptr<int32_t>();
+  a.q_out = q_out.data;
+  a.k_pool = kv.k.data;
+  a.v_pool = kv.v.data;
+  a.num_tokens = static_cast<int32_t>(T);
+  a.num_q_heads = static_cast<int32_t>(Hq);
+  a.num_kv_heads = static_cast<int32_t>(Hkv);
+  a.head_dim = static_cast<int32_t>(D);
+  a.page_size = static_cast<int32_t>(P);
+  a.num_pages = kv.k.size(0);
+  a.eps = eps;
+  a.rope_theta = static_cast<float>(rope.theta);
+  launch_qk_norm_rope_store_kv(a, as_stream(stream_));
+}
+
+void CudaBackend::attention(const Tensor& q, const LayerKv& kv, const AttentionShape& shape,
+                            const BatchTensors& batch, Tensor& out) {
+  const char* op = "attention";
+  expect_dtype(q, DType::BF16, op, "q");
+  expect_dtype(out, DType::BF16, op, "output");
+  expect_dtype(kv.k, DType::BF16, op, "K pool");
+  expect_dtype(kv.v, DType::BF16, op, "V pool");
+  PAGELLM_CHECK(batch.host != nullptr)
+      << "cuda backend: attention needs the batch's host metadata (BatchTensors::host)";
+  const ForwardBatch& host = *batch.host;
+  const int64_t Hq = shape.num_q_heads, Hkv = shape.num_kv_heads, D = shape.head_dim;
+  const int64_t T = q.ndim == 0 ? 0 : q.size(0);
+  PAGELLM_CHECK(q.numel() == T * Hq * D && out.numel() == T * Hq * D)
+      << "cuda backend: attention: q " << q.shape_string() << " and output "
+      << out.shape_string() << " are not [" << T << ", " << Hq << " x " << D << "]";
+  PAGELLM_CHECK(kv.k.ndim == 4 && kv.k.size(1) == Hkv && kv.k.size(2) == shape.page_size &&
+                kv.k.size(3) == D && kv.v.numel() == kv.k.numel())
+      << "cuda backend: attention: KV pools " << kv.k.shape_string() << " are not [pages, "
+      << Hkv << ", " << shape.page_size << ", " << D << "]";
+  PAGELLM_CHECK(batch.page_table.ndim == 2 && batch.query_start.numel() == batch.kv_lens.numel() + 1)
+      << "cuda backend: attention: malformed batch tensors (page table "
+      << batch.page_table.shape_string() << ", " << batch.query_start.numel()
+      << " query offsets for " << batch.kv_lens.numel() << " sequences)";
+  if (T == 0) return;
+  PagedAttentionParams p;
+  p.q = q.data;
+  p.k_pool = kv.k.data;
+  p.v_pool = kv.v.data;
+  p.out = out.data;
+  p.query_start = batch.query_start.ptr<int32_t>();
+  p.kv_lens = batch.kv_lens.ptr<int32_t>();
+  p.page_table = batch.page_table.ptr<int32_t>();
+  p.num_seqs = static_cast<int32_t>(batch.kv_lens.numel());
+  p.num_tokens = static_cast<int32_t>(T);
+  p.num_q_heads = static_cast<int32_t>(Hq);
+  p.num_kv_heads = static_cast<int32_t>(Hkv);
+  p.head_dim = static_cast<int32_t>(D);
+  p.page_size = static_cast<int32_t>(shape.page_size);
+  p.max_pages_per_seq = static_cast<int32_t>(batch.page_table.size(1));
+  const int32_t max_query_len = host.num_seqs() > 0 ? host.max_query_len() : 0;
+  p.max_query_len = max_query_len;
+  p.max_kv_len = std::max(host.kv_len_capacity, host.num_seqs() > 0 ? host.max_kv_len() : 0);
+  p.scale = shape.scale;
+  p.workspace = attention_workspace_;
+  p.workspace_bytes = attention_workspace_bytes_;
+  p.num_splits = 0;
+  if (max_query_len <= 1) {
+    paged_decode_attention(p, as_stream(stream_));
+  } else {
+    paged_prefill_attention(p, as_stream(stream_));
+  }
+}
+
+void CudaBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
+  expect_dtype(gate_up, DType::BF16, "silu_mul", "gate_up");
+  expect_dtype(out, DType::BF16, "silu_mul", "output");
+  const int64_t rows = out.ndim == 0 ? 0 : out.size(0), inter = out.row_elems();
+  PAGELLM_CHECK(gate_up.ndim >= 1 && gate_up.size(0) == rows && gate_up.row_elems() == 2 * inter)
+      << "cuda backend: silu_mul: gate_up " << gate_up.shape_string() << " is not [" << rows
+      << ", 2 x " << inter << "] for output " << out.shape_string();
+  launch_silu_mul(gate_up.data, out.data, rows, inter, as_stream(stream_));
+}
+
+void CudaBackend::gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) {
+  expect_dtype(indices, DType::I32, "gather_rows", "indices");
+  const int64_t R = indices.numel();
+  PAGELLM_CHECK(x.ndim >= 1 && out.dtype == x.dtype && out.ndim >= 1 && out.size(0) == R &&
+                out.row_elems() == x.row_elems())
+      << "cuda backend: gather_rows: x " << dtype_name(x.dtype) << " " << x.shape_string()
+      << ", " << R << " indices and output " << dtype_name(out.dtype) << " "
+      << out.shape_string() << " do not match";
+  launch_gather_rows(x.data, x.size(0), indices.ptr<int32_t>(), out.data, R,
+                     x.row_elems() * static_cast<int64_t>(dtype_size(x.dtype)),
+                     as_stream(stream_));
+}
+
+// ---- graphs -----------------------------------------------------------------------------------
+
+void CudaBackend::begin_capture() {
+  PAGELLM_CHECK(!capturing()) << "cuda backend: begin_capture while already capturing";
+  PAGELLM_CUDA_CHECK(cudaStreamBeginCapture(as_stream(stream_), cudaStreamCaptureModeThreadLocal));
+}
+
+std::unique_ptr<RecordedGraph> CudaBackend::end_capture() {
+  PAGELLM_CHECK(capturing()) << "cuda backend: end_capture without begin_capture";
+  cudaGraph_t graph = nullptr;
+  const cudaError_t err = cudaStreamEndCapture(as_stream(stream_), &graph);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    if (graph) cudaGraphDestroy(graph);
+    PAGELLM_FAIL() << "cuda backend: graph capture failed (" << cudaGetErrorName(err) << ": "
+                   << cudaGetErrorString(err)
+                   << "); an operation during capture synchronised, allocated or copied";
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  PAGELLM_CUDA_CHECK(inst);
+  return std::make_unique<CudaGraph>(exec, as_stream(stream_));
+}
+
+// ---- sampling ---------------------------------------------------------------------------------
+
+void CudaBackend::ensure_sampling_capacity(size_t bytes, size_t scratch_floats) {
+  if (bytes > sampling_bytes_) {
+    synchronize();
+    if (sampling_device_) cudaFree(sampling_device_);
+    if (sampling_host_) cudaFreeHost(sampling_host_);
+    sampling_device_ = sampling_host_ = nullptr;
+    sampling_bytes_ = 0;
+    const size_t grown = std::max(bytes, size_t{64} << 10);
+    sampling_device_ = allocate(grown);
+    PAGELLM_CUDA_CHECK(cudaHostAlloc(&sampling_host_, grown, cudaHostAllocDefault));
+    sampling_bytes_ = grown;
+  }
+  if (scratch_floats > sampling_scratch_floats_) {
+    synchronize();
+    if (sampling_scratch_) cudaFree(sampling_scratch_);
+    sampling_scratch_ = nullptr;
+    sampling_scratch_floats_ = 0;
+    sampling_scratch_ = static_cast<float*>(allocate(scratch_floats * sizeof(float)));
+    sampling_scratch_floats_ = scratch_floats;
+  }
+}
+
+std::vector<SampledToken> CudaBackend::sample(const Tensor& logits,
+                                              const std::vector<SamplingRow>& rows) {
+  PAGELLM_CHECK(logits.dtype == DType::F32 && logits.ndim == 2)
+      << "cuda backend: sample: logits must be a float32 [rows, vocab] tensor, got "
+      << dtype_name(logits.dtype) << " " << logits.shape_string();
+  const int64_t R = logits.size(0), V = logits.size(1);
+  PAGELLM_CHECK(static_cast<size_t>(R) == rows.size())
+      << "cuda backend: sample: " << R << " rows of logits but " << rows.size()
+      << " sampling rows";
+  if (R == 0) return {};
+  PAGELLM_CHECK(V > 0 && V <= INT32_MAX && R <= INT32_MAX)
+      << "cuda backend: sample: unsupported logits shape " << logits.shape_string();
+  PAGELLM_CHECK(!capturing()) << "cuda backend: sample synchronises and cannot be captured";
+
+  // Per-row parameters and the penalty lists, built on the host.
+  std::vector<GpuSamplingRow> params(static_cast<size_t>(R));
+  std::vector<GpuPenaltyEntry> entries;
+  int32_t penalised_rows = 0;
+  if (penalty_counts_.size() < static_cast<size_t>(V)) {
+    penalty_counts_.assign(static_cast<size_t>(V), 0);
+    penalty_seen_.assign(static_cast<size_t>(V), 0);
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    const SamplingRow& row = rows[static_cast<size_t>(r)];
+    try {
+      PAGELLM_CHECK(row.params != nullptr) << "sampling: the row has no SamplingParams";
+      const SamplingParams& sp = *row.params;
+      validate_sampling_params(sp);
+      GpuSamplingRow& g = params[static_cast<size_t>(r)];
+      g.temperature = sp.temperature;
+      g.top_p = sp.top_p;
+      g.min_p = sp.min_p;
+      g.repetition_penalty = sp.repetition_penalty;
+      g.presence_penalty = sp.presence_penalty;
+      g.frequency_penalty = sp.frequency_penalty;
+      g.top_k = sp.top_k;
+      g.flags = (sp.greedy() ? kSampleGreedy : 0u) |
+                (sp.processed_logprobs ? kSampleProcessedLogprobs : 0u);
+      g.stream_key = sampling_stream_key(row.seed, static_cast<uint64_t>(row.output_index));
+      const bool repetition = sp.repetition_penalty != 1.0f;
+      if (repetition || sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f) {
+        auto check_ids = [V](const std::vector<int32_t>* ids, const char* what) {
+          if (ids == nullptr) return;
+          for (int32_t t : *ids) {
+            PAGELLM_CHECK(t >= 0 && t < V) << "sampling: " << what << " token id " << t
+                                           << " is outside the vocabulary [0, " << V << ")";
+          }
+        };
+        check_ids(row.output_tokens, "output");
+        if (repetition) check_ids(row.prompt_tokens, "prompt");
+        g.flags |= kSamplePenalties;
+        g.scratch_row = penalised_rows++;
+        g.penalty_begin = static_cast<int32_t>(entries.size());
+        penalty_touched_.clear();
+        auto mark = [this](int32_t t) {
+          if (!penalty_seen_[static_cast<size_t>(t)]) {
+            penalty_seen_[static_cast<size_t>(t)] = 1;
+            penalty_touched_.push_back(t);
+          }
+        };
+        if (row.output_tokens != nullptr) {
+          for (int32_t t : *row.output_tokens) {
+            mark(t);
+            ++penalty_counts_[static_cast<size_t>(t)];
+          }
+        }
+        if (repetition && row.prompt_tokens != nullptr) {
+          for (int32_t t : *row.prompt_tokens) mark(t);
+        }
+        for (int32_t t : penalty_touched_) {
+          entries.push_back({t, penalty_counts_[static_cast<size_t>(t)]});
+          penalty_seen_[static_cast<size_t>(t)] = 0;
+          penalty_counts_[static_cast<size_t>(t)] = 0;
+        }
+        g.penalty_count = static_cast<int32_t>(entries.size()) - g.penalty_begin;
+      }
+    } catch (const Error& e) {
+      PAGELLM_FAIL() << "row " << r << ": " << e.what();
+    }
+  }
+
+  // One buffer: rows | penalty entries | results, each 256-byte aligned.
+  auto aligned = [](size_t n) { return (n + 255) / 256 * 256; };
+  const size_t rows_bytes = aligned(params.size() * sizeof(GpuSamplingRow));
+  const size_t entries_bytes = aligned(std::max<size_t>(entries.size(), 1) * sizeof(GpuPenaltyEntry));
+  const size_t results_bytes = aligned(params.size() * sizeof(GpuSampledToken));
+  ensure_sampling_capacity(rows_bytes + entries_bytes + results_bytes,
+                           static_cast<size_t>(penalised_rows) * static_cast<size_t>(V));
+  auto* host = static_cast<char*>(sampling_host_);
+  auto* dev = static_cast<char*>(sampling_device_);
+  std::memcpy(host, params.data(), params.size() * sizeof(GpuSamplingRow));
+  if (!entries.empty()) {
+    std::memcpy(host + rows_bytes, entries.data(), entries.size() * sizeof(GpuPenaltyEntry));
+  }
+  cudaStream_t s = as_stream(stream_);
+  PAGELLM_CUDA_CHECK(cudaMemcpyAsync(dev, host, rows_bytes + entries_bytes,
+                                     cudaMemcpyHostToDevice, s));
+  auto* results_dev = reinterpret_cast<GpuSampledToken*>(dev + rows_bytes + entries_bytes);
+  launch_sample_rows(logits.ptr<float>(), static_cast<int32_t>(R), static_cast<int32_t>(V),
+                     reinterpret_cast<const GpuSamplingRow*>(dev),
+                     reinterpret_cast<const GpuPenaltyEntry*>(dev + rows_bytes),
+                     sampling_scratch_, prune_table_, results_dev, s);
+  auto* results_host = reinterpret_cast<GpuSampledToken*>(host + rows_bytes + entries_bytes);
+  PAGELLM_CUDA_CHECK(cudaMemcpyAsync(results_host, results_dev,
+                                     params.size() * sizeof(GpuSampledToken),
+                                     cudaMemcpyDeviceToHost, s));
+  PAGELLM_CUDA_CHECK(cudaStreamSynchronize(s));
+
+  std::vector<SampledToken> out(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {
+    const GpuSampledToken& g = results_host[r];
+    PAGELLM_CHECK(g.status != kSampleNoFiniteLogit)
+        << "row " << r << ": sampling: the row of logits has no finite value (all " << V
+        << " are NaN or -inf)";
+    PAGELLM_CHECK(g.status != kSampleNoFiniteAfterPenalties)
+        << "row " << r << ": sampling: no finite logit is left after the penalties";
+    PAGELLM_ASSERT(g.status == kSampleOk && g.token >= 0 && g.token < V)
+        << "GPU sampler returned status " << g.status << ", token " << g.token;
+    out[static_cast<size_t>(r)] = SampledToken{g.token, g.logprob, g.processed_logprob};
+  }
+  return out;
+}
+
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  return std::make_unique<cuda::CudaBackend>(device);
+}
+
+}  // namespace pagellm

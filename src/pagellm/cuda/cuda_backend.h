@@ -1,0 +1,179 @@
+// The CUDA backend: bf16 weights, activations and KV pools, float32 logits, on one GPU.
+//
+// Everything runs on one stream that the backend owns. Operations only enqueue kernels or
+// cuBLASLt calls: no allocation, no synchronisation, no host-device copy, so a sequence of
+// them (a model forward) can be captured into a CUDA graph on stream(). The calls that do
+// copy or allocate are the ones outside a forward: allocate, upload, download_f32,
+// copy_to_*, upload_batch (one async copy from pinned memory) and sample (one async copy
+// each way and one synchronisation to return the tokens).
+//
+// This header includes no CUDA header, so that the backend factory (and anything else
+// outside src/pagellm/cuda) can include it in a build without CUDA include paths. The
+// stream is exposed as CUstream_st*, which is what cudaStream_t is.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pagellm/backend/backend.h"
+
+struct CUstream_st;
+struct CUevent_st;
+
+namespace pagellm {
+
+namespace cuda {
+
+class LtMatmul;
+
+/// Backend on one CUDA device (compute capability 8.0 or newer, with kernels built for it).
+/// Not thread-safe: one host thread drives it.
+class CudaBackend final : public Backend {
+ public:
+  /// Opens `device`; throws Error with a readable reason when there is no usable GPU (no
+  /// driver, no device, device index out of range, compute capability below 8.0, a build
+  /// without kernels for this GPU) or not enough memory for the backend's workspaces.
+  explicit CudaBackend(int device = 0);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string name() const override { return "cuda"; }
+  DType weight_dtype() const override { return DType::BF16; }
+  DType activation_dtype() const override { return DType::BF16; }
+  DType kv_dtype() const override { return DType::BF16; }
+  /// cudaMemGetInfo's free bytes (the backend's own workspaces are already allocated).
+  size_t free_memory() const override;
+
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr) override;
+  void copy_to_device(void* dst, const void* src, size_t bytes) override;
+  void copy_to_host(void* dst, const void* src, size_t bytes) override;
+  void synchronize() override;
+  void upload(Tensor& dst, int64_t dst_offset, const void* src, DType src_dtype,
+              int64_t n) override;
+  std::vector<float> download_f32(const Tensor& src) override;
+  void fill(Tensor& t, float value) override;
+  /// Packs the batch's int32 arrays into a pinned buffer and copies them with one async
+  /// copy into a persistent device buffer. Each array has a fixed region sized by the
+  /// current capacities, so every batch within them gets the same device addresses, and a
+  /// CUDA graph captured over one replays correctly after upload_batch of another. A batch
+  /// beyond the capacities grows them (synchronising, and invalidating graphs captured
+  /// before; call reserve_batch first to avoid that). Must not be called while capturing.
+  /// `batch` must outlive the returned tensors (BatchTensors::host points at it).
+  BatchTensors upload_batch(const ForwardBatch& batch) override;
+
+  void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
+  void add_rms_norm(Tensor& residual, const Tensor& delta, const Tensor& weight, float eps,
+                    Tensor& out) override;
+  void matmul(const Tensor& x, const Tensor& w, Tensor& out) override;
+  void qk_norm_rope_store_kv(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
+                             float eps, const RopeParams& rope, const AttentionShape& shape,
+                             const BatchTensors& batch, Tensor& q_out, LayerKv& kv) override;
+  /// Decode kernel when every query length is 1, prefill kernel otherwise (decided from
+  /// BatchTensors::host, so a graph captured for decode stays decode).
+  void attention(const Tensor& q, const LayerKv& kv, const AttentionShape& shape,
+                 const BatchTensors& batch, Tensor& out) override;
+  void silu_mul(const Tensor& gate_up, Tensor& out) override;
+  void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) override;
+
+  /// GPU sampling with the host sampler's semantics (engine/sampler.h); returns after one
+  /// synchronisation. Throws Error like the host sampler ("row r: ...") for invalid
+  /// parameters, out-of-vocabulary penalty tokens or rows without a finite logit.
+  std::vector<SampledToken> sample(const Tensor& logits,
+                                   const std::vector<SamplingRow>& rows) override;
+
+  /// Device-to-device cudaMemcpyAsync of up to 1 GiB (smaller if memory is short), timed
+  /// with events, median of 5: (bytes read + bytes written) per second.
+  double measure_copy_bandwidth() override;
+
+  // ---- graphs --------------------------------------------------------------------------
+  bool supports_graphs() const override { return true; }
+  /// Sizes the batch metadata regions so that batches within these capacities never grow
+  /// them (synchronises when they grow).
+  void reserve_batch(int32_t max_tokens, int32_t max_seqs, int32_t max_pages_per_seq,
+                     int32_t max_rows) override;
+  /// Starts capturing the stream (thread-local mode: a forbidden call such as a
+  /// synchronisation on this thread fails the capture instead of corrupting it).
+  void begin_capture() override;
+  /// Ends the capture and instantiates the graph; replay() launches it on stream().
+  std::unique_ptr<RecordedGraph> end_capture() override;
+
+  // ---- CUDA-specific --------------------------------------------------------------------
+  /// The stream every operation runs on (a cudaStream_t).
+  CUstream_st* stream() const { return stream_; }
+  /// The CUDA device index.
+  int device() const { return device_; }
+  /// For example "NVIDIA H200 (device 0, compute capability 9.0, 139.8 GiB)".
+  const std::string& device_description() const { return description_; }
+  /// Bytes of the decode-attention split-KV workspace (fixed at construction).
+  size_t attention_workspace_bytes() const { return attention_workspace_bytes_; }
+
+ private:
+  struct PinnedSlot {
+    void* host = nullptr;        // pinned
+    CUevent_st* done = nullptr;  // recorded after the copy that reads `host`
+  };
+
+  // Element offsets of the batch regions for the current capacities.
+  struct BatchLayout {
+    size_t token_ids, positions, slot_mapping, query_start, kv_lens, logits_indices,
+        page_table, total;
+  };
+  BatchLayout batch_layout() const;
+  void grow_batch_buffers(int64_t tokens, int64_t seqs, int64_t page_entries, int64_t rows);
+  void ensure_sampling_capacity(size_t bytes, size_t scratch_floats);
+  bool capturing() const;
+  void release_all() noexcept;
+
+  int device_ = 0;
+  std::string description_;
+  CUstream_st* stream_ = nullptr;
+
+  // cuBLASLt.
+  void* matmul_workspace_ = nullptr;
+  size_t matmul_workspace_bytes_ = 0;
+  std::unique_ptr<LtMatmul> matmul_;
+
+  // Decode attention's split-KV partials.
+  void* attention_workspace_ = nullptr;
+  size_t attention_workspace_bytes_ = 0;
+
+  // Batch metadata: device buffer and two pinned staging slots used alternately, with a
+  // region per array sized by these capacities.
+  int32_t* batch_device_ = nullptr;
+  int64_t cap_tokens_ = 0, cap_seqs_ = 0, cap_page_entries_ = 0, cap_rows_ = 0;
+  PinnedSlot batch_staging_[2];
+  int batch_slot_ = 0;
+
+  // Upload staging: two pinned chunks, converted on the host, copied asynchronously.
+  PinnedSlot upload_staging_[2];
+  size_t upload_chunk_bytes_ = 0;
+
+  // Sampling.
+  uint64_t* prune_table_ = nullptr;        // device
+  void* sampling_device_ = nullptr;        // rows | penalties | results
+  void* sampling_host_ = nullptr;          // pinned mirror of the same layout
+  size_t sampling_bytes_ = 0;
+  float* sampling_scratch_ = nullptr;      // [rows with penalties, V]
+  size_t sampling_scratch_floats_ = 0;
+  std::vector<int32_t> penalty_counts_;    // [V] host scratch, all 0 between rows
+  std::vector<uint8_t> penalty_seen_;      // [V]
+  std::vector<int32_t> penalty_touched_;
+};
+
+}  // namespace cuda
+
+/// Creates the CUDA backend on `device`; throws Error (see CudaBackend) when no usable
+/// GPU is present. Called by create_backend("cuda").
+std::unique_ptr<Backend> make_cuda_backend(int device = 0);
+
+namespace cuda {
+using ::pagellm::make_cuda_backend;
+}  // namespace cuda
+
+}  // namespace pagellm

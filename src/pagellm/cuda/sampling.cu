@@ -1,0 +1,635 @@
+// GPU sampler: one CTA of 512 threads per logits row, reproducing engine/sampler.cpp.
+//
+// Why one CTA per row: a row is V = 151,936 floats (600 KB), every step of the algorithm
+// is a reduction over the row followed by a decision that depends on it, and rows are
+// independent; a CTA gives block-wide barriers for free and the rows of a batch run on
+// different SMs in parallel. Each full-row pass streams 600 KB from L2 (the logits were
+// just written by the lm_head matmul), ~3-5 µs per pass.
+//
+// Passes, for a typical Qwen3 request (temperature 0.6, top_k 20, top_p 0.95):
+//   1-2. raw max/argmax and sum of exp (raw log-probabilities);
+//   3.   processed max x_max (x = logit / temperature, computed on the fly);
+//   4.   histogram of token counts by distance below x_max (1/8-nat bins);
+//   5.   gather the few bins holding the top k into shared memory, bitonic-sort them
+//        (value descending, id ascending, like the host), then top-k / top-p / min-p
+//        thresholds, the normaliser and the Gumbel race all run on the candidates.
+// Top-p without top-k does the same with a probability-mass histogram. When candidates do
+// not fit in shared memory (k > 2048, or a flat distribution under top-p), exact
+// bisection over the float bit patterns finds the same thresholds in <= 32 passes each.
+// With no filter at all the race runs over the whole row, skipping any token whose random
+// bits prove it cannot beat the most likely token (the host's pruning table).
+//
+// Penalties need a modified copy of the row: rows with penalties get a scratch row
+// (sanitised logits, penalties applied in place by the CTA, then divided by temperature).
+//
+// Arithmetic that decides a token is done exactly as on the host: exp_nonpositive with
+// round-to-nearest intrinsics (no FMA contraction), sums of probabilities in double, in
+// the host's order wherever the host's order is sorted order.
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+
+#include "pagellm/common/random.h"
+#include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/sampling.h"
+
+namespace pagellm::cuda {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr int kCandidateCap = 2048;  // power of two (bitonic sort)
+constexpr int kBins = 256;
+constexpr float kBinsPerNat = 8.0f;
+constexpr double kThresholdSlack = 1e-6;  // the host's top-p / min-p slack
+constexpr unsigned kFullMask = 0xffffffffu;
+
+struct SharedState {
+  float cand_value[kCandidateCap];
+  int32_t cand_id[kCandidateCap];
+  float cand_exp[kCandidateCap];
+  int32_t hist_count[kBins];
+  float hist_mass[kBins];
+  uint64_t prune[kPruneTableSize];
+  double reduce_d[kWarps];
+  float reduce_f[kWarps];
+  int32_t reduce_i[kWarps];
+  int32_t num_candidates;
+  int32_t selected_bin;
+  int32_t found;
+  float tau;
+  double total;
+};
+
+// ---- scalar helpers (bit-identical to the host sampler) ----------------------------------
+
+__device__ __forceinline__ float sanitize(float x) {
+  return x != x ? -INFINITY : fminf(x, FLT_MAX);
+}
+
+// The host's exp_nonpositive, operation for operation, with explicit round-to-nearest
+// intrinsics so that nvcc cannot fuse multiply-adds (the host build has no FMA).
+__device__ float exp_nonpositive(float x) {
+  const bool underflow = !(x >= -87.0f);
+  const float xc = underflow ? -87.0f : x;
+  const float t = __fmul_rn(xc, 1.44269504088896341f);
+  const int n = static_cast<int>(__fsub_rn(t, 0.5f));
+  const float nf = static_cast<float>(n);
+  const float r = __fsub_rn(__fsub_rn(xc, __fmul_rn(nf, 0.693359375f)),
+                            __fmul_rn(nf, -2.12194440e-4f));
+  float p = 1.0f / 5040.0f;
+  p = __fadd_rn(__fmul_rn(p, r), 1.0f / 720.0f);
+  p = __fadd_rn(__fmul_rn(p, r), 1.0f / 120.0f);
+  p = __fadd_rn(__fmul_rn(p, r), 1.0f / 24.0f);
+  p = __fadd_rn(__fmul_rn(p, r), 1.0f / 6.0f);
+  p = __fadd_rn(__fmul_rn(p, r), 0.5f);
+  p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+  p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+  const float scale = __uint_as_float(static_cast<uint32_t>(n + 127) << 23);
+  return underflow ? 0.0f : __fmul_rn(p, scale);
+}
+
+// Order-preserving map of non-NaN floats to uint32 (-0 and +0 map to the same key, as they
+// compare equal).
+__device__ __forceinline__ uint32_t float_key(float f) {
+  const uint32_t u = f == 0.0f ? 0u : __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float key_float(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+__device__ __forceinline__ int histogram_bin(float d) {
+  return d < (kBins - 1) / kBinsPerNat ? static_cast<int>(d * kBinsPerNat) : kBins - 1;
+}
+
+// a before b: larger value first, then lower id.
+__device__ __forceinline__ bool before(float av, int32_t ai, float bv, int32_t bi) {
+  return av > bv || (av == bv && ai < bi);
+}
+
+// ---- block reductions (every thread gets the same result) ---------------------------------
+
+__device__ double block_sum(double v, SharedState& s) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  if (threadIdx.x % 32 == 0) s.reduce_d[threadIdx.x / 32] = v;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < kWarps; ++w) total += s.reduce_d[w];
+  __syncthreads();
+  return total;
+}
+
+__device__ int32_t block_sum(int32_t v, SharedState& s) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  if (threadIdx.x % 32 == 0) s.reduce_i[threadIdx.x / 32] = v;
+  __syncthreads();
+  int32_t total = 0;
+  for (int w = 0; w < kWarps; ++w) total += s.reduce_i[w];
+  __syncthreads();
+  return total;
+}
+
+// (largest value, lowest id among equals). Threads with nothing pass (-inf, INT32_MAX).
+struct ArgMax {
+  float value;
+  int32_t id;
+};
+
+__device__ ArgMax block_argmax(ArgMax a, SharedState& s) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(kFullMask, a.value, o);
+    const int32_t i = __shfl_xor_sync(kFullMask, a.id, o);
+    if (before(v, i, a.value, a.id)) a = {v, i};
+  }
+  if (threadIdx.x % 32 == 0) {
+    s.reduce_f[threadIdx.x / 32] = a.value;
+    s.reduce_i[threadIdx.x / 32] = a.id;
+  }
+  __syncthreads();
+  ArgMax best{s.reduce_f[0], s.reduce_i[0]};
+  for (int w = 1; w < kWarps; ++w) {
+    if (before(s.reduce_f[w], s.reduce_i[w], best.value, best.id)) best = {s.reduce_f[w], s.reduce_i[w]};
+  }
+  __syncthreads();
+  return best;
+}
+
+struct ArgMaxD {
+  double score;
+  int32_t id;
+};
+
+__device__ ArgMaxD block_argmax(ArgMaxD a, SharedState& s) {
+  auto better = [](double sv, int32_t si, double bv, int32_t bi) {
+    return sv > bv || (sv == bv && si < bi);
+  };
+  for (int o = 16; o > 0; o >>= 1) {
+    const double v = __shfl_xor_sync(kFullMask, a.score, o);
+    const int32_t i = __shfl_xor_sync(kFullMask, a.id, o);
+    if (better(v, i, a.score, a.id)) a = {v, i};
+  }
+  if (threadIdx.x % 32 == 0) {
+    s.reduce_d[threadIdx.x / 32] = a.score;
+    s.reduce_i[threadIdx.x / 32] = a.id;
+  }
+  __syncthreads();
+  ArgMaxD best{s.reduce_d[0], s.reduce_i[0]};
+  for (int w = 1; w < kWarps; ++w) {
+    if (better(s.reduce_d[w], s.reduce_i[w], best.score, best.id)) best = {s.reduce_d[w], s.reduce_i[w]};
+  }
+  __syncthreads();
+  return best;
+}
+
+// ---- the processed row x[V] ----------------------------------------------------------------
+
+// x[i]: the penalised, sanitised, tempered logit. Rows with penalties read their scratch
+// row (already processed); the others compute x from the logits on the fly.
+struct RowView {
+  const float* logits;
+  const float* scratch;  // null without penalties
+  float temperature;
+  int32_t vocab;
+
+  __device__ float operator()(int32_t i) const {
+    if (scratch != nullptr) return scratch[i];
+    const float v = sanitize(logits[i]);
+    return temperature != 1.0f ? fminf(v / temperature, FLT_MAX) : v;
+  }
+};
+
+// Tokens in the set the filters work on: finite and >= lower.
+__device__ __forceinline__ bool in_set(float x, float lower) { return x > -INFINITY && x >= lower; }
+
+// Histogram of the set by distance below m; counts always, probability mass if asked.
+// Leaves s.hist_* filled (bins 0 .. kBins-2; the last bin is not tracked).
+__device__ void histogram(const RowView& x, float m, float lower, bool with_mass, SharedState& s) {
+  for (int b = threadIdx.x; b < kBins; b += kThreads) {
+    s.hist_count[b] = 0;
+    s.hist_mass[b] = 0.0f;
+  }
+  __syncthreads();
+  for (int32_t i = threadIdx.x; i < x.vocab; i += kThreads) {
+    const float v = x(i);
+    if (!in_set(v, lower)) continue;
+    const int b = histogram_bin(m - v);
+    if (b == kBins - 1) continue;
+    atomicAdd(&s.hist_count[b], 1);
+    if (with_mass) atomicAdd(&s.hist_mass[b], exp_nonpositive(v - m));
+  }
+  __syncthreads();
+}
+
+// Gathers the set's tokens of bins <= last_bin into the candidate arrays and sorts them
+// (value descending, id ascending). Returns their number (<= kCandidateCap by the
+// caller's choice of last_bin).
+__device__ int gather_and_sort(const RowView& x, float m, float lower, int last_bin,
+                               SharedState& s) {
+  if (threadIdx.x == 0) s.num_candidates = 0;
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  for (int32_t base = 0; base < x.vocab; base += kThreads) {
+    const int32_t i = base + threadIdx.x;
+    float v = -INFINITY;
+    bool take = false;
+    if (i < x.vocab) {
+      v = x(i);
+      take = in_set(v, lower) && histogram_bin(m - v) <= last_bin;
+    }
+    const unsigned mask = __ballot_sync(kFullMask, take);
+    if (mask == 0) continue;
+    const int leader = __ffs(mask) - 1;
+    int slot = 0;
+    if (lane == leader) slot = atomicAdd(&s.num_candidates, __popc(mask));
+    slot = __shfl_sync(kFullMask, slot, leader) + __popc(mask & ((1u << lane) - 1u));
+    if (take && slot < kCandidateCap) {
+      s.cand_value[slot] = v;
+      s.cand_id[slot] = i;
+    }
+  }
+  __syncthreads();
+  const int n = min(s.num_candidates, kCandidateCap);
+  int padded = 1;
+  while (padded < n) padded <<= 1;
+  for (int j = n + threadIdx.x; j < padded; j += kThreads) {
+    s.cand_value[j] = -INFINITY;
+    s.cand_id[j] = INT32_MAX;
+  }
+  __syncthreads();
+  // Bitonic sort into "before" order.
+  for (int k = 2; k <= padded; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < padded; i += kThreads) {
+        const int partner = i ^ j;
+        if (partner <= i) continue;
+        const float av = s.cand_value[i], bv = s.cand_value[partner];
+        const int32_t ai = s.cand_id[i], bi = s.cand_id[partner];
+        const bool ascending = (i & k) == 0;
+        const bool swap = ascending ? before(bv, bi, av, ai) : before(av, ai, bv, bi);
+        if (swap) {
+          s.cand_value[i] = bv;
+          s.cand_id[i] = bi;
+          s.cand_value[partner] = av;
+          s.cand_id[partner] = ai;
+        }
+      }
+      __syncthreads();
+    }
+  }
+  return n;
+}
+
+__device__ void candidate_exps(int n, float m, SharedState& s) {
+  for (int j = threadIdx.x; j < n; j += kThreads) s.cand_exp[j] = exp_nonpositive(s.cand_value[j] - m);
+  __syncthreads();
+}
+
+// The k-th largest value of x over all V tokens (-inf values included), k < V, by
+// bisection over float keys: the largest key K with count(key >= K) >= k.
+__device__ float bisect_kth(const RowView& x, float m, int32_t k, SharedState& s) {
+  uint32_t lo = float_key(-INFINITY), hi = float_key(m);
+  while (lo < hi) {
+    const uint32_t mid = lo + static_cast<uint32_t>((uint64_t{hi} - lo + 1) / 2);
+    int32_t count = 0;
+    for (int32_t i = threadIdx.x; i < x.vocab; i += kThreads) count += float_key(x(i)) >= mid;
+    if (block_sum(count, s) >= k) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return key_float(lo);
+}
+
+// Probability mass (relative to m) of the set's tokens with key >= K.
+__device__ double mass_at_least(const RowView& x, float m, float lower, uint32_t key_min,
+                                SharedState& s) {
+  double sum = 0.0;
+  for (int32_t i = threadIdx.x; i < x.vocab; i += kThreads) {
+    const float v = x(i);
+    if (in_set(v, lower) && float_key(v) >= key_min) sum += exp_nonpositive(v - m);
+  }
+  return block_sum(sum, s);
+}
+
+// Top-p threshold over the set by bisection: the largest key K with mass(key >= K) >=
+// target, where target < mass of the whole set.
+__device__ float bisect_top_p(const RowView& x, float m, float lower, double target,
+                              SharedState& s) {
+  uint32_t lo = float_key(-FLT_MAX), hi = float_key(m);
+  while (lo < hi) {
+    const uint32_t mid = lo + static_cast<uint32_t>((uint64_t{hi} - lo + 1) / 2);
+    if (mass_at_least(x, m, lower, mid, s) >= target) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return key_float(lo);
+}
+
+__device__ __forceinline__ void consider(double score, int32_t id, ArgMaxD& best) {
+  if (score > best.score || (score == best.score && id < best.id)) best = {score, id};
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sample_rows_kernel(const float* __restrict__ logits, int32_t vocab,
+                       const GpuSamplingRow* __restrict__ rows,
+                       const GpuPenaltyEntry* __restrict__ penalties, float* scratch,
+                       const uint64_t* __restrict__ prune_table, GpuSampledToken* out) {
+  __shared__ SharedState s;
+  const int32_t r = blockIdx.x;
+  const GpuSamplingRow p = rows[r];
+  const float* row_logits = logits + static_cast<int64_t>(r) * vocab;
+  GpuSampledToken result;
+
+  // ---- raw statistics: max, lowest argmax, log-sum-exp of the unmodified logits --------
+  ArgMax raw{-INFINITY, INT32_MAX};
+  for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
+    const float v = sanitize(row_logits[i]);
+    if (before(v, i, raw.value, raw.id)) raw = {v, i};
+  }
+  raw = block_argmax(raw, s);
+  if (!(raw.value > -INFINITY)) {
+    if (threadIdx.x == 0) {
+      result.status = kSampleNoFiniteLogit;
+      out[r] = result;
+    }
+    return;
+  }
+  double raw_sum = 0.0;
+  for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
+    raw_sum += exp_nonpositive(sanitize(row_logits[i]) - raw.value);
+  }
+  const double raw_log_sum = log(block_sum(raw_sum, s));
+  auto raw_logprob = [&](int32_t token) {
+    return static_cast<float>(double(sanitize(row_logits[token])) - raw.value - raw_log_sum);
+  };
+
+  // ---- penalties, on a scratch copy ----------------------------------------------------
+  const bool penalised = (p.flags & kSamplePenalties) != 0 && p.scratch_row >= 0;
+  float* xs = penalised ? scratch + static_cast<int64_t>(p.scratch_row) * vocab : nullptr;
+  if (penalised) {
+    for (int32_t i = threadIdx.x; i < vocab; i += kThreads) xs[i] = sanitize(row_logits[i]);
+    __syncthreads();
+    const bool repetition = p.repetition_penalty != 1.0f;
+    for (int32_t e = threadIdx.x; e < p.penalty_count; e += kThreads) {
+      const GpuPenaltyEntry entry = penalties[p.penalty_begin + e];
+      float v = xs[entry.token];
+      if (repetition) v = v > 0.0f ? v / p.repetition_penalty : __fmul_rn(v, p.repetition_penalty);
+      if (entry.output_count > 0) {
+        v = __fsub_rn(v, __fmul_rn(p.frequency_penalty, static_cast<float>(entry.output_count)));
+        v = __fsub_rn(v, p.presence_penalty);
+      }
+      xs[entry.token] = sanitize(v);
+    }
+    __syncthreads();
+  }
+
+  // ---- greedy -----------------------------------------------------------------------------
+  if (p.flags & kSampleGreedy) {
+    int32_t token = raw.id;
+    if (penalised) {
+      ArgMax best{-INFINITY, INT32_MAX};
+      for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
+        if (before(xs[i], i, best.value, best.id)) best = {xs[i], i};
+      }
+      best = block_argmax(best, s);
+      if (!(best.value > -INFINITY)) {
+        if (threadIdx.x == 0) {
+          result.status = kSampleNoFiniteAfterPenalties;
+          out[r] = result;
+        }
+        return;
+      }
+      token = best.id;
+    }
+    if (threadIdx.x == 0) {
+      result.token = token;
+      result.logprob = raw_logprob(token);
+      result.processed_logprob = 0.0f;
+      out[r] = result;
+    }
+    return;
+  }
+
+  // ---- temperature, processed maximum ---------------------------------------------------
+  if (penalised && p.temperature != 1.0f) {
+    for (int32_t i = threadIdx.x; i < vocab; i += kThreads) xs[i] = fminf(xs[i] / p.temperature, FLT_MAX);
+    __syncthreads();
+  }
+  const RowView x{row_logits, xs, p.temperature, vocab};
+  for (int j = threadIdx.x; j < kPruneTableSize; j += kThreads) s.prune[j] = prune_table[j];
+  ArgMax top{-INFINITY, INT32_MAX};
+  for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
+    const float v = x(i);
+    if (before(v, i, top.value, top.id)) top = {v, i};
+  }
+  top = block_argmax(top, s);  // its barriers also publish s.prune
+  const float m = top.value;
+  if (!(m > -INFINITY)) {
+    if (threadIdx.x == 0) {
+      result.status = penalised ? kSampleNoFiniteAfterPenalties : kSampleNoFiniteLogit;
+      out[r] = result;
+    }
+    return;
+  }
+
+  // ---- filters ------------------------------------------------------------------------------
+  // Either the candidates (sorted, in shared memory) hold every token of the kept set, or
+  // the kept set is described by `threshold` over the whole row.
+  double threshold = -INFINITY;
+  float lower = -INFINITY;  // the set top-p works on: tokens >= lower (the top-k set)
+  int num_candidates = -1;  // -1: no candidates
+  bool exps_ready = false;
+  const int32_t k = p.top_k > 0 && p.top_k < vocab ? p.top_k : 0;
+  if (k > 0) {
+    if (k <= kCandidateCap) {
+      histogram(x, m, -INFINITY, false, s);
+      if (threadIdx.x == 0) {
+        int chosen = -1, cumulative = 0;
+        for (int b = 0; b < kBins - 1; ++b) {
+          cumulative += s.hist_count[b];
+          if (cumulative >= k) {
+            chosen = cumulative <= kCandidateCap ? b : -1;
+            break;
+          }
+        }
+        s.selected_bin = chosen;
+      }
+      __syncthreads();
+      const int bin = s.selected_bin;
+      if (bin >= 0) {
+        const int n = gather_and_sort(x, m, -INFINITY, bin, s);
+        const float kth = s.cand_value[k - 1];
+        int32_t kept = 0;
+        for (int j = threadIdx.x; j < n; j += kThreads) kept += s.cand_value[j] >= kth;
+        num_candidates = block_sum(kept, s);  // the top-k set is a prefix of the sorted list
+        lower = kth;
+      }
+    }
+    if (num_candidates < 0) lower = bisect_kth(x, m, k, s);
+    threshold = lower;
+  }
+
+  if (p.top_p < 1.0f) {
+    if (num_candidates >= 0) {
+      // Over the top-k candidates, in sorted order, exactly as the host sums them.
+      candidate_exps(num_candidates, m, s);
+      exps_ready = true;
+      if (threadIdx.x == 0) {
+        double total = 0.0;
+        for (int j = 0; j < num_candidates; ++j) total += s.cand_exp[j];
+        const double target = (double(p.top_p) - kThresholdSlack) * total;
+        double cumulative = 0.0;
+        float tau = s.cand_value[num_candidates - 1];
+        for (int j = 0; j < num_candidates; ++j) {
+          cumulative += s.cand_exp[j];
+          if (cumulative >= target) {
+            tau = s.cand_value[j];
+            break;
+          }
+        }
+        s.tau = tau;
+      }
+      __syncthreads();
+      threshold = fmax(threshold, double(s.tau));
+    } else {
+      const double total = mass_at_least(x, m, lower, float_key(-FLT_MAX), s);
+      const double target = (double(p.top_p) - kThresholdSlack) * total;
+      // Fast path: the bins that reach the target mass (one bin of margin for float
+      // rounding of the histogram), if they fit in shared memory.
+      histogram(x, m, lower, true, s);
+      if (threadIdx.x == 0) {
+        int chosen = -1, cumulative = 0;
+        double mass = 0.0;
+        for (int b = 0; b < kBins - 1; ++b) {
+          cumulative += s.hist_count[b];
+          mass += s.hist_mass[b];
+          if (mass >= target * (1.0 + 1e-4)) {
+            chosen = b + 1 < kBins - 1 ? b + 1 : b;
+            cumulative += chosen > b ? s.hist_count[chosen] : 0;
+            if (cumulative > kCandidateCap) chosen = -1;
+            break;
+          }
+        }
+        s.selected_bin = chosen;
+      }
+      __syncthreads();
+      const int bin = s.selected_bin;
+      bool found = false;
+      if (bin >= 0) {
+        const int n = gather_and_sort(x, m, lower, bin, s);
+        candidate_exps(n, m, s);
+        if (threadIdx.x == 0) {
+          double cumulative = 0.0;
+          s.found = 0;
+          for (int j = 0; j < n; ++j) {
+            cumulative += s.cand_exp[j];
+            if (cumulative >= target) {
+              s.tau = s.cand_value[j];
+              s.found = 1;
+              break;
+            }
+          }
+        }
+        __syncthreads();
+        found = s.found != 0;
+        if (found) {
+          num_candidates = n;
+          exps_ready = true;
+        }
+      }
+      const float tau = found ? s.tau : bisect_top_p(x, m, lower, target, s);
+      threshold = fmax(threshold, double(tau));
+    }
+  }
+
+  if (p.min_p > 0.0f) {
+    threshold = fmax(threshold, double(m) + log(double(p.min_p)) - kThresholdSlack);
+  }
+
+  // ---- normaliser and the Gumbel race over the kept set ---------------------------------
+  const bool want_normalizer = (p.flags & kSampleProcessedLogprobs) != 0;
+  double log_normalizer = 0.0;
+  const uint64_t key = p.stream_key;
+  ArgMaxD best{-INFINITY, INT32_MAX};
+  if (num_candidates >= 0) {
+    int32_t kept = 0;
+    for (int j = threadIdx.x; j < num_candidates; j += kThreads) {
+      kept += double(s.cand_value[j]) >= threshold;
+    }
+    const int32_t num_kept = block_sum(kept, s);  // a prefix of the sorted candidates
+    if (want_normalizer) {
+      if (!exps_ready) candidate_exps(num_kept, m, s);
+      if (threadIdx.x == 0) {
+        double sum = 0.0;
+        for (int j = 0; j < num_kept; ++j) sum += s.cand_exp[j];
+        s.total = sum;
+      }
+      __syncthreads();
+      log_normalizer = log(s.total);
+    }
+    for (int j = threadIdx.x; j < num_kept; j += kThreads) {
+      const int32_t id = s.cand_id[j];
+      consider(double(s.cand_value[j]) + gumbel_from_bits(sampling_bits(key, static_cast<uint32_t>(id))),
+               id, best);
+    }
+  } else {
+    if (want_normalizer) {
+      double sum = 0.0;
+      for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
+        const float v = x(i);
+        if (v > -INFINITY && double(v) >= threshold) sum += exp_nonpositive(v - m);
+      }
+      log_normalizer = log(block_sum(sum, s));
+    }
+    // The most likely token is always kept; any token that cannot beat its score is
+    // skipped without evaluating logarithms.
+    const double best0 = double(m) + gumbel_from_bits(sampling_bits(key, static_cast<uint32_t>(top.id)));
+    for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
+      const float v = x(i);
+      if (!(v > -INFINITY) || double(v) < threshold) continue;
+      const double gap = best0 - double(v);
+      if (gap > kGumbelMax) continue;
+      const uint64_t bits = sampling_bits(key, static_cast<uint32_t>(i));
+      if (gap > 1e-9) {
+        const int j = static_cast<int>((gap - 1e-9) * kPruneStepsPerNat);
+        if ((bits >> 11) < s.prune[j]) continue;
+      }
+      consider(double(v) + gumbel_from_bits(bits), i, best);
+    }
+  }
+  best = block_argmax(best, s);
+
+  if (threadIdx.x == 0) {
+    result.token = best.id;
+    result.logprob = raw_logprob(best.id);
+    result.processed_logprob =
+        want_normalizer ? static_cast<float>(double(x(best.id)) - m - log_normalizer) : 0.0f;
+    out[r] = result;
+  }
+}
+
+}  // namespace
+
+void fill_prune_table(uint64_t* table) {
+  for (int j = 0; j < kPruneTableSize; ++j) {
+    const double u = std::exp(-std::exp(-double(j) / kPruneStepsPerNat));
+    const double k = std::floor(u * 0x1p53) - 4096.0;
+    table[j] = k <= 0.0 ? 0 : static_cast<uint64_t>(k);
+  }
+}
+
+void launch_sample_rows(const float* logits, int32_t num_rows, int32_t vocab,
+                        const GpuSamplingRow* rows, const GpuPenaltyEntry* penalties,
+                        float* scratch, const uint64_t* prune_table, GpuSampledToken* out,
+                        cudaStream_t stream) {
+  if (num_rows == 0) return;
+  sample_rows_kernel<<<static_cast<unsigned>(num_rows), kThreads, 0, stream>>>(
+      logits, vocab, rows, penalties, scratch, prune_table, out);
+  PAGELLM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace pagellm::cuda

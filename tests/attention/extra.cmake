@@ -1,0 +1,24 @@
+# End-to-end checks of `pagellm attention-plan` (no GPU): the explain command prints the
+# provider and the rule that decided. Needs register_attention_commands wired into the CLI.
+if(TARGET pagellm_cli)
+  set(_plan_args attention-plan --no-default-tables --heads 32 --kv-heads 8 --head-dim 128
+      --page-size 16)
+  # No device profile: no cuDNN, so rule 1 decides.
+  add_test(NAME attention_plan_cli_no_cudnn
+    COMMAND $<TARGET_FILE:pagellm_cli> ${_plan_args} --q-lens 2048,1x63)
+  set_tests_properties(attention_plan_cli_no_cudnn PROPERTIES
+    PASS_REGULAR_EXPRESSION "provider: +native.*rule 1 \\(domain\\): no cuDNN library is loaded")
+  # An H200 with cuDNN 9.14 and no measured table: rule 4 decides (auto stays native).
+  add_test(NAME attention_plan_cli_unknown_device
+    COMMAND $<TARGET_FILE:pagellm_cli> ${_plan_args} --q-lens 512x8
+      --device-name "NVIDIA H200" --sm-count 132 --compute-capability 9.0 --cudnn-version 9.14.0)
+  set_tests_properties(attention_plan_cli_unknown_device PROPERTIES
+    PASS_REGULAR_EXPRESSION "provider: +native.*rule 4 \\(device\\): no crossover table")
+  # A lying declared maximum under explicit cudnn is a clear error naming rule 2.
+  add_test(NAME attention_plan_cli_explicit_cudnn_error
+    COMMAND $<TARGET_FILE:pagellm_cli> ${_plan_args} --q-lens 512x8 --declared-max-q 600
+      --device-name "NVIDIA H200" --sm-count 132 --compute-capability 9.0 --cudnn-version 9.14.0
+      --attention-backend cudnn)
+  set_tests_properties(attention_plan_cli_explicit_cudnn_error PROPERTIES
+    WILL_FAIL FALSE PASS_REGULAR_EXPRESSION "cannot serve this attention call: rule 2 \\(consistency\\)")
+endif()

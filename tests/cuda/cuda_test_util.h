@@ -1,0 +1,149 @@
+// Helpers for the CUDA op tests: a fixture holding a CUDA and a CPU backend (skipping when
+// no GPU is present), random bf16-representable inputs, and comparisons that print the op,
+// the shape, the error and the seed when they fail.
+//
+// Every test draws a fresh seed (random_device and the clock) unless PAGELLM_TEST_SEED is
+// set, so that repeated runs explore new inputs and a failure can be replayed exactly.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "pagellm/backend/backend.h"
+#include "pagellm/common/dtype.h"
+
+namespace pagellm::test {
+
+/// Number of visible CUDA devices (0 when there is no driver or no GPU).
+inline int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+/// PAGELLM_TEST_SEED if set, else a fresh seed.
+inline uint64_t test_seed() {
+  if (const char* env = std::getenv("PAGELLM_TEST_SEED")) return std::strtoull(env, nullptr, 10);
+  std::random_device rd;
+  const uint64_t t = static_cast<uint64_t>(
+      std::chrono::high_resolution_clock::now().time_since_epoch().count());
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ t;
+}
+
+/// Fixture: gpu (CUDA backend) and cpu (reference) backends, tensors allocated on either
+/// and kept alive until the test ends, and a seeded generator.
+class CudaOpTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+    gpu_ = create_backend("cuda");
+    cpu_ = create_backend("cpu");
+    seed_ = test_seed();
+    rng_.seed(seed_);
+  }
+  void TearDown() override {
+    buffers_.clear();  // before the backends that own the memory
+  }
+
+  Backend& gpu() { return *gpu_; }
+  Backend& cpu() { return *cpu_; }
+
+  /// "seed N (rerun with PAGELLM_TEST_SEED=N)", for failure messages.
+  std::string seed_note() const {
+    std::ostringstream os;
+    os << "seed " << seed_ << " (rerun with PAGELLM_TEST_SEED=" << seed_ << ")";
+    return os.str();
+  }
+
+  Tensor alloc(Backend& b, DType dtype, std::initializer_list<int64_t> dims) {
+    Tensor probe(nullptr, dtype, dims);
+    buffers_.emplace_back(&b, std::max<size_t>(probe.nbytes(), 1));
+    return buffers_.back().tensor(dtype, dims);
+  }
+  Tensor alloc_i32(Backend& b, const std::vector<int32_t>& values) {
+    Tensor t = alloc(b, DType::I32, {static_cast<int64_t>(values.size())});
+    if (!values.empty()) b.upload(t, 0, values.data(), DType::I32, t.numel());
+    return t;
+  }
+  /// Allocates on b with b's dtype for the role, uploads `values` (float32) and returns it.
+  Tensor put(Backend& b, DType dtype, std::initializer_list<int64_t> dims,
+             const std::vector<float>& values) {
+    Tensor t = alloc(b, dtype, dims);
+    EXPECT_EQ(static_cast<size_t>(t.numel()), values.size());
+    b.upload(t, 0, values.data(), DType::F32, t.numel());
+    return t;
+  }
+  /// Fills with NaN so that anything an op fails to write is caught.
+  void poison(Backend& b, Tensor& t) { b.fill(t, NAN); }
+
+  /// n normal(mean, stddev) values rounded to bf16, so both backends see the same inputs.
+  std::vector<float> randn_bf16(size_t n, float stddev = 1.0f, float mean = 0.0f) {
+    std::normal_distribution<float> dist(mean, stddev);
+    std::vector<float> v(n);
+    for (float& x : v) x = bf16_to_f32(f32_to_bf16(dist(rng_)));
+    return v;
+  }
+  int uniform_int(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
+
+  std::unique_ptr<Backend> gpu_;
+  std::unique_ptr<Backend> cpu_;
+  std::vector<DeviceBuffer> buffers_;
+  uint64_t seed_ = 0;
+  std::mt19937_64 rng_;
+};
+
+/// ‖got − ref‖ / ‖ref‖ <= tol, and every value finite where the reference is. On failure
+/// prints `what`, the error, the worst element and the seed note.
+inline ::testing::AssertionResult relative_close(const std::vector<float>& got,
+                                                 const std::vector<float>& ref, double tol,
+                                                 const std::string& what,
+                                                 const std::string& seed_note) {
+  if (got.size() != ref.size()) {
+    return ::testing::AssertionFailure() << what << ": " << got.size() << " values, reference "
+                                         << ref.size() << "; " << seed_note;
+  }
+  double diff2 = 0.0, ref2 = 0.0, worst = -1.0;
+  size_t worst_at = 0, non_finite = 0, first_non_finite = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i]) && std::isfinite(ref[i])) {
+      if (non_finite++ == 0) first_non_finite = i;
+      continue;
+    }
+    const double d = static_cast<double>(got[i]) - ref[i];
+    diff2 += d * d;
+    ref2 += static_cast<double>(ref[i]) * ref[i];
+    if (std::fabs(d) > worst) {
+      worst = std::fabs(d);
+      worst_at = i;
+    }
+  }
+  const double rel = std::sqrt(diff2) / std::max(std::sqrt(ref2), 1e-30);
+  if (non_finite == 0 && rel <= tol) return ::testing::AssertionSuccess();
+  auto failure = ::testing::AssertionFailure();
+  failure << what << ": ";
+  if (non_finite > 0) {
+    failure << non_finite << " non-finite values (first at " << first_non_finite << ": "
+            << got[first_non_finite] << ", reference " << ref[first_non_finite] << "); ";
+  }
+  failure << "relative L2 error " << rel << " (bound " << tol << ")";
+  if (worst >= 0) {
+    failure << ", worst element " << worst_at << ": " << got[worst_at] << " vs reference "
+            << ref[worst_at];
+  }
+  return failure << "; " << seed_note;
+}
+
+}  // namespace pagellm::test
