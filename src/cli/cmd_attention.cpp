@@ -211,10 +211,13 @@ void run_calibrate(const std::vector<std::string>& forwarded) {
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   PAGELLM_CHECK(!ec) << "calibrate-attention: cannot locate the pagellm binary";
-  const fs::path tool = exe.parent_path() / "bench" / "attention_route_bench";
+  // build/bench/attention_route_bench in a build tree; beside pagellm in a bundle (bin/).
+  fs::path tool = exe.parent_path() / "bench" / "attention_route_bench";
+  if (!fs::exists(tool)) tool = exe.parent_path() / "attention_route_bench";
   PAGELLM_CHECK(fs::exists(tool))
-      << "calibrate-attention needs the CUDA build: " << tool.string()
-      << " was not found (configure with -DPAGELLM_CUDA=ON -DPAGELLM_BENCH=ON and build the "
+      << "calibrate-attention needs the CUDA build: attention_route_bench was found neither in "
+      << (exe.parent_path() / "bench").string() << " nor in " << exe.parent_path().string()
+      << " (configure with -DPAGELLM_CUDA=ON -DPAGELLM_BENCH=ON and build the "
          "attention_route_bench target)";
   std::vector<std::string> args = {tool.string(), "calibrate"};
   args.insert(args.end(), forwarded.begin(), forwarded.end());

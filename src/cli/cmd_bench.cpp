@@ -55,7 +55,9 @@ void run_bench(BenchArgs args) {
     ProgressBar bar("building " + args.preset);
     auto model = std::make_unique<Qwen3Model>(
         *backend, config, random_weight_lookup(config, args.seed, DType::BF16),
-        [&](size_t done, size_t total) { bar.update(done, total); });
+        [&](size_t done, size_t total) {
+          if (total > (size_t{256} << 20)) bar.update(done, total);
+        });
     bar.finish();
     engine = std::make_unique<Engine>(std::move(backend), std::move(model), settings.config);
     model_name = args.preset + " (random weights)";
@@ -89,6 +91,7 @@ void run_bench(BenchArgs args) {
   const auto t1 = Clock::now();
   const int64_t steps_before = engine->stats().steps;
   const int64_t graph_before = engine->stats().graph_steps;
+  const double gap_before = engine->stats().host_gap_seconds;
   std::vector<double> step_times;
   while (engine->has_unfinished()) {
     const auto s0 = Clock::now();
@@ -135,6 +138,12 @@ void run_bench(BenchArgs args) {
   std::printf("  decode      %10.1f tok/s  (%lld steps, %.3f s, median step %.3f ms, %lld in graphs)\n",
               decode_tokens / decode_s, static_cast<long long>(decode_steps), decode_s,
               median_step * 1e3, static_cast<long long>(engine->stats().graph_steps - graph_before));
+  const double gap_us = decode_steps > 0
+                            ? (engine->stats().host_gap_seconds - gap_before) / decode_steps * 1e6
+                            : 0.0;
+  std::printf("  host gap    %10.1f us per decode step (scheduling, batch upload, bookkeeping "
+              "while the GPU waits: %.1f %% of the step)\n",
+              gap_us, median_step > 0 ? gap_us / (median_step * 1e6) * 100.0 : 0.0);
   std::printf("  end-to-end  %10.1f tok/s  (%.3f s)\n", generated / (prefill_s + decode_s),
               prefill_s + decode_s);
   std::printf("  decode step reads %.2f GB weights + %.2f GB KV; achieved %.0f GB/s of %.0f GB/s "
@@ -149,6 +158,7 @@ void run_bench(BenchArgs args) {
                         {"decode_tok_s", decode_tokens / decode_s},
                         {"e2e_tok_s", generated / (prefill_s + decode_s)},
                         {"median_step_ms", median_step * 1e3},
+                        {"host_gap_us", gap_us},
                         {"bandwidth_gbs", bandwidth / 1e9},
                         {"fraction_of_limit", achieved / bandwidth},
                         {"limit_tok_s", limit_tok_s}};

@@ -11,5 +11,7 @@ void register_model_commands(CLI::App& app);
 void register_bench_command(CLI::App& app);
 // cmd_tokenize.cpp: tokenize, detokenize, chat-template
 void register_tokenizer_commands(CLI::App& app);
+// cmd_attention.cpp: attention-plan, calibrate-attention
+void register_attention_commands(CLI::App& app);
 
 }  // namespace pagellm::cli

@@ -20,6 +20,12 @@ void add_engine_options(CLI::App* cmd, EngineSettings& s) {
       ->capture_default_str();
   cmd->add_option("--max-model-len", s.config.max_model_len,
                   "longest prompt + output (default: the model's)");
+  cmd->add_option("--attention-backend", s.config.attention_backend,
+                  "paged attention: auto (cuDNN only where a measured crossover table says it "
+                  "wins, else native), native, or cudnn (cuda backend; an error where cuDNN "
+                  "cannot serve a call)")
+      ->check(CLI::IsMember({"auto", "native", "cudnn"}))
+      ->capture_default_str();
 }
 
 std::unique_ptr<Engine> load_engine(const std::string& model_dir, const EngineSettings& s) {

@@ -1,6 +1,7 @@
 #include "pagellm/engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "pagellm/engine/batch_builder.h"
 #include "pagellm/engine/sampler.h"
@@ -22,6 +23,7 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
                const EngineConfig& config)
     : config_(config), backend_(std::move(backend)), model_(std::move(model)) {
   const Qwen3Config& mc = model_->config();
+  backend_->set_attention_backend(config_.attention_backend);
   PAGELLM_CHECK(config_.page_size > 0 && config_.page_size <= 1024)
       << "page size must be in [1, 1024], got " << config_.page_size;
   PAGELLM_CHECK(config_.max_num_seqs > 0) << "max_num_seqs must be positive";
@@ -133,7 +135,12 @@ void Engine::capture_graphs() {
   backend_->synchronize();
 }
 
-Tensor Engine::run_forward(ForwardBatch& batch, bool pure_decode) {
+Tensor Engine::run_forward(ForwardBatch& batch, bool pure_decode,
+                           std::chrono::steady_clock::time_point step_start) {
+  auto launched = [&] {
+    stats_.host_gap_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+  };
   const int32_t rows = batch.num_seqs();
   if (pure_decode && !graphs_.empty()) {
     auto it = graphs_.lower_bound(rows);
@@ -141,12 +148,14 @@ Tensor Engine::run_forward(ForwardBatch& batch, bool pure_decode) {
       append_padding_rows(batch, it->first - rows);
       batch.kv_len_capacity = config_.max_model_len;
       backend_->upload_batch(batch);
+      launched();
       it->second.graph->replay();
       ++stats_.graph_steps;
       return it->second.logits.rows(0, rows);
     }
   }
   BatchTensors tensors = backend_->upload_batch(batch);
+  launched();
   return model_->forward(tensors, kv_);
 }
 
@@ -228,6 +237,8 @@ void Engine::release(int64_t id) {
 }
 
 std::vector<int64_t> Engine::step() {
+  using Clock = std::chrono::steady_clock;
+  const auto t_start = Clock::now();
   std::vector<int64_t> done;
   SchedulerOutput out = scheduler_->schedule();
   stats_.preemptions += static_cast<int64_t>(out.preempted.size());
@@ -248,7 +259,7 @@ std::vector<int64_t> Engine::step() {
       stats_.prefill_tokens += s.num_new_tokens;
     }
   }
-  Tensor logits = run_forward(batch, pure_decode);
+  Tensor logits = run_forward(batch, pure_decode, t_start);
   std::vector<SamplingRow> rows = build_sampling_rows(out);
   if (logits_hook_) {
     const std::vector<float> host = backend_->download_f32(logits);
@@ -262,8 +273,10 @@ std::vector<int64_t> Engine::step() {
     }
   }
   std::vector<SampledToken> sampled = backend_->sample(logits, rows);
+  const auto t_sampled = Clock::now();
   for (Sequence* s : scheduler_->on_step_done(out, sampled)) done.push_back(s->id);
   ++stats_.steps;
+  stats_.host_gap_seconds += std::chrono::duration<double>(Clock::now() - t_sampled).count();
   return done;
 }
 

@@ -2,6 +2,7 @@
 // scheduler, and turns requests into tokens one step at a time (continuous batching).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -35,6 +36,10 @@ struct EngineConfig {
   bool use_graphs = true;
   /// Bucket sizes; empty: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every 32 up to max_num_seqs.
   std::vector<int32_t> graph_buckets;
+  /// Who runs paged attention: "auto" (the backend's dispatcher: cuDNN only where measured
+  /// to win, never an error because of cuDNN), "native" or "cudnn" (cuda backend only;
+  /// a call cuDNN cannot serve is an Error). Passed to Backend::set_attention_backend.
+  std::string attention_backend = "auto";
 };
 
 /// Counters since the engine started.
@@ -44,6 +49,9 @@ struct EngineStats {
   int64_t decode_tokens = 0;
   int64_t preemptions = 0;
   int64_t graph_steps = 0;  // decode steps that replayed a captured graph
+  /// Host time per step while the device waits: scheduling, batch building and upload
+  /// before the forward is launched, plus the bookkeeping after the sampled tokens arrive.
+  double host_gap_seconds = 0.0;
 };
 
 class Engine {
@@ -96,7 +104,8 @@ class Engine {
   void capture_graphs();
   /// Runs the forward pass of `batch`, through a captured graph when one fits; returns
   /// the logits of the batch's logits rows.
-  Tensor run_forward(ForwardBatch& batch, bool pure_decode);
+  Tensor run_forward(ForwardBatch& batch, bool pure_decode,
+                     std::chrono::steady_clock::time_point step_start);
 
   EngineConfig config_;
   std::unique_ptr<Backend> backend_;
