@@ -8,7 +8,7 @@
 //     crossover per (mode, phase, head_dim) and writes the table `auto` reads
 //     (data/attention/crossover-<device>-...-cudnn<version>.json by default; `pagellm
 //     calibrate-attention` runs this).
-//   attention_route_bench routes [--table FILE|DIR] [--iters 20] [--layers 36]
+//   attention_route_bench routes [--table FILE|DIR] [--iters 20] [--layers 36] [--quick]
 //     Over a fixed grid of routes, times native, cuDNN and auto (auto pays one plan() and,
 //     for cuDNN prefill, one upload per forward of --layers calls), prints each route's
 //     speedup of auto over native, and the spread of auto/native over the routes auto kept
@@ -96,7 +96,11 @@ std::vector<int32_t> parse_int_list(const std::string& s) {
                "%s%s"
                "usage: attention_route_bench calibrate [--out DIR|FILE] [--quick] [--page-sizes 16,32]\n"
                "                                       [--margin 0.05] [--iters 20] [--seed 1]\n"
-               "       attention_route_bench routes [--table FILE|DIR]... [--iters 20] [--layers 36]\n",
+               "       attention_route_bench routes [--table FILE|DIR]... [--iters 20] [--layers 36]\n"
+               "                                    [--quick]\n"
+               "  --quick: calibrate a smaller grid; routes with 10 iterations (about a minute each\n"
+               "  on an H200). From a bundle, pass --out and --table explicitly (data/attention is\n"
+               "  otherwise looked for beside the binary).\n",
                error ? error : "", error ? "\n" : "");
   std::exit(error ? 2 : 0);
 }
@@ -124,6 +128,9 @@ Args parse_args(int argc, char** argv) {
     else if (k == "--help" || k == "-h") usage(nullptr);
     else usage(("unknown option " + k).c_str());
   }
+  PAGELLM_CHECK(a.iters > 0 && a.layers > 0 && a.margin >= 0)
+      << "--iters and --layers must be positive and --margin non-negative";
+  if (a.quick && a.mode == "routes") a.iters = std::min(a.iters, 10);
   return a;
 }
 
@@ -514,6 +521,19 @@ int run_calibrate(const Args& a) {
                 mode_name(e.mode), phase_name(e.phase), e.head_dim,
                 static_cast<long long>(e.min_work), e.points, e.admitted_points);
   }
+  std::printf("\n| mode | phase | head_dim | cuDNN from work | up to work | page sizes | GQA | "
+              "points (admitted) |\n|---|---|---:|---:|---:|---|---|---:|\n");
+  for (const CrossoverEntry& e : table.entries) {
+    std::string pages, gqa;
+    for (int32_t x : e.page_sizes) pages += (pages.empty() ? "" : ",") + std::to_string(x);
+    for (int32_t x : e.gqa_ratios) gqa += (gqa.empty() ? "" : ",") + std::to_string(x);
+    std::printf("| %s | %s | %d | %lld | %lld | %s | %s | %d (%d) |\n", mode_name(e.mode),
+                phase_name(e.phase), e.head_dim, static_cast<long long>(e.min_work),
+                static_cast<long long>(e.max_work), pages.c_str(), gqa.c_str(), e.points,
+                e.admitted_points);
+  }
+  if (table.entries.empty()) std::printf("| (none: cuDNN won no group; auto stays native) |\n");
+  std::printf("\n");
   std::string path = a.out.empty() ? "data/attention" : a.out;
   if (std::filesystem::is_directory(path)) path += "/" + crossover_file_name(dev);
   std::ofstream(path) << crossover_table_to_json(table);
@@ -703,11 +723,14 @@ int run_routes(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args a = parse_args(argc, argv);
   try {
+    const Args a = parse_args(argc, argv);
     return a.mode == "calibrate" ? run_calibrate(a) : run_routes(a);
   } catch (const Error& e) {
     std::fprintf(stderr, "attention_route_bench: error: %s\n", e.what());
     return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attention_route_bench: error: %s (see --help)\n", e.what());
+    return 2;
   }
 }

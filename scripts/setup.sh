@@ -22,3 +22,7 @@ fi
 # Python side: tokenizer and chat-template parity tests (no torch needed).
 python3 -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/../python/requirements-test.txt" 2>&1 \
   | grep -v "Running pip as the 'root' user" || true
+# cuDNN attention route: the header-only cudnn-frontend, pinned, without its Python
+# dependencies (CUTLASS DSL, TVM FFI: not needed for the C++ headers).
+python3 -m pip install -q --disable-pip-version-check --no-deps nvidia-cudnn-frontend==1.32.0 2>&1 \
+  | grep -v "Running pip as the 'root' user" || true

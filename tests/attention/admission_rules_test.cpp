@@ -171,6 +171,14 @@ TEST(AdmissionRules, DomainEdges) {
          v.max_kv_len = b.max_pages_per_seq * 16 + 1;
        },
        Reason::kKvRange},
+      {"page-table row beyond cuDNN's int KV dimension",
+       [](Scenario&, OwnedBatch& b, AttentionBatchView& v) {
+         // 2^27 pages x 16 = 2^31 tokens per row: the graph's s_kv would not fit an int.
+         v.max_pages_per_seq = 1 << 27;
+         v.page_table_size = static_cast<size_t>(v.num_seqs) * v.max_pages_per_seq;
+         (void)b;
+       },
+       Reason::kKvRange, int64_t{1} << 31, INT32_MAX, true},
       {"graph: ragged prefill is never captured on cuDNN",
        [](Scenario& s, OwnedBatch&, AttentionBatchView&) { s.mode = LaunchMode::kGraph; },
        Reason::kGraphRagged},
@@ -621,7 +629,7 @@ TEST(AdmissionRules, CudnnPrefillArraysAndKey) {
   EXPECT_TRUE(p.cudnn_key.ragged);
   EXPECT_EQ(p.cudnn_key.num_seqs, 3);
   EXPECT_EQ(p.cudnn_key.max_query_len, 128);  // 70 -> next power of two
-  EXPECT_EQ(p.cudnn_key.max_kv_len, 1024);    // 1000 -> 1024, within the 2048-token row
+  EXPECT_EQ(p.cudnn_key.max_kv_len, 2048);    // the row's capacity (128 pages x 16), not KV 1000
   EXPECT_EQ(p.cudnn_key.max_pages_per_seq, 128);
   EXPECT_EQ(p.cudnn_key.num_q_heads, 32);
   EXPECT_EQ(p.cudnn_key.num_kv_heads, 8);
@@ -637,7 +645,7 @@ TEST(AdmissionRules, CudnnDecodeIsDenseAndCarriesNoArrays) {
   EXPECT_EQ(p.phase, AttentionPhase::kDecode);
   EXPECT_FALSE(p.cudnn_key.ragged);
   EXPECT_EQ(p.cudnn_key.max_query_len, 1);
-  EXPECT_EQ(p.cudnn_key.max_kv_len, 960);  // bucket 1024 capped at the row (60 pages x 16)
+  EXPECT_EQ(p.cudnn_key.max_kv_len, 960);  // the row's capacity (60 pages x 16)
   EXPECT_TRUE(p.cudnn_seq_len_q.empty());
   EXPECT_TRUE(p.cudnn_ragged_offsets.empty());
 }
@@ -661,6 +669,40 @@ TEST(AdmissionRules, PlanKeyBuckets) {
   EXPECT_EQ(ka, kb);
   EXPECT_NE(kb, kc);
   EXPECT_EQ(CudnnPlanKeyHash{}(ka), CudnnPlanKeyHash{}(kb));
+}
+
+// cuDNN's paged loads need ceil(s_kv / page_size) == the page-table row length, so the
+// key's KV dimension is the row's capacity whatever the lengths: the engine's rows
+// (max_model_len / page_size pages) with short KV, page sizes that do not divide a
+// power of two bucket, and a decode graph's capacity below the row all get s_kv = row.
+TEST(AdmissionRules, PlanKeyKvIsThePageTableRowCapacity) {
+  Scenario s;
+  s.choice = AttentionBackendChoice::kCudnn;
+  struct Case {
+    std::vector<int32_t> q, kv;
+    int32_t page, table_tokens, capacity;
+  };
+  const std::vector<Case> cases = {
+      {{1, 1, 1, 1}, {1000, 3, 17, 999}, 16, 40960, 0},  // engine row: 2560 pages of 16
+      {{1, 1}, {1000, 1}, 16, 40960, 40960},             // engine decode graph
+      {{1, 1}, {1000, 1}, 16, 1024, 1000},               // capacity 1000 in a 64-page row
+      {{50, 3}, {200, 60}, 64, 320, 0},                  // 5 pages of 64
+      {{50, 3}, {200, 60}, 128, 384, 0},                 // 3 pages of 128
+      {{5, 2}, {7, 2}, 1, 9, 0},                         // pages of one token
+  };
+  for (const Case& c : cases) {
+    s.domain.page_size = c.page;
+    AttentionPlanner planner = make_planner(s);
+    OwnedBatch b = make_batch(c.q, c.kv, c.page, c.table_tokens);
+    b.kv_len_capacity = c.capacity;
+    const LaunchMode mode = c.capacity > 0 ? LaunchMode::kGraph : LaunchMode::kEager;
+    const AttentionPlan& p = planner.plan(s.domain, b.view(), mode);
+    ASSERT_EQ(p.provider, AttentionProvider::kCudnn) << p.summary();
+    SCOPED_TRACE(p.cudnn_key.describe());
+    EXPECT_EQ(p.cudnn_key.max_pages_per_seq, b.max_pages_per_seq);
+    EXPECT_EQ(p.cudnn_key.max_kv_len, b.max_pages_per_seq * c.page);
+    EXPECT_EQ((p.cudnn_key.max_kv_len + c.page - 1) / c.page, p.cudnn_key.max_pages_per_seq);
+  }
 }
 
 // ---- explain ------------------------------------------------------------------------------

@@ -22,3 +22,26 @@ if(TARGET pagellm_cli)
   set_tests_properties(attention_plan_cli_explicit_cudnn_error PROPERTIES
     WILL_FAIL FALSE PASS_REGULAR_EXPRESSION "cannot serve this attention call: rule 2 \\(consistency\\)")
 endif()
+
+# --attention-backend on the engine commands: an unknown value is refused by the option
+# parser, and cudnn on the cpu backend is a clear error (no model is needed to see either:
+# make-model writes the tiny one first).
+if(TARGET pagellm_cli)
+  add_test(NAME attention_backend_cli_unknown_value
+    COMMAND $<TARGET_FILE:pagellm_cli> generate --attention-backend flash --prompt-ids 1,2)
+  set_tests_properties(attention_backend_cli_unknown_value PROPERTIES
+    PASS_REGULAR_EXPRESSION "--attention-backend: flash not in \\{auto,native,cudnn\\}")
+  set(_tiny ${CMAKE_CURRENT_BINARY_DIR}/attention-tiny-model)
+  add_test(NAME attention_backend_cli_make_model
+    COMMAND $<TARGET_FILE:pagellm_cli> make-model --preset tiny --out ${_tiny} --seed 3)
+  set_tests_properties(attention_backend_cli_make_model PROPERTIES FIXTURES_SETUP attn_tiny)
+  add_test(NAME attention_backend_cli_cudnn_on_cpu
+    COMMAND $<TARGET_FILE:pagellm_cli> generate --model ${_tiny} --backend cpu
+      --attention-backend cudnn --prompt-ids 1,2,3 --max-tokens 2)
+  set_tests_properties(attention_backend_cli_cudnn_on_cpu PROPERTIES FIXTURES_REQUIRED attn_tiny
+    PASS_REGULAR_EXPRESSION "--attention-backend cudnn needs the cuda backend")
+  add_test(NAME attention_backend_cli_native_on_cpu
+    COMMAND $<TARGET_FILE:pagellm_cli> generate --model ${_tiny} --backend cpu
+      --attention-backend native --prompt-ids 1,2,3 --max-tokens 2)
+  set_tests_properties(attention_backend_cli_native_on_cpu PROPERTIES FIXTURES_REQUIRED attn_tiny)
+endif()

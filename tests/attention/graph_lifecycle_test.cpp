@@ -171,7 +171,7 @@ TEST(GraphLifecycle, KvBeyondTheCapacityButWithinTheTableIsRefused) {
   OwnedBatch rep = decode_batch(32, 1, cap);
   ASSERT_EQ(planner.bind_to_graph(d, cap, rep.view()).provider, AttentionProvider::kCudnn);
   OwnedBatch at = decode_batch(32, 1000, cap);
-  EXPECT_EQ(planner.plan(d, at.view()).cudnn_key.max_kv_len, 1000);
+  EXPECT_EQ(planner.plan(d, at.view()).cudnn_key.max_kv_len, 1008);  // s_kv: the whole row
   OwnedBatch beyond = decode_batch(32, 1005, cap);
   EXPECT_THROW(planner.plan(d, beyond.view()), Error);
 }

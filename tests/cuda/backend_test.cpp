@@ -294,5 +294,28 @@ TEST_F(CudaOpTest, UploadBatchDuringCaptureIsRefusedClearly) {
   EXPECT_NE(message.find("capture"), std::string::npos) << message;
 }
 
+// ---- attention backend choice ------------------------------------------------------------
+
+TEST(CudaBackendAttention, ChoiceIsValidatedAndCudnnNeedsTheLibrary) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  cuda::CudaBackend backend(0);
+  EXPECT_EQ(backend.attention_backend(), "auto");
+  const std::string bogus = error_of([&] { backend.set_attention_backend("flash"); });
+  EXPECT_NE(bogus.find("unknown attention backend 'flash'"), std::string::npos) << bogus;
+  EXPECT_NE(bogus.find("auto, native or cudnn"), std::string::npos) << bogus;
+  backend.set_attention_backend("native");
+  EXPECT_EQ(backend.attention_backend(), "native");
+  EXPECT_EQ(backend.last_attention_plan(), nullptr);
+  // cudnn is accepted where a cuDNN 9 loads, and refused with the loader's reasons elsewhere.
+  const std::string cudnn = error_of([&] { backend.set_attention_backend("cudnn"); });
+  if (!cudnn.empty()) {
+    EXPECT_NE(cudnn.find("--attention-backend cudnn"), std::string::npos) << cudnn;
+    EXPECT_NE(cudnn.find("auto"), std::string::npos) << cudnn;
+    EXPECT_EQ(backend.attention_backend(), "native") << "a refused choice must not stick";
+  } else {
+    EXPECT_EQ(backend.attention_backend(), "cudnn");
+  }
+}
+
 }  // namespace
 }  // namespace pagellm

@@ -76,10 +76,15 @@ struct Route {
   std::string name;
   int hq = 32, hkv = 8, d = 128, page = 16;
   std::vector<int32_t> q, kv;
+  /// Page-table row capacity in tokens; 0: the longest KV plus one spare page. The engine's
+  /// rows hold max_model_len tokens whatever the batch (e.g. 40960 / 16 = 2560 pages).
+  int table_tokens = 0;
   std::string describe() const {
     std::ostringstream s;
     s << name << " [Hq=" << hq << " Hkv=" << hkv << " D=" << d << " page=" << page
-      << " seqs=" << q.size() << "]";
+      << " seqs=" << q.size();
+    if (table_tokens) s << " row=" << table_tokens << " tokens";
+    s << "]";
     return s.str();
   }
 };
@@ -107,7 +112,8 @@ Inputs make_inputs(const Route& r, std::mt19937_64& rng) {
     longest = std::max(longest, r.kv[b]);
   }
   in.tokens = in.query_start.back();
-  in.table = (longest + r.page - 1) / r.page + 1;  // one spare entry: rows are not exact
+  in.table = r.table_tokens > 0 ? (r.table_tokens + r.page - 1) / r.page
+                                 : (longest + r.page - 1) / r.page + 1;  // rows are not exact
   int owned = 0;
   for (int32_t kv : r.kv) owned += (kv + r.page - 1) / r.page;
   in.pages = owned + 3;  // page 0 (reserved) and two pages nobody owns
@@ -273,6 +279,8 @@ class CudnnAttention : public ::testing::Test {
     const AttentionPlan& plan = planner.plan(dom, batch_view(batch));
     ASSERT_EQ(plan.provider, AttentionProvider::kCudnn) << plan.summary();
     EXPECT_EQ(plan.phase, decode ? AttentionPhase::kDecode : AttentionPhase::kPrefill);
+    // cuDNN's paged loads need ceil(s_kv / page) == the row length: s_kv is the row.
+    EXPECT_EQ(plan.cudnn_key.max_kv_len, in.table * r.page);
 
     PagedAttentionParams p;
     p.q = q.get();
@@ -381,11 +389,15 @@ TEST_F(CudnnAttention, DecodeUniformAndRagged) {
 }
 
 // A decode plan captured into a CUDA graph replays correctly with new KV lengths (written
-// into the same device arrays), as the engine's decode graphs do.
-TEST_F(CudnnAttention, DecodeGraphReplaysWithNewLengths) {
-  Route r{"decode graph", 32, 8, 128, 16, std::vector<int32_t>(8, 1),
-          {1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000}};
-  const Inputs in = make_inputs(r, rng_);
+// into the same device arrays), as the engine's decode graphs do. `table_tokens` is the
+// page-table row (the engine's is max_model_len rounded up to pages), `capacity` the KV
+// bound every replay stays within; cuDNN's s_kv is the whole row either way.
+void check_decode_graph(std::mt19937_64& rng, int table_tokens, int capacity,
+                        const std::vector<std::vector<int32_t>>& replays) {
+  Route r{"decode graph", 32, 8, 128, 16, std::vector<int32_t>(8, 1), std::vector<int32_t>(8, capacity),
+          table_tokens};
+  SCOPED_TRACE(r.describe());
+  const Inputs in = make_inputs(r, rng);
   Buffer<uint16_t> q(in.q), k(in.k), v(in.v), out(in.q.size()), eager(in.q.size());
   Buffer<int32_t> qs(in.query_start), kvl(r.kv), pt(in.page_table);
   const AttentionDomain dom = domain_of(r);
@@ -402,16 +414,16 @@ TEST_F(CudnnAttention, DecodeGraphReplaysWithNewLengths) {
   batch.kv_lens = r.kv;
   batch.page_table = in.page_table;
   batch.token_ids.assign(in.tokens, 0);
-  batch.kv_len_capacity = 1000;
+  batch.kv_len_capacity = capacity;
   GraphCapacity cap;
   cap.num_seqs = 8;
   cap.max_num_tokens = 8;
   cap.max_query_len = 1;
   cap.max_pages_per_seq = in.table;
-  cap.kv_len_capacity = 1000;
+  cap.kv_len_capacity = capacity;
   const AttentionPlan& plan = planner.bind_to_graph(dom, cap, batch_view(batch));
   ASSERT_EQ(plan.provider, AttentionProvider::kCudnn);
-  EXPECT_EQ(plan.cudnn_key.max_kv_len, 1000);
+  EXPECT_EQ(plan.cudnn_key.max_kv_len, in.table * r.page);  // the row, not the capacity
   PagedAttentionParams p;
   p.q = q.get();
   p.k_pool = k.get();
@@ -428,7 +440,7 @@ TEST_F(CudnnAttention, DecodeGraphReplaysWithNewLengths) {
   p.page_size = r.page;
   p.max_pages_per_seq = in.table;
   p.max_query_len = 1;
-  p.max_kv_len = 1000;
+  p.max_kv_len = capacity;
   p.scale = dom.scale;
   cache.set_num_pages(in.pages);
   cache.build(plan.cudnn_key);
@@ -444,8 +456,7 @@ TEST_F(CudnnAttention, DecodeGraphReplaysWithNewLengths) {
   PAGELLM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   PAGELLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
 
-  for (const std::vector<int32_t>& lens :
-       {std::vector<int32_t>{1, 2, 3, 999, 1000, 17, 64, 500}, std::vector<int32_t>(8, 1000)}) {
+  for (const std::vector<int32_t>& lens : replays) {
     kvl.upload(lens);
     // The planner, still bound, accepts the new lengths with the same plan.
     ForwardBatch next = batch;
@@ -465,13 +476,35 @@ TEST_F(CudnnAttention, DecodeGraphReplaysWithNewLengths) {
     shrunk.r.kv = lens;
     const Errors e = compare(
         shrunk, replayed, [&](int b, int i, int h) { return reference_row(shrunk, b, i, h, dom.scale); },
-        rng_);
+        rng);
     EXPECT_EQ(e.nonfinite, 0);
     EXPECT_LE(e.total, 1e-2);
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+TEST_F(CudnnAttention, DecodeGraphReplaysWithNewLengths) {
+  // Capacity 1000 in a row of 64 pages (1024 tokens): s_kv 1024, KV lengths up to 1000.
+  check_decode_graph(rng_, 0, 1000,
+                     {{1, 2, 3, 999, 1000, 17, 64, 500}, std::vector<int32_t>(8, 1000)});
+}
+
+TEST_F(CudnnAttention, DecodeGraphWithTheEnginesPageTableStride) {
+  // The engine's decode graphs: rows of max_model_len / page_size pages (4000 / 16 -> 250
+  // pages, s_kv 4000) with KV capacity max_model_len, replayed with short and full lengths.
+  check_decode_graph(rng_, 4000, 4000,
+                     {{1, 1, 1, 1, 1, 1, 1, 1}, {1, 17, 300, 4000, 2, 999, 64, 3333}});
+}
+
+TEST_F(CudnnAttention, EngineWidePageTables) {
+  // Eager calls whose rows are far longer than their KV (the engine's rows hold
+  // max_model_len tokens): s_kv is the row (40960), the real lengths come from seq_len_kv.
+  check_route({"wide rows, ragged prefill", 32, 8, 128, 16, {17, 300, 1}, {500, 300, 40}, 40960});
+  check_route({"wide rows, decode", 32, 8, 128, 16, std::vector<int32_t>(16, 1),
+               {1, 2, 3, 1000, 4096, 17, 16, 15, 33, 64, 65, 100, 999, 1, 7, 2048}, 40960});
+  check_route({"wide rows, page 64", 32, 8, 128, 64, {50, 3}, {200, 60}, 8000});
 }
 
 // Auto with a table that admits everything routes to cuDNN only after the plan is built

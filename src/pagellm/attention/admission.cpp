@@ -87,7 +87,8 @@ std::string describe(AdmissionRule rule, const RuleResult& r) {
       break;
     case Reason::kKvRange:
       s << "KV bound " << r.value << " is outside [1, " << r.limit
-        << "] (cuDNN takes the paged KV bound as an int)";
+        << "] (the page-table row's capacity, which cuDNN's graph declares as its KV length, "
+           "an int)";
       break;
     case Reason::kOffsetOverflow:
       s << "tokens x query heads x head_dim = " << r.value

@@ -63,13 +63,15 @@ RuleResult check_cudnn_domain(const AttentionDomain& d, const AttentionBatchView
   if (b.max_query_len <= 0 || b.num_tokens <= 0) {
     return RuleResult::fail(Reason::kQueryRange, b.max_query_len, b.num_tokens);
   }
-  // The paged KV bound is an int in cuDNN's API and the table row bounds every KV length.
+  // The table row bounds every KV length, and cuDNN's graph is declared with the row's
+  // capacity as its KV length (its paged loads need ceil(s_kv / page_size) == row length),
+  // which is an int in cuDNN's API.
   const int64_t table_tokens = int64_t{b.max_pages_per_seq} * d.page_size;
-  const int64_t kv_limit = std::min<int64_t>(table_tokens, INT_MAX);
   const int64_t kv_bound = std::max<int64_t>(b.max_kv_len, b.kv_len_capacity);
-  if (b.max_kv_len <= 0 || kv_bound > kv_limit) {
-    return RuleResult::fail(Reason::kKvRange, kv_bound, kv_limit);
+  if (b.max_kv_len <= 0 || kv_bound > table_tokens) {
+    return RuleResult::fail(Reason::kKvRange, kv_bound, table_tokens);
   }
+  if (table_tokens > INT_MAX) return RuleResult::fail(Reason::kKvRange, table_tokens, INT_MAX);
   const int64_t elements = int64_t{b.num_tokens} * d.num_q_heads * d.head_dim;
   if (elements > INT_MAX) return RuleResult::fail(Reason::kOffsetOverflow, elements, INT_MAX);
   if (mode == LaunchMode::kGraph && phase == AttentionPhase::kPrefill) {
@@ -157,13 +159,13 @@ CudnnPlanKey make_cudnn_plan_key(const AttentionDomain& d, const AttentionBatchV
   } else {
     k.max_query_len = bucket_pow2(actual_max_query_len, 64);
   }
+  // cuDNN's paged graph is declared with the page-table row's capacity as its KV length:
+  // its paged loads require ceil(s_kv / page_size) to equal the row length, and the real
+  // lengths come from seq_len_kv (padding mask), so the kernels stop at each sequence's KV.
+  // One plan then serves every KV length the rows can hold, eager or replayed.
+  (void)actual_max_kv_len;
   const int64_t table_tokens = int64_t{b.max_pages_per_seq} * d.page_size;
-  const int32_t cap = static_cast<int32_t>(std::min<int64_t>(table_tokens, INT_MAX));
-  if (b.kv_len_capacity > 0) {
-    k.max_kv_len = std::min(b.kv_len_capacity, cap);
-  } else {
-    k.max_kv_len = std::min(bucket_pow2(actual_max_kv_len, 256), cap);
-  }
+  k.max_kv_len = static_cast<int32_t>(std::min<int64_t>(table_tokens, INT_MAX));
   return k;
 }
 

@@ -54,14 +54,15 @@ RuleResult cudnn_static_support(const AttentionDomain& domain, AttentionPhase ph
 /// The shape a cuDNN execution plan is built for. Plans are cached by it, so it buckets the
 /// variable lengths: the batch size is exact (its arrays are the batch's own), the query
 /// dimension is 1 for decode and a power of two >= 64 covering every query for prefill,
-/// and the KV bound is a power of two >= 256 covering every KV length, capped at the page
-/// table's capacity, or the graph's kv_len_capacity when one is declared (so that every
-/// replay of a captured graph, whatever its KV lengths, uses the plan it was captured
-/// with). The pool size (num_pages) is added by the CUDA side, which knows it.
+/// and the KV dimension is the page-table row's capacity, max_pages_per_seq x page_size
+/// (cuDNN's paged loads require ceil(s_kv / page_size) == the row length; the real lengths
+/// are seq_len_kv), so one plan serves every KV length, and every replay of a captured
+/// graph uses the plan it was captured with. The pool size (num_pages) is added by the
+/// CUDA side, which knows it.
 struct CudnnPlanKey {
   int32_t num_seqs = 0;
   int32_t max_query_len = 0;  // Q's s dimension
-  int32_t max_kv_len = 0;     // set_paged_attention_max_seq_len_kv
+  int32_t max_kv_len = 0;     // s_kv: max_pages_per_seq * page_size (set_paged_attention_max_seq_len_kv)
   int32_t num_q_heads = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
@@ -85,8 +86,9 @@ struct CudnnPlanKeyHash {
 int32_t bucket_pow2(int32_t x, int32_t floor);
 
 /// The plan key of a call that passed rules 1 and 2 (actual_max_query_len and
-/// actual_max_kv_len are the real maxima). query_capacity, when positive, replaces the
-/// query bucket (graph-bound planners pin it to their capacity).
+/// actual_max_kv_len are the real maxima; the KV dimension is the table row's capacity
+/// whatever they are). query_capacity, when positive, replaces the query bucket
+/// (graph-bound planners pin it to their capacity).
 CudnnPlanKey make_cudnn_plan_key(const AttentionDomain& domain, const AttentionBatchView& batch,
                                  AttentionPhase phase, int32_t actual_max_query_len,
                                  int32_t actual_max_kv_len, int32_t query_capacity = 0);

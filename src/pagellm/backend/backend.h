@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "pagellm/attention/provider.h"
 #include "pagellm/backend/forward_batch.h"
 #include "pagellm/common/tensor.h"
 #include "pagellm/engine/sampling_params.h"
@@ -100,6 +101,17 @@ class Backend {
   virtual void silu_mul(const Tensor& gate_up, Tensor& out) = 0;
   /// out[r, :] = x[indices[r], :]
   virtual void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) = 0;
+
+  /// Chooses what runs paged attention (`--attention-backend`): "auto" (the backend
+  /// decides per forward and never fails because of an optional library), "native" (the
+  /// backend's own kernels) or "cudnn" (NVIDIA cuDNN; the cuda backend only). Throws Error
+  /// for an unknown name or a choice this backend cannot honour. Call before the first
+  /// forward. This default has only its own kernels, so it accepts auto and native.
+  virtual void set_attention_backend(const std::string& choice) {
+    PAGELLM_CHECK(parse_attention_backend(choice) != AttentionBackendChoice::kCudnn)
+        << "--attention-backend cudnn needs the cuda backend (cuDNN runs on NVIDIA GPUs); the "
+        << name() << " backend runs attention with its own kernels: use auto or native";
+  }
 
   /// Measures device memory bandwidth with a large copy: (bytes read + bytes written) per
   /// second. The limit that bandwidth-bound work (decode) is measured against.

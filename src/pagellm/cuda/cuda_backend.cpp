@@ -8,13 +8,19 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <utility>
 
+#include "pagellm/attention/planner.h"
 #include "pagellm/common/random.h"
 #include "pagellm/cuda/attention.h"
 #include "pagellm/cuda/cuda_check.h"
+#if PAGELLM_HAVE_CUDNN
+#include "pagellm/cuda/cudnn_attention.h"
+#endif
 #include "pagellm/cuda/kernels.h"
 #include "pagellm/cuda/matmul.h"
 #include "pagellm/cuda/sampling.h"
@@ -127,7 +133,48 @@ class CudaGraph final : public RecordedGraph {
   PAGELLM_FAIL() << "cuda backend unavailable: " << reason << "; use the cpu backend instead";
 }
 
+// The crossover tables `auto` may use: the shipped data/attention (beside the binary or
+// in the source tree it was built from), then $PAGELLM_ATTENTION_TABLES.
+std::vector<std::string> crossover_table_paths() {
+  std::vector<std::string> found = default_crossover_table_paths();
+#ifdef PAGELLM_SOURCE_DIR
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path source = fs::path(PAGELLM_SOURCE_DIR) / "data" / "attention";
+  if (fs::is_directory(source, ec)) {
+    bool listed = false;
+    for (const std::string& p : found) listed = listed || fs::equivalent(p, source, ec);
+    // Lowest priority: a bundle's own tables or the user's override win over it.
+    if (!listed) found.insert(found.begin(), source.string());
+  }
+#endif
+  return found;
+}
+
 }  // namespace
+
+/// The attention dispatcher's per-backend state: the planner (rebuilt when the choice
+/// changes), the tables it reads, the cuDNN plan cache, and this forward's plan.
+struct AttentionRoute {
+  AttentionBackendChoice choice = AttentionBackendChoice::kAuto;
+  bool profiled = false;  // device profile and tables loaded (not for native)
+  DeviceProfile device;
+  CrossoverTables tables;
+#if PAGELLM_HAVE_CUDNN
+  std::unique_ptr<CudnnPlanCache> cudnn;
+#endif
+  std::unique_ptr<AttentionPlanner> planner;
+  const AttentionPlan* plan = nullptr;  // this forward's (valid while `planned`)
+  bool planned = false;
+  AttentionDomain domain;
+  // The key `auto` requested in the last forward (rule 5), and that forward's last call:
+  // a plan built for it at begin_capture is run once on those buffers before capturing.
+  bool pending_valid = false;
+  CudnnPlanKey pending_key;
+  bool last_call_valid = false;
+  PagedAttentionParams last_call;
+  AttentionRouteStats stats;
+};
 
 // ---- set-up -----------------------------------------------------------------------------
 
@@ -205,6 +252,7 @@ void CudaBackend::release_all() noexcept {
     }
     cudaStreamSynchronize(stream_);
   }
+  attention_route_.reset();
   matmul_.reset();
   auto free_device = [](void* p) {
     if (p) cudaFree(p);
@@ -481,6 +529,7 @@ BatchTensors CudaBackend::upload_batch(const ForwardBatch& batch) {
   PAGELLM_CHECK(!capturing())
       << "cuda backend: upload_batch copies to the device and cannot be captured in a graph; "
          "upload before capture or replay";
+  attention_between_forwards(false);
   grow_batch_buffers(T, B, P, R);
   const BatchLayout l = batch_layout();
 
@@ -682,11 +731,188 @@ void CudaBackend::attention(const Tensor& q, const LayerKv& kv, const AttentionS
   p.workspace = attention_workspace_;
   p.workspace_bytes = attention_workspace_bytes_;
   p.num_splits = 0;
+
+  // The first call of a forward plans it; every layer reuses the plan (the domain is the
+  // same for every layer of a model; a different one is planned anew).
+  AttentionRoute& r = attention_route();
+  AttentionDomain domain;
+  domain.dtype = DType::BF16;
+  domain.num_q_heads = p.num_q_heads;
+  domain.num_kv_heads = p.num_kv_heads;
+  domain.head_dim = p.head_dim;
+  domain.page_size = p.page_size;
+  domain.scale = p.scale;
+  if (!r.planned || domain != r.domain) {
+    r.domain = domain;
+#if PAGELLM_HAVE_CUDNN
+    if (r.cudnn && r.cudnn->num_pages() != kv.k.size(0)) r.cudnn->set_num_pages(kv.k.size(0));
+#endif
+    // Graph mode whenever the call may be replayed: the decision must then hold for every
+    // replay (and never routes a ragged batch, whose arrays are uploaded per forward).
+    const LaunchMode mode =
+        host.kv_len_capacity > 0 || capturing() ? LaunchMode::kGraph : LaunchMode::kEager;
+    r.plan = &r.planner->plan(domain, batch_view(host), mode);
+    r.planned = true;
+    ++r.stats.forwards_planned;
+    r.pending_valid = r.plan->decided_by == static_cast<int>(AdmissionRule::kPlanReady);
+    if (r.pending_valid) r.pending_key = r.plan->cudnn_key;
+#if PAGELLM_HAVE_CUDNN
+    if (r.plan->provider == AttentionProvider::kCudnn) r.cudnn->upload(*r.plan, as_stream(stream_));
+#endif
+  }
+  r.last_call = p;
+  r.last_call_valid = true;
+#if PAGELLM_HAVE_CUDNN
+  if (r.plan->provider == AttentionProvider::kCudnn) {
+    try {
+      r.cudnn->run(p, *r.plan, as_stream(stream_));
+      ++r.stats.cudnn_calls;
+      return;
+    } catch (const Error& e) {
+      if (r.choice == AttentionBackendChoice::kCudnn) throw;
+      // auto never fails because of cuDNN: this call and every later one run natively.
+      std::fprintf(stderr,
+                   "pagellm: warning: cuDNN attention failed (%s); --attention-backend auto "
+                   "continues with the native kernels\n",
+                   e.what());
+      r.choice = AttentionBackendChoice::kNative;
+      AttentionPlannerConfig native;
+      native.choice = AttentionBackendChoice::kNative;
+      r.planner = std::make_unique<AttentionPlanner>(native);
+      r.planned = false;
+      r.pending_valid = false;
+    }
+  }
+#endif
+  ++r.stats.native_calls;
   if (max_query_len <= 1) {
     paged_decode_attention(p, as_stream(stream_));
   } else {
     paged_prefill_attention(p, as_stream(stream_));
   }
+}
+
+// ---- attention dispatch -------------------------------------------------------------------
+
+AttentionRoute& CudaBackend::attention_route() {
+  if (!attention_route_) {
+    attention_route_ = std::make_unique<AttentionRoute>();
+    configure_attention(AttentionBackendChoice::kAuto);
+  }
+  return *attention_route_;
+}
+
+void CudaBackend::set_attention_backend(const std::string& choice) {
+  const AttentionBackendChoice c = parse_attention_backend(choice);
+  PAGELLM_CHECK(!capturing())
+      << "cuda backend: the attention backend cannot change during graph capture";
+  configure_attention(c);
+}
+
+void CudaBackend::configure_attention(AttentionBackendChoice c) {
+#if PAGELLM_HAVE_CUDNN
+  if (c == AttentionBackendChoice::kCudnn) {
+    const CudnnLibrary& lib = cudnn_library();
+    PAGELLM_CHECK(lib.version > 0)
+        << "--attention-backend cudnn: " << lib.error
+        << ". Use --attention-backend auto (falls back to the native kernels) or native";
+  }
+#else
+  PAGELLM_CHECK(c != AttentionBackendChoice::kCudnn)
+      << "--attention-backend cudnn: this build has no cuDNN route (cudnn-frontend was not "
+         "found when it was built: pip install --no-deps nvidia-cudnn-frontend==1.32.0, then "
+         "reconfigure). Use --attention-backend auto or native";
+#endif
+  if (!attention_route_) attention_route_ = std::make_unique<AttentionRoute>();
+  AttentionRoute& r = *attention_route_;
+  r.choice = c;
+  if (c != AttentionBackendChoice::kNative && !r.profiled) {
+    r.profiled = true;
+#if PAGELLM_HAVE_CUDNN
+    r.device = cuda_device_profile(device_);  // loads cuDNN (dlopen) if it can
+    r.cudnn = std::make_unique<CudnnPlanCache>(device_);
+#else
+    cudaDeviceProp prop{};
+    PAGELLM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    r.device.name = prop.name;
+    r.device.sm_count = prop.multiProcessorCount;
+    r.device.cc_major = prop.major;
+    r.device.cc_minor = prop.minor;
+#endif
+    try {
+      r.tables = CrossoverTables::load(crossover_table_paths());
+    } catch (const Error& e) {
+      // A broken table is reported, and `auto` stays native rather than failing.
+      std::fprintf(stderr,
+                   "pagellm: warning: attention crossover tables not used (auto stays native): "
+                   "%s\n",
+                   e.what());
+      r.tables = CrossoverTables{};
+    }
+  }
+  AttentionPlannerConfig config;
+  config.choice = c;
+  config.device = r.device;
+  config.tables = &r.tables;
+#if PAGELLM_HAVE_CUDNN
+  config.registry = r.cudnn.get();
+#endif
+  r.planner = std::make_unique<AttentionPlanner>(config);
+  r.plan = nullptr;
+  r.planned = false;
+  r.pending_valid = false;
+}
+
+void CudaBackend::attention_between_forwards(bool before_capture) {
+  if (!attention_route_) return;
+  AttentionRoute& r = *attention_route_;
+#if PAGELLM_HAVE_CUDNN
+  if (r.cudnn && r.cudnn->num_requested() > 0) {
+    const size_t before = r.cudnn->num_plans();
+    const std::vector<std::string> refused = r.cudnn->build_requested();
+    r.stats.plans_built += static_cast<int64_t>(r.cudnn->num_plans() - before);
+    r.stats.plans_refused += static_cast<int64_t>(refused.size());
+    // Before a capture: run each new plan once on the forward just run, so that cuDNN
+    // loads its kernels outside the capture. Dense (decode) plans only: a ragged one
+    // would need that forward's arrays, and graphs never route ragged batches to cuDNN.
+    if (before_capture && r.pending_valid && r.last_call_valid && !r.pending_key.ragged &&
+        r.cudnn->has_plan(r.pending_key)) {
+      AttentionPlan warm;
+      warm.provider = AttentionProvider::kCudnn;
+      warm.cudnn_key = r.pending_key;
+      try {
+        r.cudnn->run(r.last_call, warm, as_stream(stream_));
+        synchronize();
+        ++r.stats.warmups;
+      } catch (const Error& e) {
+        std::fprintf(stderr, "pagellm: warning: cuDNN attention warm-up failed: %s\n",
+                     e.what());
+      }
+    }
+  }
+#else
+  (void)before_capture;
+#endif
+  r.pending_valid = false;
+  // The buffers of the last call may be reused or regrown by the next upload.
+  r.last_call_valid = false;
+  r.planned = false;
+  r.plan = nullptr;
+}
+
+std::string CudaBackend::attention_backend() const {
+  return choice_name(attention_route_ ? attention_route_->choice : AttentionBackendChoice::kAuto);
+}
+
+AttentionRouteStats CudaBackend::attention_route_stats() const {
+  return attention_route_ ? attention_route_->stats : AttentionRouteStats{};
+}
+
+const AttentionPlan* CudaBackend::last_attention_plan() const {
+  return attention_route_ && attention_route_->planner &&
+                 attention_route_->stats.forwards_planned > 0
+             ? &attention_route_->planner->last_plan()
+             : nullptr;
 }
 
 void CudaBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
@@ -716,6 +942,7 @@ void CudaBackend::gather_rows(const Tensor& x, const Tensor& indices, Tensor& ou
 
 void CudaBackend::begin_capture() {
   PAGELLM_CHECK(!capturing()) << "cuda backend: begin_capture while already capturing";
+  attention_between_forwards(true);
   PAGELLM_CUDA_CHECK(cudaStreamBeginCapture(as_stream(stream_), cudaStreamCaptureModeThreadLocal));
 }
 

@@ -25,9 +25,23 @@ struct CUevent_st;
 
 namespace pagellm {
 
+struct AttentionPlan;
+
 namespace cuda {
 
 class LtMatmul;
+struct AttentionRoute;
+
+/// What the attention dispatcher did since the backend was made (for tests and logs).
+/// Calls are counted when launched or captured, not when a graph replays them.
+struct AttentionRouteStats {
+  int64_t forwards_planned = 0;  // plan() calls (one per forward)
+  int64_t native_calls = 0;      // layer calls run on the native kernels
+  int64_t cudnn_calls = 0;       // layer calls run through cuDNN
+  int64_t plans_built = 0;       // cuDNN plans built off the hot path (requested by auto)
+  int64_t plans_refused = 0;     // requested shapes cuDNN refused to build
+  int64_t warmups = 0;           // freshly built plans run once before a capture
+};
 
 /// Backend on one CUDA device (compute capability 8.0 or newer, with kernels built for it).
 /// Not thread-safe: one host thread drives it.
@@ -74,10 +88,19 @@ class CudaBackend final : public Backend {
   void qk_norm_rope_store_kv(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
                              float eps, const RopeParams& rope, const AttentionShape& shape,
                              const BatchTensors& batch, Tensor& q_out, LayerKv& kv) override;
-  /// Decode kernel when every query length is 1, prefill kernel otherwise (decided from
-  /// BatchTensors::host, so a graph captured for decode stays decode).
+  /// Paged attention through the attention dispatcher (attention/planner.h): the first
+  /// call of a forward plans it from BatchTensors::host (graph mode when the batch declares
+  /// kv_len_capacity or the stream is capturing, else eager) and, when cuDNN was chosen,
+  /// uploads its per-forward arrays; every layer then runs cuDNN or the native kernels
+  /// (decode kernel when every query length is 1, prefill kernel otherwise, so a graph
+  /// captured for decode stays decode). A captured graph keeps the provider it was
+  /// captured with for every replay.
   void attention(const Tensor& q, const LayerKv& kv, const AttentionShape& shape,
                  const BatchTensors& batch, Tensor& out) override;
+  /// "auto" (the default), "native" or "cudnn"; see Backend::set_attention_backend.
+  /// "cudnn" throws Error at once when no usable cuDNN 9 can be loaded (or this build has
+  /// no cuDNN route), naming what was tried. Not while capturing.
+  void set_attention_backend(const std::string& choice) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) override;
 
@@ -98,7 +121,10 @@ class CudaBackend final : public Backend {
   void reserve_batch(int32_t max_tokens, int32_t max_seqs, int32_t max_pages_per_seq,
                      int32_t max_rows) override;
   /// Starts capturing the stream (thread-local mode: a forbidden call such as a
-  /// synchronisation on this thread fails the capture instead of corrupting it).
+  /// synchronisation on this thread fails the capture instead of corrupting it). First,
+  /// outside the capture, builds the cuDNN plans `auto` requested in the forward just run
+  /// and runs each new one once on that forward's buffers (loading its kernels), so that
+  /// the captured forward can use them.
   void begin_capture() override;
   /// Ends the capture and instantiates the graph; replay() launches it on stream().
   std::unique_ptr<RecordedGraph> end_capture() override;
@@ -112,6 +138,12 @@ class CudaBackend final : public Backend {
   const std::string& device_description() const { return description_; }
   /// Bytes of the decode-attention split-KV workspace (fixed at construction).
   size_t attention_workspace_bytes() const { return attention_workspace_bytes_; }
+  /// The attention backend choice ("auto", "native" or "cudnn").
+  std::string attention_backend() const;
+  /// What the attention dispatcher did so far.
+  AttentionRouteStats attention_route_stats() const;
+  /// The plan of the last forward that ran attention (nullptr before the first).
+  const AttentionPlan* last_attention_plan() const;
 
  private:
   struct PinnedSlot {
@@ -129,6 +161,13 @@ class CudaBackend final : public Backend {
   void ensure_sampling_capacity(size_t bytes, size_t scratch_floats);
   bool capturing() const;
   void release_all() noexcept;
+  // The dispatcher's state, made on first use (a native-only backend never loads cuDNN).
+  AttentionRoute& attention_route();
+  // Sets the choice and rebuilds the planner (set_attention_backend without its checks).
+  void configure_attention(AttentionBackendChoice choice);
+  // Between forwards (upload_batch, begin_capture): builds requested cuDNN plans and marks
+  // the next attention() as the first of a forward.
+  void attention_between_forwards(bool before_capture);
 
   int device_ = 0;
   std::string description_;
@@ -142,6 +181,8 @@ class CudaBackend final : public Backend {
   // Decode attention's split-KV partials.
   void* attention_workspace_ = nullptr;
   size_t attention_workspace_bytes_ = 0;
+  // The attention dispatcher: planner, crossover tables, cuDNN plan cache.
+  std::unique_ptr<AttentionRoute> attention_route_;
 
   // Batch metadata: device buffer and two pinned staging slots used alternately, with a
   // region per array sized by these capacities.

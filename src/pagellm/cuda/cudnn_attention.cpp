@@ -292,6 +292,11 @@ struct CudnnPlanCache::Impl {
   Plan& build(const CudnnPlanKey& key) {
     PAGELLM_CHECK(num_pages > 0)
         << "cuDNN attention: set_num_pages() must be called before building plans";
+    // cuDNN's paged loads: ceil(s_kv / page_size) must equal the page-table row length.
+    PAGELLM_CHECK(key.page_size > 0 && key.max_pages_per_seq > 0 &&
+                  int64_t{key.max_kv_len} == int64_t{key.max_pages_per_seq} * key.page_size)
+        << "cuDNN attention: plan " << key.describe() << " must declare s_kv = "
+        << "max_pages_per_seq x page_size (make_cudnn_plan_key does)";
     const FullKey fk{key, num_pages};
     auto it = plans.find(fk);
     if (it != plans.end()) {

@@ -16,6 +16,10 @@
 //   K, V       the pools as paged containers [num_pages, Hkv, page_size, D]
 //   tables     the batch's page table [B, 1, max_pages_per_seq, 1], for both K and V
 //   seq_len_kv the batch's kv_lens [B]
+//   s_kv       max_pages_per_seq * page_size, the row's capacity: cuDNN's paged loads
+//              require ceil(s_kv / page_size) == max_pages_per_seq; the padding mask and
+//              seq_len_kv stop each sequence at its own length, so one plan serves every
+//              KV length (and every replay of a captured decode graph)
 //
 // cuDNN is loaded at run time (dlopen): a machine without it runs everything natively and
 // `auto` never fails because of it; `cudnn` then fails with the loader's reason.
