@@ -6,11 +6,15 @@
 // Decode (Qwen3-8B attention: 32 query heads, 8 KV heads, head_dim 128, 16-token pages):
 // bytes = K/V rows read + q read + out written; time = median over graph replays of a graph
 // holding many launches, which rotate over page tables pointing at disjoint pages so that
-// no launch finds its K/V in L2. Printed as GB/s and as a fraction of the device-to-device
-// copy bandwidth measured at the start of the run (bytes read + bytes written).
+// no launch finds its K/V in L2. Printed as GB/s and as a fraction of the copy bandwidth
+// measured at the start of the run: the better of cudaMemcpyAsync (device to device, on a
+// stream, not in a graph: a graph's memcpy node may run on a copy engine, which is much
+// slower than the SM copy a plain D2D memcpy gets) and a 16-byte-vector copy kernel, over
+// 2 GiB buffers, bytes read + bytes written.
 // Prefill: causal FLOPs = 4 · head_dim · num_q_heads · Σ (keys each query token sees),
-// timed the same way, printed as TFLOP/s beside FlashAttention-2's (~309-342) and cuDNN's
-// (~577-606) rates on this H200 at 4k-32k tokens, 32 heads, D = 128.
+// timed the same way for every prefill variant (attention_prefill_variants.h; one row
+// each), printed as TFLOP/s beside FlashAttention-2's (~309-342) and cuDNN's (~577-606)
+// rates on this H200 at 4k-32k tokens, 32 heads, D = 128.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -27,6 +31,7 @@
 #include <vector>
 
 #include "pagellm/cuda/attention.h"
+#include "pagellm/cuda/attention_prefill_variants.h"
 
 namespace {
 
@@ -108,29 +113,88 @@ double time_graph(cudaGraphExec_t exec, cudaStream_t stream, int reps) {
   return median(ms);
 }
 
-/// Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written.
-double copy_bandwidth_gbs(cudaStream_t stream) {
+/// dst[i] = src[i] over n 16-byte vectors, four loads in flight per thread.
+__global__ void copy_kernel(uint4* __restrict__ dst, const uint4* __restrict__ src, size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 v0 = src[i], v1 = src[i + stride], v2 = src[i + 2 * stride],
+                v3 = src[i + 3 * stride];
+    dst[i] = v0;
+    dst[i + stride] = v1;
+    dst[i + 2 * stride] = v2;
+    dst[i + 3 * stride] = v3;
+  }
+  for (; i < n; i += stride) dst[i] = src[i];
+}
+
+/// Median milliseconds of `run` (enqueued on `stream`) over `reps` runs after one warm-up.
+template <class F>
+double time_stream(F run, cudaStream_t stream, int reps) {
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  run();
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<double> ms;
+  for (int r = 0; r < reps; ++r) {
+    CHECK_CUDA(cudaEventRecord(start, stream));
+    run();
+    CHECK_CUDA(cudaEventRecord(stop, stream));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float t = 0.0f;
+    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  return median(ms);
+}
+
+/// Device-to-device copy bandwidth in GB/s (bytes read + bytes written) of a plain
+/// cudaMemcpyAsync and of copy_kernel over 2 GiB buffers. Neither runs inside a CUDA graph:
+/// a captured D2D memcpy becomes a graph memcpy node, which may run on a copy engine at a
+/// fraction of the SM copy rate (the first version of this benchmark measured 2775 GB/s
+/// that way on an H200 whose plain cudaMemcpy reaches ~4230).
+struct CopyBandwidth {
+  double memcpy_gbs, kernel_gbs;
+  double best() const { return std::max(memcpy_gbs, kernel_gbs); }
+};
+
+CopyBandwidth copy_bandwidth(cudaStream_t stream, const cudaDeviceProp& prop) {
   const size_t bytes = size_t{2} << 30;
   void *a = nullptr, *b = nullptr;
   CHECK_CUDA(cudaMalloc(&a, bytes));
   CHECK_CUDA(cudaMalloc(&b, bytes));
   fill_random(a, bytes / 2, 1);
+  fill_random(b, bytes / 2, 2);
   CHECK_CUDA(cudaDeviceSynchronize());
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < 4; ++i) {
-    CHECK_CUDA(
-        cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice, stream));
-  }
-  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  const double ms = time_graph(exec, stream, 10) / 4;
-  CHECK_CUDA(cudaGraphExecDestroy(exec));
-  CHECK_CUDA(cudaGraphDestroy(graph));
+  const double to_gbs = 2.0 * bytes / 1e9 * 1e3;  // divided by milliseconds
+  CopyBandwidth bw{};
+  int flip = 0;
+  const double memcpy_ms = time_stream(
+      [&] {
+        void* dst = flip ? a : b;
+        void* src = flip ? b : a;
+        flip ^= 1;
+        CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+      },
+      stream, 10);
+  bw.memcpy_gbs = to_gbs / memcpy_ms;
+  const unsigned blocks = static_cast<unsigned>(prop.multiProcessorCount) * 4;
+  const double kernel_ms = time_stream(
+      [&] {
+        auto* dst = static_cast<uint4*>(flip ? a : b);
+        const auto* src = static_cast<const uint4*>(flip ? b : a);
+        flip ^= 1;
+        copy_kernel<<<blocks, 512, 0, stream>>>(dst, src, bytes / 16);
+        CHECK_CUDA(cudaGetLastError());
+      },
+      stream, 10);
+  bw.kernel_gbs = to_gbs / kernel_ms;
   CHECK_CUDA(cudaFree(a));
   CHECK_CUDA(cudaFree(b));
-  return 2.0 * bytes / (ms * 1e-3) / 1e9;
+  return bw;
 }
 
 struct Row {
@@ -225,14 +289,16 @@ struct Batch {
 };
 
 /// Captures `launches` calls rotating over the batch's copies; returns ms per call.
+/// `prefill` is the prefill variant to time when `decode` is false.
 double time_calls(const Pool& pool, const Batch& batch, int num_q_heads, bool decode, int launches,
-                  int reps, cudaStream_t stream) {
+                  int reps, cudaStream_t stream,
+                  pagellm::cuda::PrefillKernel prefill = pagellm::cuda::kDefaultPrefillKernel) {
   auto call = [&](int copy) {
     const auto p = batch.params(pool, num_q_heads, copy % batch.copies);
     if (decode) {
       pagellm::cuda::paged_decode_attention(p, stream);
     } else {
-      pagellm::cuda::paged_prefill_attention(p, stream);
+      pagellm::cuda::paged_prefill_attention_with(p, prefill, stream);
     }
   };
   call(0);  // outside capture: kernel attributes, module load
@@ -287,9 +353,13 @@ int run(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const double copy_gbs = copy_bandwidth_gbs(stream);
-  std::printf("device: %s, %d SMs, L2 %d MB; copy bandwidth (read + write) %.0f GB/s\n", prop.name,
-              prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbs);
+  const CopyBandwidth copy = copy_bandwidth(stream, prop);
+  const double copy_gbs = copy.best();
+  std::printf(
+      "device: %s, %d SMs, L2 %d MB; copy bandwidth (read + write, 2 GiB): cudaMemcpy %.0f "
+      "GB/s, copy kernel %.0f GB/s; percentages below are of %.0f GB/s\n",
+      prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, copy.memcpy_gbs,
+      copy.kernel_gbs, copy_gbs);
   std::vector<Row> rows;
   std::mt19937 rng(12345);
   const size_t l2_rotation_bytes = size_t{512} << 20;  // stay well clear of the 60 MB L2
@@ -357,8 +427,11 @@ int run(int argc, char** argv) {
     std::printf(
         "\nprefill: causal FLOPs = 4 * D * Hq * pairs; bars: FA2 ~309-342, cuDNN ~577-606 "
         "TFLOP/s\n");
-    std::printf("%4s %4s %4s %6s %6s %6s %10s %8s\n", "Hq", "Hkv", "D", "batch", "q", "kv",
-                "time_us", "TFLOP/s");
+    std::printf("%4s %4s %4s %6s %6s %6s %6s %10s %8s %7s\n", "Hq", "Hkv", "D", "batch", "q",
+                "kv", "kernel", "time_us", "TFLOP/s", "vs_v1");
+    const pagellm::cuda::PrefillKernel variants[] = {pagellm::cuda::PrefillKernel::kV1,
+                                                     pagellm::cuda::PrefillKernel::kV2,
+                                                     pagellm::cuda::PrefillKernel::kV3};
     for (const Config& cf : configs) {
       const int page = 16;
       const int64_t tokens = int64_t{cf.batch} * ((cf.kv_len + page - 1) / page * page) * 2;
@@ -369,14 +442,24 @@ int run(int argc, char** argv) {
       pairs *= cf.batch;
       const double flops = 4.0 * cf.d * cf.hq * pairs;
       const int launches = std::clamp(static_cast<int>(2e12 / flops), 1, 20);
-      const double ms = time_calls(pool, batch, cf.hq, false, launches, quick ? 3 : 5, stream);
-      const size_t bad = nonfinite(batch.out, size_t(cf.batch) * cf.q_len * cf.hq * cf.d);
-      const double tflops = flops / (ms * 1e-3) / 1e12;
-      rows.push_back({"prefill", cf.d, cf.hq, cf.hkv, page, cf.batch, cf.q_len, cf.kv_len, 0,
-                      ms * 1e3, 0.0, 0.0, tflops});
-      std::printf("%4d %4d %4d %6d %6d %6d %10.1f %8.1f%s\n", cf.hq, cf.hkv, cf.d, cf.batch,
-                  cf.q_len, cf.kv_len, ms * 1e3, tflops, bad ? "  NON-FINITE OUTPUT" : "");
+      double v1_ms = 0.0;
+      for (const pagellm::cuda::PrefillKernel variant : variants) {
+        CHECK_CUDA(cudaMemset(batch.out, 0xff, size_t(cf.batch) * cf.q_len * cf.hq * cf.d * 2));
+        const double ms =
+            time_calls(pool, batch, cf.hq, false, launches, quick ? 3 : 5, stream, variant);
+        if (variant == pagellm::cuda::PrefillKernel::kV1) v1_ms = ms;
+        const size_t bad = nonfinite(batch.out, size_t(cf.batch) * cf.q_len * cf.hq * cf.d);
+        const double tflops = flops / (ms * 1e-3) / 1e12;
+        const char* name = pagellm::cuda::prefill_kernel_name(variant);
+        const bool is_default = variant == pagellm::cuda::kDefaultPrefillKernel;
+        rows.push_back({std::string("prefill-") + name, cf.d, cf.hq, cf.hkv, page, cf.batch,
+                        cf.q_len, cf.kv_len, 0, ms * 1e3, 0.0, 0.0, tflops});
+        std::printf("%4d %4d %4d %6d %6d %6d %5s%s %10.1f %8.1f %6.2fx%s\n", cf.hq, cf.hkv, cf.d,
+                    cf.batch, cf.q_len, cf.kv_len, name, is_default ? "*" : " ", ms * 1e3, tflops,
+                    v1_ms / ms, bad ? "  NON-FINITE OUTPUT" : "");
+      }
     }
+    std::printf("(* = the default, paged_prefill_attention without PAGELLM_PREFILL_KERNEL)\n");
   }
   if (!out_path.empty()) write_csv(out_path, rows);
   CHECK_CUDA(cudaStreamDestroy(stream));

@@ -19,4 +19,13 @@ for bin in "$B/pagellm" "$B/tests/test_cuda"; do
     esac
   done
 done
-ls "$B/lib"
+# One compressed bundle of what the GPU machine runs (the device tool carries at most
+# 64 MiB, and the statically linked binaries are about 30 MB each).
+rm -rf gpu-bundle && mkdir -p gpu-bundle/stage/bin
+cp "$B/pagellm" "$B/tests/test_cuda" gpu-bundle/stage/bin/
+find "$B/bench" -maxdepth 1 -type f -perm -u+x -exec cp {} gpu-bundle/stage/bin/ \;
+strip gpu-bundle/stage/bin/*
+cp -r "$B/lib" gpu-bundle/stage/lib
+tar -C gpu-bundle/stage -cf - bin lib | xz -T2 -6 > gpu-bundle/bundle.tar.xz
+rm -rf gpu-bundle/stage
+ls -la gpu-bundle

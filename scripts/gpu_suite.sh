@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The GPU suite: runs on a GPU machine from a build made by scripts/build_gpu.sh (no
 # compiler or package needed there beyond the CUDA toolkit, python3 with torch and
-# transformers). Usage: scripts/gpu_suite.sh BUILD_DIR LOG_DIR [steps...]
-# Steps (default: all): tests e2e bench attn hf
+# transformers). Usage: scripts/gpu_suite.sh BUNDLE_DIR LOG_DIR [steps...]
+# BUNDLE_DIR holds bundle.tar.xz (bin/ and lib/) as scripts/build_gpu.sh leaves it.
+# Steps (default: all): tests e2e bench attn gemm calib hf
 set -uo pipefail
 cd "$(dirname "$0")/.."
-B=${1:-build-gpu}
+BUNDLE=${1:-gpu-bundle}
 LOG=${2:-gpu-logs}
 shift 2 || true
-STEPS=${*:-tests e2e bench attn hf}
+B=/tmp/pagellm-gpu
+rm -rf "$B" && mkdir -p "$B" && xz -dc "$BUNDLE/bundle.tar.xz" | tar -C "$B" -xf - || exit 1
+STEPS=${*:-tests e2e bench attn gemm calib hf}
 mkdir -p "$LOG"
-export LD_LIBRARY_PATH="$PWD/$B/lib:/usr/local/cuda/lib64:/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONUNBUFFERED=1
 status=0
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
@@ -18,36 +21,48 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 
 step "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$LOG/gpu.txt"
-ldd "$B/pagellm" | grep -E "not found|cublas|cudnn" | tee "$LOG/ldd.txt"
+ldd "$B/bin/pagellm" | grep -E "not found|cublas|cudnn" | tee "$LOG/ldd.txt"
 
 if has tests; then
   step "op tests (test_cuda)"
-  "$B/tests/test_cuda" --gtest_brief=1 2>&1 | tee "$LOG/test_cuda.log" | tail -40
+  "$B/bin/test_cuda" --gtest_brief=1 2>&1 | tee "$LOG/test_cuda.log" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
 if has e2e; then
-  for preset in qwen3-0.6b qwen3-4b; do
+  for preset in ${E2E_PRESETS:-qwen3-0.6b qwen3-4b}; do
     step "end to end against transformers: $preset"
     dir=/tmp/hf-$preset
     [ -f "$dir/config.json" ] || python3 python/model/save_pretrained_reference.py \
       --preset "$preset" --out "$dir" --seed 0 --dtype bf16 > "$LOG/save_$preset.log" 2>&1
-    python3 python/e2e/compare_hf.py --model "$dir" --pagellm "$B/pagellm" 2>&1 | tee "$LOG/e2e_$preset.log"
+    python3 python/e2e/compare_hf.py --model "$dir" --pagellm "$B/bin/pagellm" 2>&1 | tee "$LOG/e2e_$preset.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
 fi
 
 if has bench; then
   step "pagellm bench: W1 and the batch sweep"
-  "$B/pagellm" bench --json-out "$LOG/bench.jsonl" 2>&1 | tee "$LOG/bench_w1.log"
-  for batch in 1 8 64 128 256; do
-    "$B/pagellm" bench --batch "$batch" --output-len 128 --json-out "$LOG/bench.jsonl" 2>&1 | tee -a "$LOG/bench_sweep.log"
+  "$B/bin/pagellm" bench --json-out "$LOG/bench.jsonl" 2>&1 | tee "$LOG/bench_w1.log"
+  for batch in ${BENCH_BATCHES:-1 8 64 128 256}; do
+    "$B/bin/pagellm" bench --batch "$batch" --output-len 128 --json-out "$LOG/bench.jsonl" 2>&1 | tee -a "$LOG/bench_sweep.log"
   done
 fi
 
 if has attn; then
   step "paged attention kernels"
-  "$B/attention_bench" --out "$LOG/attention_bench.csv" 2>&1 | tee "$LOG/attention_bench.log" | tail -60
+  "$B/bin/attention_bench" ${ATTN_BENCH_ARGS:-} --out "$LOG/attention_bench.csv" 2>&1 | tee "$LOG/attention_bench.log" | tail -60
+fi
+
+if has gemm; then
+  step "decode matrix products: cuBLASLt against the skinny kernel"
+  "$B/bin/matmul_bench" ${GEMM_BENCH_ARGS:-} --out "$LOG/matmul_bench.csv" 2>&1 | tee "$LOG/matmul_bench.log" | tail -70
+fi
+
+if has calib; then
+  step "attention dispatcher: calibration and routes"
+  mkdir -p "$LOG/tables"
+  "$B/bin/attention_route_bench" calibrate ${CALIB_ARGS:---quick} --out "$LOG/tables/" 2>&1 | tee "$LOG/calibrate.log" | tail -40
+  "$B/bin/attention_route_bench" routes ${CALIB_ARGS:---quick} --table "$LOG/tables/" 2>&1 | tee "$LOG/routes.log" | tail -60
 fi
 
 if has hf; then

@@ -14,6 +14,7 @@
 #include "pagellm/cuda/attention.h"
 
 #include <cuda_runtime.h>
+#include <stdlib.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -30,6 +32,7 @@
 
 #include "pagellm/common/check.h"
 #include "pagellm/common/dtype.h"
+#include "pagellm/cuda/attention_prefill_variants.h"
 #include "pagellm/cuda/cuda_check.h"
 
 namespace pagellm::cuda {
@@ -393,23 +396,34 @@ CheckResult check_output(const Problem& pr, const std::vector<uint16_t>& out, fl
 
 enum class Kernel { kDecode, kPrefill };
 
-/// Runs one case through one kernel (output poisoned first) and checks it.
+constexpr PrefillKernel kPrefillKernels[] = {PrefillKernel::kV1, PrefillKernel::kV2,
+                                             PrefillKernel::kV3};
+
+/// Runs one case through one kernel (output poisoned first) and checks it. Prefill cases
+/// run through every prefill variant, each on a freshly poisoned output.
 void run_case(const Case& c, Kernel kernel, std::mt19937_64& rng) {
   SCOPED_TRACE(c.describe());
   const Problem pr = make_problem(c, rng);
   DeviceProblem dev(pr);
-  dev.out.fill_bytes(0xff);  // bf16 0xffff is NaN
   const PagedAttentionParams p = dev.params(pr);
-  if (kernel == Kernel::kDecode) {
-    paged_decode_attention(p, nullptr);
-  } else {
-    paged_prefill_attention(p, nullptr);
+  const int runs = kernel == Kernel::kDecode ? 1 : static_cast<int>(std::size(kPrefillKernels));
+  for (int run = 0; run < runs; ++run) {
+    dev.out.fill_bytes(0xff);  // bf16 0xffff is NaN
+    std::string what = "decode ";
+    if (kernel == Kernel::kDecode) {
+      paged_decode_attention(p, nullptr);
+    } else {
+      paged_prefill_attention_with(p, kPrefillKernels[run], nullptr);
+      what = std::string("prefill ") + prefill_kernel_name(kPrefillKernels[run]) + " ";
+    }
+    PAGELLM_CUDA_CHECK(cudaGetLastError());
+    PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
+    const CheckResult r = check_output(pr, dev.out.download(), p.scale, rng);
+    EXPECT_TRUE(r.ok) << what << r.report;
+    if (r.ok && std::getenv("PAGELLM_TEST_VERBOSE")) {
+      std::cout << "  ok " << what << r.report << "\n";
+    }
   }
-  PAGELLM_CUDA_CHECK(cudaGetLastError());
-  PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
-  const CheckResult r = check_output(pr, dev.out.download(), p.scale, rng);
-  EXPECT_TRUE(r.ok) << (kernel == Kernel::kDecode ? "decode " : "prefill ") << r.report;
-  if (r.ok && std::getenv("PAGELLM_TEST_VERBOSE")) std::cout << "  ok " << r.report << "\n";
 }
 
 /// Log-uniform integer in [lo, hi].
@@ -658,6 +672,64 @@ TEST_F(PagedAttention, PrefillShortQueriesUseEitherTileHeight) {
   }
 }
 
+TEST_F(PagedAttention, PrefillLongQueriesWithTooSmallTileHint) {
+  // max_query_len = 1 picks 64-row tiles for sequences of many tiles (and cached prefixes).
+  Case c;
+  c.name = "prefill long queries, max_query_len 1";
+  c.max_query_len = 1;
+  c.q_lens = {700, 129, 64, 1000};
+  c.kv_lens = {700, 1500, 64, 1003};
+  run_case(c, Kernel::kPrefill, rng_);
+}
+
+TEST_F(PagedAttention, PrefillGraphReplaysWithNewLengths) {
+  // Captured once per variant with capacity-sized host fields, replayed with new device
+  // lengths (query_start and kv_lens), as the engine's prefill graphs would be.
+  Case c;
+  c.name = "prefill graph replay";
+  c.num_q_heads = 8;
+  c.num_kv_heads = 2;
+  c.q_lens = {600, 600, 600};
+  c.kv_lens = {900, 900, 900};
+  const Problem full = make_problem(c, rng_);
+  DeviceProblem dev(full);
+  cudaStream_t stream;  // blocking: ordered after the uploads on the legacy stream
+  PAGELLM_CUDA_CHECK(cudaStreamCreate(&stream));
+  for (PrefillKernel kernel : kPrefillKernels) {
+    const PagedAttentionParams p = dev.params(full);
+    paged_prefill_attention_with(p, kernel, stream);  // warm-up outside capture
+    PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    PAGELLM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    paged_prefill_attention_with(p, kernel, stream);
+    PAGELLM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    PAGELLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 2; ++replay) {
+      Problem pr = full;
+      for (int b = 0; b < 3; ++b) {
+        pr.kv_lens[b] = log_uniform(rng_, 1, 900);
+        const int q = std::min(pr.kv_lens[b], log_uniform(rng_, 1, 600));
+        pr.query_start[b + 1] = pr.query_start[b] + q;
+      }
+      pr.c.kv_lens.assign(pr.kv_lens.begin(), pr.kv_lens.end());
+      dev.kv_lens.upload(pr.kv_lens);
+      dev.query_start.upload(pr.query_start);
+      dev.out.fill_bytes(0xff);
+      PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
+      PAGELLM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      pr.c.name = std::string("prefill graph replay ") + prefill_kernel_name(kernel) + " " +
+                  std::to_string(replay);
+      const CheckResult r = check_output(pr, dev.out.download(), p.scale, rng_);
+      EXPECT_TRUE(r.ok) << r.report;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+}
+
 TEST_F(PagedAttention, PrefillMixedWithDecodeRowsAndPadding) {
   Case c;
   c.name = "prefill mixed, padding, q x 8";
@@ -745,6 +817,31 @@ TEST_F(PagedAttention, RejectsUnsupportedArguments) {
   p.workspace_bytes = 16;
   EXPECT_THROW(paged_decode_attention(p, nullptr), Error);
   PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+TEST(PagedAttentionPrefillKernel, EnvironmentPicksTheVariant) {
+  const char* old = std::getenv("PAGELLM_PREFILL_KERNEL");
+  const std::string saved = old ? old : "";
+  ::unsetenv("PAGELLM_PREFILL_KERNEL");
+  EXPECT_EQ(prefill_kernel_from_env(), kDefaultPrefillKernel);
+  ::setenv("PAGELLM_PREFILL_KERNEL", "", 1);
+  EXPECT_EQ(prefill_kernel_from_env(), kDefaultPrefillKernel);
+  for (PrefillKernel k : kPrefillKernels) {
+    ::setenv("PAGELLM_PREFILL_KERNEL", prefill_kernel_name(k), 1);
+    EXPECT_EQ(prefill_kernel_from_env(), k);
+  }
+  ::setenv("PAGELLM_PREFILL_KERNEL", "v9", 1);
+  try {
+    prefill_kernel_from_env();
+    ADD_FAILURE() << "PAGELLM_PREFILL_KERNEL=v9 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("v1, v2 or v3"), std::string::npos) << e.what();
+  }
+  if (old) {
+    ::setenv("PAGELLM_PREFILL_KERNEL", saved.c_str(), 1);
+  } else {
+    ::unsetenv("PAGELLM_PREFILL_KERNEL");
+  }
 }
 
 TEST(PagedAttentionPlan, SplitsFitTheWorkspaceAndFillTheDevice) {

@@ -7,53 +7,80 @@
 // Why this shape (FlashAttention-2 on mma.sync). Prefill is compute-bound (a 128-row query
 // tile does 4 · 128 · D flops per key it loads: 512 FLOP per K/V byte at D = 128), so the
 // design follows FA2:
-//  - One CTA (4 warps) per (query tile of BM rows, query head). BM = 128 (each warp owns 32
-//    rows: two m16 tiles share every K/V fragment it loads, which halves shared-memory
-//    traffic per flop) or BM = 64 when no sequence has more than 64 query tokens.
+//  - One CTA per (query tile of BM rows, query head); each warp owns 16 or 32 query rows
+//    (one or two m16 tiles: two share every K/V fragment the warp loads, halving
+//    shared-memory traffic per flop; one leaves room to keep Q's fragments in registers).
 //  - S = Q Kᵀ and O += P V on tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate);
 //    P never leaves registers: the S accumulator fragment, rounded to bf16, is exactly the
-//    A fragment of the P V product. Online softmax in f32, log2 domain, one ex2 per score.
-//  - Q (BM x D) is loaded once into shared memory; K and V tiles (BN = 32 keys at D = 128,
-//    64 at D = 64, the most that fit 255 registers without spills) are gathered row by row
-//    through the page table with 16-byte cp.async into a 3-stage ring, two tiles ahead of
-//    the math, with one barrier per tile. Rows are XOR-swizzled in 16-byte chunks
-//    (chunk ^ (row % 8)) so that ldmatrix and the cp.async stores are bank-conflict free.
+//    A fragment of the P V product. Online softmax in f32, log2 domain (scale · log2 e
+//    folded into one FMA), one ex2 per score.
+//  - Q (BM x D) is loaded once into shared memory (and, with 16 rows per warp, from there
+//    into registers for the whole KV loop); K and V tiles of BN keys are gathered row by
+//    row through the page table with 16-byte cp.async into a ring of 2 or 3 stages, one or
+//    two tiles ahead of the math, with one barrier per tile. Rows are XOR-swizzled in
+//    16-byte chunks (chunk ^ (row % 8)) so that ldmatrix (K plain, V transposed) and the
+//    cp.async stores are bank-conflict free.
 //  - Causality: KV tiles entirely above the diagonal are never loaded; only tiles that
 //    straddle it (or the end of the sequence) pay for masking.
-//  - No host sync: the grid is (ceil(T / BM) + num_seqs, Hq), an upper bound on the number
-//    of query tiles, and each CTA finds its (sequence, tile) by a warp-wide prefix sum over
-//    query_start. Surplus CTAs exit at once. Within a sequence the tiles run last-first, so
-//    the heavy ones (near the end of the causal triangle) start early.
+//  - No host sync: the grid is an upper bound on the number of (query tile, head) pairs,
+//    (ceil(T / BM) + num_seqs) x Hq, and each CTA finds its (sequence, tile) by a warp-wide
+//    prefix sum over query_start. Surplus CTAs exit at once. Within a sequence the tiles
+//    run last-first, so the heavy ones (near the end of the causal triangle) start early;
+//    v2/v3 also put the head index fastest, so that the first wave holds the heaviest tile
+//    of every head (and CTAs of one GQA group, which read the same K/V, run together).
 //  - When no row of a warp raised its running max, O is not rescaled (alpha would be 1).
-// Roofline: 4 · D · Σ(causal pairs) flops per query head, at the mma.sync rate (about 2/3
-// of the ~790 TFLOP/s the H200 reaches with wgmma). Per tile a warp reads 24 KB of shared
-// memory through ldmatrix (Q, K and V fragments) for 0.5 MFLOP, so shared-memory bandwidth
-// is a second ceiling of the same height; wgmma (operands straight from shared memory) is
-// the way past both.
+// The variants (attention_prefill_variants.h) differ only in BM, BN, warps, ring depth and
+// Q in registers; PAGELLM_PREFILL_KERNEL picks one at run time.
+// Roofline: 4 · D · Σ(causal pairs) flops per query head at the mma.sync rate (about 2/3
+// of the ~790 TFLOP/s the H200 reaches with wgmma). Shared-memory bandwidth (128 B/clk/SM,
+// ~30 TB/s on the H200) is a second ceiling: per tile a warp reads its K and V fragments
+// and, unless they live in registers, its Q fragments. At D = 128 that is 26 flops/byte for
+// v2 (32 rows x 64 keys: 1 MFLOP per 40 KB; ~770 TFLOP/s), 22 for v1 (32 x 32; ~650) and
+// 16 for v3 (16 x 64, Q in registers: 0.5 MFLOP per 32 KB; ~470). v2 also has the fewest
+// barriers and softmax steps per flop; v3 the fewest registers. wgmma (operands straight
+// from shared memory, no per-warp copies) is the way past both ceilings.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 
 #include "pagellm/common/check.h"
 #include "pagellm/cuda/attention.h"
 #include "pagellm/cuda/attention_common.cuh"
+#include "pagellm/cuda/attention_prefill_variants.h"
 #include "pagellm/cuda/cuda_check.h"
 
 namespace pagellm::cuda {
 namespace attn {
+namespace v1 {
+/// Version 1 (attention_prefill_v1.cu) on validated params with num_seqs, num_tokens > 0.
+void launch_prefill_v1(const PagedAttentionParams& p, cudaStream_t stream);
+}  // namespace v1
 namespace {
 
-template <int D, int BM, int BN>
+/// Compile-time shape of one prefill variant: head dim D, BM query rows x BN keys per tile,
+/// kWarps warps (BM / kWarps rows each), a kStages-deep K/V ring, Q's fragments in
+/// registers (kQInRegs) or re-read from shared memory every tile, and the CTAs per SM the
+/// register allocation must allow (kMinBlocks, for __launch_bounds__).
+template <int D_, int BM_, int BN_, int kWarps_, int kStages_, bool kQInRegs_, int kMinBlocks_>
 struct PrefillShape {
-  static constexpr int kWarps = 4;
+  static constexpr int D = D_;
+  static constexpr int BM = BM_;
+  static constexpr int BN = BN_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kQInRegs = kQInRegs_;
+  static constexpr int kMinBlocks = kMinBlocks_;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRowsPerWarp = BM / kWarps;
   static constexpr int kMTiles = kRowsPerWarp / 16;  // m16 tiles per warp
   static constexpr int kChunks = D / 8;              // 16-byte chunks per row
   static constexpr int kNTiles = BN / 8;             // n8 tiles of S per m16 tile
   static constexpr int kDTiles = D / 8;              // n8 tiles of O per m16 tile
-  static constexpr int kStages = 3;  // K/V ring: one barrier per tile, two tiles ahead
+  static constexpr int kKSteps = D / 16;             // k16 steps of Q Kᵀ
   static constexpr int kQElems = BM * D;
   static constexpr int kKVElems = BN * D;
   static constexpr int kSmemBytes = (kQElems + kStages * 2 * kKVElems) * 2;
@@ -70,6 +97,9 @@ struct PrefillShape {
   static_assert(kWarps % kRowBlocks == 0 && kChunks % (2 * kWarpsPerRowBlock) == 0,
                 "even K/V copies");
   static_assert((BM * kChunks) % kThreads == 0, "even Q copies");
+  static_assert(kStages == 2 || kStages == 3, "the ring is 2 or 3 tiles deep");
+  static_assert(8 % (2 * kWarpsPerRowBlock) == 0, "copy steps keep the swizzle in 8 chunks");
+  static_assert(kSmemBytes <= 227 * 1024, "fits one SM's shared memory");
 };
 
 struct PrefillArgs {
@@ -111,20 +141,24 @@ __device__ bool find_query_tile(const PagedAttentionParams& p, int tile, int bm,
   return false;
 }
 
-template <int D, int BM, int BN>
-__global__ void __launch_bounds__(PrefillShape<D, BM, BN>::kThreads)
+template <class S>
+__global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     prefill_kernel(const __grid_constant__ PrefillArgs a) {
-  using S = PrefillShape<D, BM, BN>;
+  constexpr int D = S::D;
+  constexpr int BM = S::BM;
+  constexpr int BN = S::BN;
   extern __shared__ __align__(128) unsigned char smem[];
   auto* q_smem = reinterpret_cast<__nv_bfloat16*>(smem);  // [BM][D], swizzled
   __nv_bfloat16* kv_smem = q_smem + S::kQElems;           // [stage][K|V][BN][D], swizzled
 
   const PagedAttentionParams& p = a.p;
+  // A 1-D grid, head index fastest: the first wave holds every head's heaviest tile.
+  const int tile_idx = static_cast<int>(blockIdx.x / p.num_q_heads);
+  const int head = static_cast<int>(blockIdx.x % p.num_q_heads);
   int b, local, count;
-  if (!find_query_tile(p, blockIdx.x, BM, b, local, count)) return;
+  if (!find_query_tile(p, tile_idx, BM, b, local, count)) return;
   const int m_tile = count - 1 - local;  // heavy (late) tiles first
   const SeqInfo seq = load_seq_info(p, b);
-  const int head = blockIdx.y;
   const int kv_head = head / (p.num_q_heads / p.num_kv_heads);
   const int m0 = m_tile * BM;
   const int rows = min(BM, seq.q_len - m0);  // valid query rows of this tile, >= 1
@@ -179,29 +213,56 @@ __global__ void __launch_bounds__(PrefillShape<D, BM, BN>::kThreads)
     const uint32_t vs = ks + S::kKVElems * 2;
 #pragma unroll
     for (int c = 0; c < S::kKVChunksPerThread; ++c) {
-      const int step = 2 * S::kWarpsPerRowBlock * c;  // chunks past chunk0
-      const uint32_t dst = swizzle<D>(row, chunk0 + step) * 2;
+      // Chunk chunk0 + step, step a compile-time multiple of 2 kWarpsPerRowBlock (> chunk0,
+      // a divisor of 8): the swizzle XOR changes only its low three bits, chunk0 + step % 8.
+      const int step = 2 * S::kWarpsPerRowBlock * c;
+      const uint32_t dst =
+          (row * D + (((chunk0 + (step & 7)) ^ (row & 7)) << 3) + ((step & ~7) << 3)) * 2;
       cp_async_16(ks + dst, k_src + step * 8, valid);
       cp_async_16(vs + dst, v_src + step * 8, valid);
     }
   };
-  issue_kv(0, 0);
-  cp_async_commit();  // group 0: Q and tile 0
-  if (n_kv_tiles > 1) issue_kv(1, 1);
-  cp_async_commit();  // group 1: tile 1 (maybe empty)
+  // Prologue: group 0 = Q and tile 0, then tiles 1 .. kStages - 2 (groups maybe empty).
+#pragma unroll
+  for (int t = 0; t < S::kStages - 1; ++t) {
+    if (t < n_kv_tiles) issue_kv(t, t);
+    cp_async_commit();
+  }
 
   // ---- per-thread fragment coordinates -----------------------------------------------
   const int g = lane / 4;   // row within an m16 tile (and +8)
   const int t4 = lane % 4;  // column pair within an n8 tile
   const int r7 = lane & 7;  // row % 8 of every ldmatrix row this lane addresses
-  // ldmatrix row addresses (bytes, before the chunk term): Q rows warp*R + mt*16 + lane%16,
-  // K rows np*16 + lane%8 + (lane/16)*8, V rows kk*16 + lane%8 + ((lane/8)%2)*8.
-  const uint32_t q_base = smem_addr(q_smem) + (warp * S::kRowsPerWarp + (lane & 15)) * D * 2;
-  const int q_chunk_hi = lane >> 4;
-  const int k_row = (lane & 7) + ((lane >> 4) << 3);
-  const int k_chunk_hi = (lane >> 3) & 1;
-  const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3);
-  const int v_chunk_hi = lane >> 4;
+  // ldmatrix row addresses (bytes): Q rows warp*R + mt*16 + lane%16, K rows np*16 + lane%8
+  // + (lane/16)*8, V rows kk*16 + lane%8 + ((lane/8)%2)*8; logical chunk 2c + hi of each,
+  // with hi = lane/16 (Q, V) or (lane/8)%2 (K). The swizzle XOR only touches the low three
+  // bits of a chunk, so chunk 2c + hi sits at ((2 (c % 4) + hi) ^ r7) * 16 + (c / 4) * 128
+  // bytes: four per-lane offsets plus immediates. (Written as (2c + hi) ^ r7, the compiler
+  // keeps one address register per c, which at BN = 64 pushes the kernel into spills.)
+  uint32_t q_addr[4], k_off[4], v_off[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    q_addr[c] = smem_addr(q_smem) + (warp * S::kRowsPerWarp + (lane & 15)) * D * 2 +
+                (((2 * c + (lane >> 4)) ^ r7) << 4);
+    k_off[c] = ((lane & 7) + ((lane >> 4) << 3)) * D * 2 +
+               (((2 * c + ((lane >> 3) & 1)) ^ r7) << 4);
+    v_off[c] = ((lane & 7) + (((lane >> 3) & 1) << 3)) * D * 2 +
+               (((2 * c + (lane >> 4)) ^ r7) << 4);
+  }
+
+  // Q's A fragments for the whole KV loop (only when kQInRegs; otherwise re-read per tile).
+  uint32_t q_frag[S::kQInRegs ? S::kKSteps : 1][S::kMTiles][4];
+  if constexpr (S::kQInRegs) {
+    cp_async_wait<S::kStages - 2>();  // group 0 (Q) has landed (this thread's part)
+    __syncthreads();                  // ... every thread's part
+#pragma unroll
+    for (int kk = 0; kk < S::kKSteps; ++kk) {
+#pragma unroll
+      for (int mt = 0; mt < S::kMTiles; ++mt) {
+        ldmatrix_x4(q_frag[kk][mt], q_addr[kk % 4] + mt * 16 * D * 2 + (kk / 4) * 128);
+      }
+    }
+  }
 
   float o[S::kMTiles][S::kDTiles][4];
   float row_max[S::kMTiles][2];
@@ -224,10 +285,12 @@ __global__ void __launch_bounds__(PrefillShape<D, BM, BN>::kThreads)
   const int pos_first = shift + m0;
 
   for (int it = 0; it < n_kv_tiles; ++it) {
-    cp_async_wait<1>();  // groups 0..it (Q and tile `it`) have landed (this thread's part)
-    __syncthreads();     // ... every thread's part, and every warp is done with tile it-1
-    // Tile it+2 goes into the stage that held tile it-1 (group it+2, maybe empty).
-    if (it + 2 < n_kv_tiles) issue_kv(it + 2, (it + 2) % S::kStages);
+    cp_async_wait<S::kStages - 2>();  // groups 0..it (Q and tile `it`) have landed (ours)
+    __syncthreads();  // ... every thread's part, and every warp is done with tile it-1
+    // Tile it + kStages - 1 goes into the stage that held tile it-1 (a group, maybe empty).
+    if (it + S::kStages - 1 < n_kv_tiles) {
+      issue_kv(it + S::kStages - 1, (it + S::kStages - 1) % S::kStages);
+    }
     cp_async_commit();
 
     const uint32_t k_base = smem_addr(kv_smem + (it % S::kStages) * 2 * S::kKVElems);
@@ -245,16 +308,21 @@ __global__ void __launch_bounds__(PrefillShape<D, BM, BN>::kThreads)
       }
     }
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+    for (int kk = 0; kk < S::kKSteps; ++kk) {
       uint32_t qa[S::kMTiles][4];
 #pragma unroll
       for (int mt = 0; mt < S::kMTiles; ++mt) {
-        ldmatrix_x4(qa[mt], q_base + mt * 16 * D * 2 + (((kk * 2 + q_chunk_hi) ^ r7) << 4));
+        if constexpr (S::kQInRegs) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qa[mt][e] = q_frag[kk][mt][e];
+        } else {
+          ldmatrix_x4(qa[mt], q_addr[kk % 4] + mt * 16 * D * 2 + (kk / 4) * 128);
+        }
       }
 #pragma unroll
       for (int np = 0; np < S::kNTiles / 2; ++np) {
         uint32_t kb[4];
-        ldmatrix_x4(kb, k_base + (np * 16 + k_row) * D * 2 + (((kk * 2 + k_chunk_hi) ^ r7) << 4));
+        ldmatrix_x4(kb, k_base + k_off[kk % 4] + np * 16 * D * 2 + (kk / 4) * 128);
 #pragma unroll
         for (int mt = 0; mt < S::kMTiles; ++mt) {
           mma_bf16_16816(s[mt][2 * np], qa[mt], kb[0], kb[1]);
@@ -284,6 +352,9 @@ __global__ void __launch_bounds__(PrefillShape<D, BM, BN>::kThreads)
 
     // Online softmax; each row lives in one quad (4 lanes). O is rescaled only when some
     // row of the warp raised its running max (alpha == 1 exactly otherwise).
+    // P is packed to bf16 as soon as it is computed (half the registers of the f32 scores):
+    // p_bf[mt][j] = {row g, row g + 8} pairs of n-tile j, the halves of an A fragment.
+    uint32_t p_bf[S::kMTiles][S::kNTiles][2];
     float alpha[S::kMTiles][2];
     bool max_changed = false;
 #pragma unroll
@@ -304,12 +375,10 @@ __global__ void __launch_bounds__(PrefillShape<D, BM, BN>::kThreads)
         float sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < S::kNTiles; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pr = fast_exp2(fmaf(s[mt][j][h * 2 + e], a.scale_log2, -base));
-            s[mt][j][h * 2 + e] = pr;
-            sum += pr;
-          }
+          const float p0 = fast_exp2(fmaf(s[mt][j][h * 2], a.scale_log2, -base));
+          const float p1 = fast_exp2(fmaf(s[mt][j][h * 2 + 1], a.scale_log2, -base));
+          p_bf[mt][j][h] = pack_bf16x2(p0, p1);
+          sum += p0 + p1;
         }
         row_sum[mt][h] = row_sum[mt][h] * alpha[mt][h] + sum;
       }
@@ -325,26 +394,20 @@ __global__ void __launch_bounds__(PrefillShape<D, BM, BN>::kThreads)
       }
     }
 
-    // O += P V; P's accumulator fragments of n-tiles 2kk, 2kk+1 form the A fragment of k-step kk.
+    // O += P V. P's accumulator fragments of n-tiles 2kk, 2kk+1 form the A fragment of
+    // k-step kk; d-tile pairs outermost so that each V fragment is loaded just before use.
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      uint32_t pa[S::kMTiles][4];
+    for (int dp = 0; dp < D / 16; ++dp) {
 #pragma unroll
-      for (int mt = 0; mt < S::kMTiles; ++mt) {
-        pa[mt][0] = pack_bf16x2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        pa[mt][1] = pack_bf16x2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        pa[mt][2] = pack_bf16x2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        pa[mt][3] = pack_bf16x2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
+      for (int kk = 0; kk < BN / 16; ++kk) {
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb,
-                          v_base + (kk * 16 + v_row) * D * 2 + (((dp * 2 + v_chunk_hi) ^ r7) << 4));
+        ldmatrix_x4_trans(vb, v_base + v_off[dp % 4] + kk * 16 * D * 2 + (dp / 4) * 128);
 #pragma unroll
         for (int mt = 0; mt < S::kMTiles; ++mt) {
-          mma_bf16_16816(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
-          mma_bf16_16816(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+          const uint32_t pa[4] = {p_bf[mt][2 * kk][0], p_bf[mt][2 * kk][1],
+                                  p_bf[mt][2 * kk + 1][0], p_bf[mt][2 * kk + 1][1]};
+          mma_bf16_16816(o[mt][2 * dp], pa, vb[0], vb[1]);
+          mma_bf16_16816(o[mt][2 * dp + 1], pa, vb[2], vb[3]);
         }
       }
     }
@@ -374,48 +437,90 @@ __global__ void __launch_bounds__(PrefillShape<D, BM, BN>::kThreads)
   }
 }
 
-template <int D, int BM, int BN>
+template <class S>
 void launch_prefill(const PrefillArgs& args, cudaStream_t stream) {
-  using S = PrefillShape<D, BM, BN>;
   static const bool smem_set = [] {
     PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(
-        prefill_kernel<D, BM, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes));
+        prefill_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes));
     return true;
   }();
   (void)smem_set;
   const PagedAttentionParams& p = args.p;
-  const int64_t tiles = (static_cast<int64_t>(p.num_tokens) + BM - 1) / BM + p.num_seqs;
-  PAGELLM_CHECK(tiles <= 0x7fffffff) << "paged_prefill_attention: too many query tiles";
-  const dim3 grid(static_cast<unsigned>(tiles), p.num_q_heads, 1);
-  prefill_kernel<D, BM, BN><<<grid, S::kThreads, S::kSmemBytes, stream>>>(args);
+  const int64_t tiles = (static_cast<int64_t>(p.num_tokens) + S::BM - 1) / S::BM + p.num_seqs;
+  const int64_t ctas = tiles * p.num_q_heads;
+  PAGELLM_CHECK(ctas <= 0x7fffffff)
+      << "paged_prefill_attention: " << ctas << " (query tile, head) pairs exceed 2^31 - 1";
+  prefill_kernel<S><<<static_cast<unsigned>(ctas), S::kThreads, S::kSmemBytes, stream>>>(args);
   PAGELLM_CUDA_CHECK_LAUNCH();
 }
+
+// The variants (see attention_prefill_variants.h); v1 lives in attention_prefill_v1.cu.
+// Template arguments: D, BM, BN, warps, ring stages, Q in registers, min CTAs per SM.
+// v2: FA2's D = 128 shape; 2 stages keep the CTA at 96 KB so that two share an SM
+// (254 registers, no spills).
+using V2D128 = PrefillShape<128, 128, 64, 4, 2, false, 2>;
+using V2D64 = PrefillShape<64, 128, 64, 4, 3, false, 2>;
+// v3: 8 warps x 16 rows, Q in registers, one CTA per SM.
+using V3D128 = PrefillShape<128, 128, 64, 8, 3, true, 1>;
+using V3D64 = PrefillShape<64, 128, 64, 8, 3, true, 1>;
+// v2 and v3 on short queries: 4 warps x 16 rows, Q in registers, two CTAs per SM.
+using QRegsD128Short = PrefillShape<128, 64, 64, 4, 3, true, 2>;
+using QRegsD64Short = PrefillShape<64, 64, 64, 4, 3, true, 2>;
 
 }  // namespace
 }  // namespace attn
 
-void paged_prefill_attention(const PagedAttentionParams& p, cudaStream_t stream) {
+const char* prefill_kernel_name(PrefillKernel k) {
+  switch (k) {
+    case PrefillKernel::kV1: return "v1";
+    case PrefillKernel::kV2: return "v2";
+    case PrefillKernel::kV3: return "v3";
+  }
+  return "?";
+}
+
+PrefillKernel prefill_kernel_from_env() {
+  const char* env = std::getenv("PAGELLM_PREFILL_KERNEL");
+  if (env == nullptr || env[0] == '\0') return kDefaultPrefillKernel;
+  for (PrefillKernel k : {PrefillKernel::kV1, PrefillKernel::kV2, PrefillKernel::kV3}) {
+    if (std::strcmp(env, prefill_kernel_name(k)) == 0) return k;
+  }
+  PAGELLM_CHECK(false) << "PAGELLM_PREFILL_KERNEL=" << env
+                       << " is not a prefill kernel: use v1, v2 or v3 (or leave it unset for "
+                       << prefill_kernel_name(kDefaultPrefillKernel) << ")";
+  return kDefaultPrefillKernel;
+}
+
+void paged_prefill_attention_with(const PagedAttentionParams& p, PrefillKernel kernel,
+                                  cudaStream_t stream) {
   attn::validate_params(p, "paged_prefill_attention");
   if (p.num_seqs == 0 || p.num_tokens == 0) return;
-  attn::PrefillArgs args{};
+  using namespace attn;
+  if (kernel == PrefillKernel::kV1) {
+    v1::launch_prefill_v1(p, stream);
+    return;
+  }
+  PAGELLM_CHECK(kernel == PrefillKernel::kV2 || kernel == PrefillKernel::kV3)
+      << "paged_prefill_attention: unknown prefill kernel " << static_cast<int>(kernel);
+  PrefillArgs args{};
   args.p = p;
-  args.page_shift = attn::page_shift_of(p.page_size);
-  args.scale_log2 = p.scale * attn::kLog2e;
+  args.page_shift = page_shift_of(p.page_size);
+  args.scale_log2 = p.scale * kLog2e;
   // The tile height only changes speed: the grid covers every tile whatever max_query_len says.
   const bool short_queries = p.max_query_len > 0 && p.max_query_len <= 64;
-  if (p.head_dim == 128) {
-    if (short_queries) {
-      attn::launch_prefill<128, 64, 64>(args, stream);
-    } else {
-      attn::launch_prefill<128, 128, 32>(args, stream);
-    }
+  const bool d128 = p.head_dim == 128;
+  if (short_queries) {
+    d128 ? launch_prefill<QRegsD128Short>(args, stream)
+         : launch_prefill<QRegsD64Short>(args, stream);
+  } else if (kernel == PrefillKernel::kV2) {
+    d128 ? launch_prefill<V2D128>(args, stream) : launch_prefill<V2D64>(args, stream);
   } else {
-    if (short_queries) {
-      attn::launch_prefill<64, 64, 64>(args, stream);
-    } else {
-      attn::launch_prefill<64, 128, 64>(args, stream);
-    }
+    d128 ? launch_prefill<V3D128>(args, stream) : launch_prefill<V3D64>(args, stream);
   }
+}
+
+void paged_prefill_attention(const PagedAttentionParams& p, cudaStream_t stream) {
+  paged_prefill_attention_with(p, prefill_kernel_from_env(), stream);
 }
 
 }  // namespace pagellm::cuda

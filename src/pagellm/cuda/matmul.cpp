@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/skinny_gemm.h"
 
 namespace pagellm::cuda {
 namespace {
@@ -26,6 +28,24 @@ const char* type_name(int t) {
 
 }  // namespace
 
+const char* matmul_path_name(MatmulPath path) {
+  switch (path) {
+    case MatmulPath::kAuto: return "auto";
+    case MatmulPath::kCublasLt: return "cublaslt";
+    case MatmulPath::kSkinny: return "skinny";
+  }
+  return "?";
+}
+
+MatmulPath parse_matmul_path(const std::string& value) {
+  if (value == "auto" || value.empty()) return MatmulPath::kAuto;
+  if (value == "cublaslt") return MatmulPath::kCublasLt;
+  if (value == "skinny") return MatmulPath::kSkinny;
+  PAGELLM_CHECK(false) << "PAGELLM_MATMUL=" << value
+                       << " is not a matmul path; use cublaslt, skinny or auto";
+  return MatmulPath::kAuto;
+}
+
 size_t LtMatmul::KeyHash::operator()(const Key& k) const {
   size_t h = std::hash<int64_t>()(k.m);
   auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
@@ -38,12 +58,27 @@ size_t LtMatmul::KeyHash::operator()(const Key& k) const {
 
 LtMatmul::LtMatmul(void* workspace, size_t workspace_bytes)
     : workspace_(workspace), workspace_bytes_(workspace_bytes) {
+  if (const char* env = std::getenv("PAGELLM_MATMUL")) path_ = parse_matmul_path(env);
   PAGELLM_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  try {
+    PAGELLM_CUDA_CHECK(cudaMalloc(&skinny_workspace_, kSkinnyWorkspaceBytes));
+    // The split-K counters start at zero and every launch leaves them at zero.
+    PAGELLM_CUDA_CHECK(cudaMemset(skinny_workspace_, 0, kSkinnyWorkspaceBytes));
+    // The memset runs on the legacy stream, which does not order the backend's
+    // non-blocking stream: finish it before any launch can read the counters.
+    PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
+    prepare_skinny_gemm();
+  } catch (...) {
+    if (skinny_workspace_) cudaFree(skinny_workspace_);
+    cublasLtDestroy(handle_);
+    throw;
+  }
 }
 
 LtMatmul::~LtMatmul() {
   for (auto& entry : plans_) destroy(entry.second);
   if (handle_) cublasLtDestroy(handle_);  // nothing useful to do with a failure here
+  if (skinny_workspace_) cudaFree(skinny_workspace_);
 }
 
 void LtMatmul::destroy(Plan& p) {
@@ -109,9 +144,22 @@ const LtMatmul::Plan& LtMatmul::plan_for(const Key& key) {
   return plans_.emplace(key, p).first->second;
 }
 
+MatmulPath LtMatmul::path_for(const void* x, const void* w, const void* out,
+                              cudaDataType_t out_type, int64_t M, int64_t N, int64_t K) const {
+  if (path_ == MatmulPath::kCublasLt) return MatmulPath::kCublasLt;
+  if (out_type != CUDA_R_16BF && out_type != CUDA_R_32F) return MatmulPath::kCublasLt;
+  if (!skinny_gemm_supported(x, w, out, M, N, K)) return MatmulPath::kCublasLt;
+  if (path_ == MatmulPath::kSkinny || skinny_preferred(M, N, K)) return MatmulPath::kSkinny;
+  return MatmulPath::kCublasLt;
+}
+
 void LtMatmul::run(const void* x, const void* w, void* out, cudaDataType_t out_type, int64_t M,
                    int64_t N, int64_t K, cudaStream_t stream) {
   if (M == 0 || N == 0) return;
+  if (path_for(x, w, out, out_type, M, N, K) == MatmulPath::kSkinny) {
+    launch_skinny_gemm(x, w, out, out_type == CUDA_R_32F, M, N, K, skinny_workspace_, stream);
+    return;
+  }
   const int align = std::min({alignment_of(x), alignment_of(w), alignment_of(out)});
   const Plan& p = plan_for(Key{M, N, K, static_cast<int>(out_type), align});
   const float alpha = 1.0f, beta = 0.0f;
