@@ -5,12 +5,23 @@
 // Bounds: both sides multiply the same bf16-representable values and accumulate in
 // float32, so a float32 output differs only by summation order (relative L2 <= 1e-4); a
 // bf16 output adds one rounding (<= 1e-2).
+//
+// Autotuning (LtMatmul directly): a tuned plan against the heuristic's first choice, per
+// element within one bf16 rounding plus float32 summation-order noise; the tuned plan
+// bit-identical on a rerun and inside a CUDA graph; shapes first seen under capture or above
+// kAutotuneMaxM are not tuned; chosen algorithms use only float32 fixed-order reductions.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "cuda/cuda_test_util.h"
+#include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/matmul.h"
 
 namespace pagellm {
 namespace {
@@ -69,6 +80,132 @@ TEST_F(MatmulTest, OddShapesAndUnalignedViewsMatchCpu) {
 
 TEST_F(MatmulTest, RepeatedShapesReuseThePlanAndStayCorrect) {
   for (int round = 0; round < 3; ++round) check(16, 512, 256, DType::BF16);
+}
+
+// Per element: |a - b| <= 2^-7 max(|a|, |b|) + 1e-4 for bf16 outputs (the float32 sums differ
+// by summation order, ~1e-6 here, which can move a bf16 rounding by one unit: at most 2^-7
+// of the value), |a - b| <= 1e-5 |b| + 1e-4 for float32 outputs.
+::testing::AssertionResult within_rounding(const std::vector<float>& a,
+                                           const std::vector<float>& b, bool f32,
+                                           const std::string& what) {
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << what << ": sizes differ";
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double scale = std::max(std::fabs(a[i]), std::fabs(b[i]));
+    const double bound = f32 ? 1e-5 * scale + 1e-4 : scale / 128.0 + 1e-4;
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i]) || std::fabs(a[i] - b[i]) > bound) {
+      return ::testing::AssertionFailure() << what << ": element " << i << " tuned " << a[i]
+                                           << " vs heuristic " << b[i] << " (bound " << bound
+                                           << ")";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST_F(MatmulTest, AutotunedPlansMatchTheHeuristicAndRepeatBitForBit) {
+  using cuda::LtMatmul;
+  cudaStream_t stream = nullptr;
+  PAGELLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  struct StreamGuard {
+    cudaStream_t s;
+    ~StreamGuard() { cudaStreamDestroy(s); }
+  } guard{stream};
+  const int64_t ws_floats = int64_t{8} << 20;  // 32 MiB, as the backend
+  Tensor ws_tuned = alloc(gpu(), DType::F32, {ws_floats});
+  Tensor ws_top = alloc(gpu(), DType::F32, {ws_floats});
+  LtMatmul tuned(ws_tuned.data, ws_tuned.nbytes());
+  LtMatmul top(ws_top.data, ws_top.nbytes());
+  tuned.set_path(cuda::MatmulPath::kCublasLt);
+  top.set_path(cuda::MatmulPath::kCublasLt);
+  tuned.set_autotune(true);
+  top.set_autotune(false);
+
+  struct Case {
+    int64_t M, N, K;
+    DType out;
+  };
+  // Qwen3-4B qkv, o_proj, down at decode M; 0.6B lm_head in float32; a prefill-size M.
+  const std::vector<Case> cases = {{1, 6144, 2560, DType::BF16},  {32, 2560, 4096, DType::BF16},
+                                   {32, 2560, 9728, DType::BF16}, {8, 151936, 1024, DType::F32},
+                                   {600, 1024, 1024, DType::BF16}};
+  for (const Case& c : cases) {
+    const std::string what = "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
+                             " K=" + std::to_string(c.K) + " " + dtype_name(c.out);
+    const bool f32 = c.out == DType::F32;
+    const cudaDataType_t out_type = f32 ? CUDA_R_32F : CUDA_R_16BF;
+    Tensor x = put(gpu(), DType::BF16, {c.M, c.K}, randn_bf16(static_cast<size_t>(c.M * c.K)));
+    Tensor w = put(gpu(), DType::BF16, {c.N, c.K},
+                   randn_bf16(static_cast<size_t>(c.N * c.K),
+                              1.0f / std::sqrt(static_cast<float>(c.K))));
+    Tensor out_tuned = alloc(gpu(), c.out, {c.M, c.N});
+    Tensor out_again = alloc(gpu(), c.out, {c.M, c.N});
+    Tensor out_top = alloc(gpu(), c.out, {c.M, c.N});
+    for (Tensor* t : {&out_tuned, &out_again, &out_top}) poison(gpu(), *t);
+    gpu().synchronize();
+
+    tuned.run(x.data, w.data, out_tuned.data, out_type, c.M, c.N, c.K, stream);
+    top.run(x.data, w.data, out_top.data, out_type, c.M, c.N, c.K, stream);
+    PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    tuned.run(x.data, w.data, out_again.data, out_type, c.M, c.N, c.K, stream);
+    PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+    const cuda::MatmulPlanInfo* info =
+        tuned.plan_info(x.data, w.data, out_tuned.data, out_type, c.M, c.N, c.K);
+    ASSERT_NE(info, nullptr) << what;
+    EXPECT_EQ(info->tuned, c.M <= cuda::kAutotuneMaxM && info->candidates > 1)
+        << what << ": " << info->summary();
+    EXPECT_TRUE(info->splitk <= 1 || info->reduction_scheme == CUBLASLT_REDUCTION_SCHEME_NONE ||
+                info->reduction_scheme == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
+        << what << ": " << info->summary();
+    std::printf("autotune %s: %s\n", what.c_str(), info->summary().c_str());
+
+    const std::vector<float> a = gpu().download_f32(out_tuned);
+    const std::vector<float> again = gpu().download_f32(out_again);
+    const std::vector<float> b = gpu().download_f32(out_top);
+    EXPECT_TRUE(within_rounding(a, b, f32, what)) << seed_note();
+    EXPECT_TRUE(bit_identical(a, again)) << what << ": tuned plan not bit-identical on a rerun";
+  }
+
+  // Graph capture: a tuned shape replays bit for bit; a shape first seen under capture takes
+  // the heuristic's first choice (no timing inside capture) and keeps it afterwards.
+  const int64_t N = 2560, K = 4096;
+  Tensor w = put(gpu(), DType::BF16, {N, K},
+                 randn_bf16(static_cast<size_t>(N * K), 1.0f / std::sqrt(static_cast<float>(K))));
+  Tensor x = put(gpu(), DType::BF16, {32, K}, randn_bf16(static_cast<size_t>(32 * K)));
+  Tensor eager32 = alloc(gpu(), DType::BF16, {32, N});
+  Tensor graph32 = alloc(gpu(), DType::BF16, {32, N});
+  Tensor graph3 = alloc(gpu(), DType::BF16, {3, N});
+  Tensor eager3 = alloc(gpu(), DType::BF16, {3, N});
+  for (Tensor* t : {&eager32, &graph32, &graph3, &eager3}) poison(gpu(), *t);
+  gpu().synchronize();
+  tuned.run(x.data, w.data, eager32.data, CUDA_R_16BF, 32, N, K, stream);
+  PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  PAGELLM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  tuned.run(x.data, w.data, graph32.data, CUDA_R_16BF, 32, N, K, stream);
+  tuned.run(x.data, w.data, graph3.data, CUDA_R_16BF, 3, N, K, stream);
+  PAGELLM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  PAGELLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) PAGELLM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  const cuda::MatmulPlanInfo* info3 =
+      tuned.plan_info(x.data, w.data, graph3.data, CUDA_R_16BF, 3, N, K);
+  ASSERT_NE(info3, nullptr);
+  EXPECT_FALSE(info3->tuned) << "a plan made under capture was tuned: " << info3->summary();
+  tuned.run(x.data, w.data, eager3.data, CUDA_R_16BF, 3, N, K, stream);
+  PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  EXPECT_FALSE(tuned.plan_info(x.data, w.data, eager3.data, CUDA_R_16BF, 3, N, K)->tuned)
+      << "a cached plan changed after capture";
+  EXPECT_TRUE(bit_identical(gpu().download_f32(graph32), gpu().download_f32(eager32)))
+      << "tuned plan differs between eager run and graph replay";
+  EXPECT_TRUE(bit_identical(gpu().download_f32(graph3), gpu().download_f32(eager3)))
+      << "plan made under capture differs between graph replay and eager run";
 }
 
 TEST_F(MatmulTest, RejectsMismatchedShapesClearly) {

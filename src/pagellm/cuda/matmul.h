@@ -1,19 +1,34 @@
 // Matrix products: out[M, N] = x[M, K] · w[N, K]ᵀ, bf16 inputs, float32 accumulation, bf16
-// or float32 output, through the weight-streaming skinny kernel (skinny_gemm.h) for decode
-// shapes and cuBLASLt otherwise.
+// or float32 output, through cuBLASLt (default) or the weight-streaming skinny kernel
+// (skinny_gemm.h, for experiments).
 //
-// Dispatch (MatmulPath::kAuto): the skinny kernel when M <= kSkinnyAutoMaxM and the kernel
-// supports the operands (K % 8 == 0, x and w 16-byte aligned), cuBLASLt otherwise. The
-// environment variable PAGELLM_MATMUL=cublaslt|skinny|auto, read when an LtMatmul is made,
-// forces a path (benchmarks, debugging); "skinny" still falls back to cuBLASLt where the
-// kernel does not apply. Both paths are deterministic run to run.
+// Dispatch: PAGELLM_MATMUL=auto|cublaslt|skinny, read when an LtMatmul is made. "auto"
+// (default) and "cublaslt" use cuBLASLt everywhere: on the H200 cuBLASLt beat the skinny
+// kernel on every Qwen3-4B decode shape (docs/parts/skinny-gemm.md has the numbers).
+// "skinny" uses the skinny kernel wherever it applies and cuBLASLt elsewhere.
 //
 // Row-major out = x · wᵀ is, in cuBLASLt's column-major terms, outᵀ[N, M] = w[K, N]ᵀ ·
 // xᵀ[K, M]: A = w with op T, B = x with op N (the "TN" layout tensor cores like best), all
 // leading dimensions the row lengths. Each distinct (M, N, K, output type, pointer
-// alignment) gets its descriptors and the heuristic's best algorithm computed once and
-// cached, so run() is a hash lookup plus cublasLtMatmul: no allocation, no sync, safe to
-// capture in a CUDA graph (the workspace is fixed, owned by the caller).
+// alignment) gets a plan (descriptors + one algorithm) made on first use and cached, so
+// later runs are a hash lookup plus cublasLtMatmul: no allocation, no sync, graph-safe.
+//
+// Autotuning (PAGELLM_MATMUL_AUTOTUNE=1, the default; 0 turns it off): when a plan is made
+// for M <= kAutotuneMaxM outside CUDA-graph capture of the stream, up to
+// kAutotuneCandidates algorithms from cublasLtMatmulAlgoGetHeuristic are each timed on the
+// real operands (L2 flushed before every timed launch, as in the decode step where each
+// layer's weights come from HBM) and the fastest is cached. Under capture, or for larger
+// M, the heuristic's first choice is cached instead. Once cached, a plan never changes, so
+// a shape always runs the same algorithm within a process (eager and in graphs alike).
+//
+// Determinism: candidates (tuned or not) are restricted to reduction schemes NONE (no
+// split-K) and COMPUTE_TYPE (split-K partials in float32 in the workspace, summed by a
+// separate kernel in a fixed order); INPLACE / OUTPUT_TYPE (partials rounded to the output
+// type) are refused. cuBLAS documents bit-wise identical results run to run for a given
+// toolkit, GPU architecture and SM count with one stream. So a given plan is bit-identical
+// run to run; but the autotuner's *choice* depends on timings and may differ between two
+// processes (results then differ by summation order, ~bf16 rounding). For bit-identical
+// results across processes, set PAGELLM_MATMUL_AUTOTUNE=0 (the heuristic is deterministic).
 #pragma once
 
 #include <cublasLt.h>
@@ -29,9 +44,13 @@ namespace pagellm::cuda {
 /// Which implementation LtMatmul::run uses.
 enum class MatmulPath { kAuto, kCublasLt, kSkinny };
 
-/// Largest M the automatic rule sends to the skinny kernel (its token tile; above it the
-/// kernel re-reads the weights per 64-token tile and cuBLASLt's tensor-core GEMMs win).
-constexpr int64_t kSkinnyAutoMaxM = 64;
+/// Largest M whose cuBLASLt plan is autotuned (decode graph buckets reach max_num_seqs + 31);
+/// larger (prefill) products take the heuristic's first choice, so that each new prefill
+/// length does not pay a tuning run.
+constexpr int64_t kAutotuneMaxM = 512;
+
+/// Most heuristic candidates timed per shape.
+constexpr int kAutotuneCandidates = 16;
 
 /// "auto", "cublaslt" or "skinny".
 const char* matmul_path_name(MatmulPath path);
@@ -39,10 +58,25 @@ const char* matmul_path_name(MatmulPath path);
 /// Parses a PAGELLM_MATMUL value; throws Error naming the accepted values otherwise.
 MatmulPath parse_matmul_path(const std::string& value);
 
-/// The automatic rule on shape alone: M <= kSkinnyAutoMaxM (N, K any).
-inline bool skinny_preferred(int64_t M, int64_t N, int64_t K) {
-  return M >= 1 && M <= kSkinnyAutoMaxM && N >= 1 && K >= 8;
-}
+/// Parses a PAGELLM_MATMUL_AUTOTUNE value: "1" or "" (on), "0" (off); throws Error otherwise.
+bool parse_matmul_autotune(const std::string& value);
+
+/// What a cached cuBLASLt plan runs (diagnostics, tests, the benchmark).
+struct MatmulPlanInfo {
+  int algo_id = -1;            // CUBLASLT_ALGO_CONFIG_ID
+  int tile_id = 0;             // cublasLtMatmulTile_t
+  int stages_id = 0;           // cublasLtMatmulStages_t
+  int splitk = 1;              // CUBLASLT_ALGO_CONFIG_SPLITK_NUM
+  int reduction_scheme = 0;    // cublasLtReductionScheme_t (NONE or COMPUTE_TYPE)
+  int heuristic_rank = 0;      // position of the chosen algorithm in the heuristic's list
+  int candidates = 0;          // algorithms the heuristic offered (after the filter)
+  bool tuned = false;          // chosen by timing (false: the heuristic's first choice)
+  float top_us = 0;            // when tuned: median µs of the heuristic's first choice
+  float chosen_us = 0;         // when tuned: median µs of the chosen algorithm
+
+  /// One line, e.g. "algo 66 tile 20 stages 8 splitk 1 red none, rank 3/12 tuned 9.1 vs 9.8 us".
+  std::string summary() const;
+};
 
 /// Owns a cuBLASLt handle, a cache of matmul plans and the skinny kernel's split-K
 /// workspace (kSkinnyWorkspaceBytes, ~16 MiB, allocated here). Not thread-safe (one per
@@ -50,16 +84,17 @@ inline bool skinny_preferred(int64_t M, int64_t N, int64_t K) {
 class LtMatmul {
  public:
   /// `workspace` (device memory of workspace_bytes) must outlive this object. Reads
-  /// PAGELLM_MATMUL (throws Error for a value other than cublaslt, skinny or auto).
+  /// PAGELLM_MATMUL and PAGELLM_MATMUL_AUTOTUNE (throws Error for values they do not accept).
   LtMatmul(void* workspace, size_t workspace_bytes);
   ~LtMatmul();
   LtMatmul(const LtMatmul&) = delete;
   LtMatmul& operator=(const LtMatmul&) = delete;
 
   /// out[M, N] = x[M, K] · w[N, K]ᵀ on `stream`; x and w bf16 with contiguous rows, out
-  /// CUDA_R_16BF or CUDA_R_32F. Graph-safe once the shape's cuBLASLt plan exists (the
-  /// skinny path has no plan). Throws Error naming the shape if cuBLASLt is needed and has
-  /// no algorithm for it.
+  /// CUDA_R_16BF or CUDA_R_32F. The first run of a shape outside capture may autotune: it
+  /// synchronises the stream, allocates a scratch buffer of 2x L2 for a while and writes
+  /// `out` several times (its final contents are the chosen algorithm's). Graph-safe once
+  /// the shape's plan exists. Throws Error naming the shape if cuBLASLt has no algorithm.
   void run(const void* x, const void* w, void* out, cudaDataType_t out_type, int64_t M,
            int64_t N, int64_t K, cudaStream_t stream);
 
@@ -72,8 +107,18 @@ class LtMatmul {
   void set_path(MatmulPath path) { path_ = path; }
   MatmulPath path() const { return path_; }
 
+  /// Turns autotuning of plans made from now on on or off (plans already cached keep their
+  /// algorithm); the constructor sets it from PAGELLM_MATMUL_AUTOTUNE.
+  void set_autotune(bool on) { autotune_ = on; }
+  bool autotune() const { return autotune_; }
+
   /// Number of cached plans (tests, diagnostics).
   size_t num_plans() const { return plans_.size(); }
+
+  /// The cached cuBLASLt plan these operands would use, or nullptr if none is cached yet.
+  const MatmulPlanInfo* plan_info(const void* x, const void* w, const void* out,
+                                  cudaDataType_t out_type, int64_t M, int64_t N,
+                                  int64_t K) const;
 
  private:
   struct Key {
@@ -91,9 +136,18 @@ class LtMatmul {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    MatmulPlanInfo info;
   };
 
-  const Plan& plan_for(const Key& key);
+  static Key key_of(const void* x, const void* w, const void* out, cudaDataType_t out_type,
+                    int64_t M, int64_t N, int64_t K);
+  const Plan& plan_for(const Key& key, const void* x, const void* w, void* out,
+                       cudaStream_t stream);
+  // Median µs of `reps` launches of `algo`, each after an L2 flush (flush may be null);
+  // negative if the algorithm fails to launch.
+  float time_algo(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* x,
+                  const void* w, void* out, cudaStream_t stream, void* flush,
+                  size_t flush_bytes, cudaEvent_t* events, int reps);
   static void destroy(Plan& p);
 
   cublasLtHandle_t handle_ = nullptr;
@@ -101,6 +155,7 @@ class LtMatmul {
   size_t workspace_bytes_;
   std::unordered_map<Key, Plan, KeyHash> plans_;
   MatmulPath path_ = MatmulPath::kAuto;
+  bool autotune_ = true;
   void* skinny_workspace_ = nullptr;  // kSkinnyWorkspaceBytes: split-K partials + counters
 };
 

@@ -2,8 +2,9 @@
 // M (tokens), bf16 inputs, float32 accumulation, bf16 or float32 output.
 //
 // At decode M is 1..64 and the product reads every weight byte once for 2·M flops per
-// weight: it is bound by HBM bandwidth, not by the tensor cores, and cuBLASLt's tiled
-// GEMMs reach only ~60 % of bandwidth there. This kernel streams the weights (16-byte
+// weight: it is bound by HBM bandwidth, not by the tensor cores. Measured on the H200 this
+// kernel is slower than cuBLASLt on every Qwen3-4B decode shape (docs/parts/skinny-gemm.md),
+// so LtMatmul uses it only under PAGELLM_MATMUL=skinny. This kernel streams the weights (16-byte
 // cp.async, several chunks in flight per warp), keeps x in L1/L2, multiplies on the tensor
 // cores (mma.sync m16n8k16 with the weights as the A operand and the tokens as the 8-wide
 // B operand) and splits K across warps and, for narrow N, across CTAs so that 132 SMs have
