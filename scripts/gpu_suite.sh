@@ -15,6 +15,8 @@ STEPS=${*:-tests e2e bench attn gemm calib hf}
 mkdir -p "$LOG"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONUNBUFFERED=1
+# The measured crossover tables of the attention dispatcher travel with the source tree.
+export PAGELLM_ATTENTION_TABLES="${PAGELLM_ATTENTION_TABLES:-$PWD/data/attention}"
 status=0
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
