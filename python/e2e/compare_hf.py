@@ -9,7 +9,11 @@ through transformers in bf16 on the GPU, then compares:
     prefix even after the two greedy paths part;
   * the greedy tokens of transformers' own generate() against pagellm's, reporting how
     many of the first 32 agree.
-Exits non-zero when a logits error passes the bf16 bound.
+Errors are measured against transformers in float32 on the same sequence, beside the error
+of transformers' own bf16 run against that reference: bf16 rounding through 28-36 layers of
+a random-weight model (whose logits are small and nearly flat) is itself several percent,
+so the bound is relative to what transformers' bf16 pipeline achieves. Exits non-zero when
+pagellm's error passes twice transformers' bf16 error (plus 0.01) or 0.1.
 """
 import argparse
 import json
@@ -41,12 +45,13 @@ def main():
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--lengths", default="5,37,128,300")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--bound", type=float, default=0.05,
-                    help="max relative L2 error of a logits row (bf16 vs bf16)")
+    ap.add_argument("--bound", type=float, default=0.1,
+                    help="absolute cap on the relative L2 error of a logits row against float32")
     ap.add_argument("--dump", default="/tmp/pagellm_logits.bin")
     args = ap.parse_args()
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).cuda().eval()
+    model32 = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).cuda().eval()
     vocab = model.config.vocab_size
     rng = np.random.default_rng(args.seed)
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -65,19 +70,23 @@ def main():
     dump = read_dump(args.dump)
 
     worst = 0.0
+    worst_hf = 0.0
     report = []
     for r, (prompt, out) in enumerate(zip(prompts, outs)):
         tokens = out["token_ids"]
         seq = torch.tensor([prompt + tokens], device="cuda")
         with torch.no_grad():
-            ref = model(seq).logits[0].float().cpu().numpy()  # [len, vocab]
+            hf16 = model(seq).logits[0].float().cpu().numpy()  # [len, vocab]
+            ref = model32(seq).logits[0].float().cpu().numpy()
             gen = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=args.steps,
                                  min_new_tokens=args.steps, do_sample=False)[0, len(prompt):].tolist()
         errs = []
+        hf_errs = []
         for i in range(args.steps):
             want = ref[len(prompt) - 1 + i]
             got = dump[(r, i)]
             errs.append(float(np.linalg.norm(got - want) / np.linalg.norm(want)))
+            hf_errs.append(float(np.linalg.norm(hf16[len(prompt) - 1 + i] - want) / np.linalg.norm(want)))
             assert np.isfinite(got).all(), f"request {r} step {i}: non-finite logits"
         agree = 0
         for a, b in zip(gen, tokens):
@@ -87,16 +96,21 @@ def main():
         argmax_match = sum(int(np.argmax(dump[(r, i)]) == np.argmax(ref[len(prompt) - 1 + i]))
                            for i in range(args.steps))
         worst = max(worst, max(errs))
+        worst_hf = max(worst_hf, max(hf_errs))
         report.append((r, len(prompt), errs[0], max(errs[1:]) if len(errs) > 1 else 0.0,
-                       agree, argmax_match))
+                       max(hf_errs), agree, argmax_match))
 
     print(f"model {args.model}: {len(prompts)} prompts, {args.steps} steps")
-    print("req  prompt  prefill_rel_err  max_decode_rel_err  greedy_prefix_agree  "
+    print("errors: relative L2 of a logits row against transformers in float32; "
+          "agreement: against transformers in bf16")
+    print("req  prompt  prefill_err  max_decode_err  hf_bf16_max_err  greedy_prefix_agree  "
           "teacher_forced_argmax_agree")
-    for r, n, e0, e1, agree, am in report:
-        print(f"{r:3d}  {n:6d}  {e0:15.4e}  {e1:18.4e}  {agree:8d}/{args.steps}  {am:14d}/{args.steps}")
-    print(f"worst relative error {worst:.4e} (bound {args.bound})")
-    if worst > args.bound:
+    for r, n, e0, e1, eh, agree, am in report:
+        print(f"{r:3d}  {n:6d}  {e0:11.4e}  {e1:14.4e}  {eh:15.4e}  {agree:12d}/{args.steps}  "
+              f"{am:20d}/{args.steps}")
+    bound = min(args.bound, 2.0 * worst_hf + 0.01)
+    print(f"worst relative error {worst:.4e}; transformers bf16 {worst_hf:.4e}; bound {bound:.4e}")
+    if worst > bound:
         sys.exit("FAIL: logits differ from transformers beyond the bound")
     print("PASS")
 
