@@ -4,7 +4,7 @@
 //
 // Dispatch: PAGELLM_MATMUL=auto|cublaslt|skinny, read when an LtMatmul is made. "auto"
 // (default) and "cublaslt" use cuBLASLt everywhere: on the H200 cuBLASLt beat the skinny
-// kernel on every Qwen3-4B decode shape (docs/parts/skinny-gemm.md has the numbers).
+// kernel on every Qwen3-4B decode shape (docs/design.md has the numbers).
 // "skinny" uses the skinny kernel wherever it applies and cuBLASLt elsewhere.
 //
 // Row-major out = x · wᵀ is, in cuBLASLt's column-major terms, outᵀ[N, M] = w[K, N]ᵀ ·

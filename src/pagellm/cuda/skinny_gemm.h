@@ -3,7 +3,7 @@
 //
 // At decode M is 1..64 and the product reads every weight byte once for 2·M flops per
 // weight: it is bound by HBM bandwidth, not by the tensor cores. Measured on the H200 this
-// kernel is slower than cuBLASLt on every Qwen3-4B decode shape (docs/parts/skinny-gemm.md),
+// kernel is slower than cuBLASLt on every Qwen3-4B decode shape (docs/design.md),
 // so LtMatmul uses it only under PAGELLM_MATMUL=skinny. This kernel streams the weights (16-byte
 // cp.async, several chunks in flight per warp), keeps x in L1/L2, multiplies on the tensor
 // cores (mma.sync m16n8k16 with the weights as the A operand and the tokens as the 8-wide

@@ -6,7 +6,7 @@
 //   sampled = model step + sampler;             // one token per `samples` entry, in order
 //   scheduler.on_step_done(out, sampled);       // append tokens, retire finished requests
 // The contract (what each step guarantees, the preemption policy, the budget accounting)
-// is written out in docs/parts/scheduler.md.
+// is written out in docs/design.md.
 #pragma once
 
 #include <cstdint>
@@ -89,7 +89,7 @@ class Scheduler {
   /// sequence (engine bugs, not user input).
   bool add(Sequence* seq);
 
-  /// Plans one step; see SchedulerOutput and docs/parts/scheduler.md. Throws Error if the
+  /// Plans one step; see SchedulerOutput and docs/design.md. Throws Error if the
   /// previous non-empty step has not been reported with on_step_done().
   SchedulerOutput schedule();
 
