@@ -135,9 +135,11 @@ void run_generate(GenerateArgs args) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   int64_t generated = 0;
+  size_t failed = 0;
   for (size_t i = 0; i < results.size(); ++i) {
     const Sequence& s = *results[i];
     generated += static_cast<int64_t>(s.output.size());
+    if (s.finish_reason == FinishReason::kError) ++failed;
     nlohmann::json j;
     j["prompt"] = origin[i].first;
     j["sample"] = origin[i].second;
@@ -173,6 +175,9 @@ void run_generate(GenerateArgs args) {
                engine->backend().name().c_str(), static_cast<long long>(st.steps),
                static_cast<long long>(st.prefill_tokens), static_cast<long long>(st.decode_tokens),
                static_cast<long long>(st.preemptions), secs > 0 ? generated / secs : 0.0);
+  std::cout.flush();
+  PAGELLM_CHECK(failed == 0) << failed << " of " << results.size()
+                             << " requests were rejected (their errors are printed above)";
 }
 
 }  // namespace
