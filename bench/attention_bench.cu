@@ -269,9 +269,8 @@ int run(int argc, char** argv) {
         "\nprefill: causal FLOPs = 4 * D * Hq * pairs; bars: FA2 ~309-342, cuDNN ~577-606 "
         "TFLOP/s\n");
     std::printf("%4s %4s %4s %6s %6s %6s %6s %10s %8s %7s\n", "Hq", "Hkv", "D", "batch", "q",
-                "kv", "kernel", "time_us", "TFLOP/s", "vs_v1");
-    const pagellm::cuda::PrefillKernel variants[] = {pagellm::cuda::PrefillKernel::kV1,
-                                                     pagellm::cuda::PrefillKernel::kV2,
+                "kv", "kernel", "time_us", "TFLOP/s", "vs_v2");
+    const pagellm::cuda::PrefillKernel variants[] = {pagellm::cuda::PrefillKernel::kV2,
                                                      pagellm::cuda::PrefillKernel::kV3};
     for (const Config& cf : configs) {
       const int page = 16;
@@ -283,12 +282,12 @@ int run(int argc, char** argv) {
       pairs *= cf.batch;
       const double flops = 4.0 * cf.d * cf.hq * pairs;
       const int launches = std::clamp(static_cast<int>(2e12 / flops), 1, 20);
-      double v1_ms = 0.0;
+      double v2_ms = 0.0;
       for (const pagellm::cuda::PrefillKernel variant : variants) {
         CHECK_CUDA(cudaMemset(batch.out, 0xff, size_t(cf.batch) * cf.q_len * cf.hq * cf.d * 2));
         const double ms =
             time_calls(pool, batch, cf.hq, false, launches, quick ? 3 : 5, stream, variant);
-        if (variant == pagellm::cuda::PrefillKernel::kV1) v1_ms = ms;
+        if (variant == pagellm::cuda::PrefillKernel::kV2) v2_ms = ms;
         const size_t bad = nonfinite(batch.out, size_t(cf.batch) * cf.q_len * cf.hq * cf.d);
         const double tflops = flops / (ms * 1e-3) / 1e12;
         const char* name = pagellm::cuda::prefill_kernel_name(variant);
@@ -297,7 +296,7 @@ int run(int argc, char** argv) {
                         cf.q_len, cf.kv_len, 0, ms * 1e3, 0.0, 0.0, tflops});
         std::printf("%4d %4d %4d %6d %6d %6d %5s%s %10.1f %8.1f %6.2fx%s\n", cf.hq, cf.hkv, cf.d,
                     cf.batch, cf.q_len, cf.kv_len, name, is_default ? "*" : " ", ms * 1e3, tflops,
-                    v1_ms / ms, bad ? "  NON-FINITE OUTPUT" : "");
+                    v2_ms / ms, bad ? "  NON-FINITE OUTPUT" : "");
       }
     }
     std::printf("(* = the default, paged_prefill_attention without PAGELLM_PREFILL_KERNEL)\n");

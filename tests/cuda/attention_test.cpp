@@ -396,8 +396,7 @@ CheckResult check_output(const Problem& pr, const std::vector<uint16_t>& out, fl
 
 enum class Kernel { kDecode, kPrefill };
 
-constexpr PrefillKernel kPrefillKernels[] = {PrefillKernel::kV1, PrefillKernel::kV2,
-                                             PrefillKernel::kV3};
+constexpr PrefillKernel kPrefillKernels[] = {PrefillKernel::kV2, PrefillKernel::kV3};
 
 /// Runs one case through one kernel (output poisoned first) and checks it. Prefill cases
 /// run through every prefill variant, each on a freshly poisoned output.
@@ -835,7 +834,7 @@ TEST(PagedAttentionPrefillKernel, EnvironmentPicksTheVariant) {
     prefill_kernel_from_env();
     ADD_FAILURE() << "PAGELLM_PREFILL_KERNEL=v9 was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("v1, v2 or v3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("v2 or v3"), std::string::npos) << e.what();
   }
   if (old) {
     ::setenv("PAGELLM_PREFILL_KERNEL", saved.c_str(), 1);

@@ -35,8 +35,7 @@
 // of the ~790 TFLOP/s the H200 reaches with wgmma). Shared-memory bandwidth (128 B/clk/SM,
 // ~30 TB/s on the H200) is a second ceiling: per tile a warp reads its K and V fragments
 // and, unless they live in registers, its Q fragments. At D = 128 that is 26 flops/byte for
-// v2 (32 rows x 64 keys: 1 MFLOP per 40 KB; ~770 TFLOP/s), 22 for v1 (32 x 32; ~650) and
-// 16 for v3 (16 x 64, Q in registers: 0.5 MFLOP per 32 KB; ~470). v2 also has the fewest
+// v2 (32 rows x 64 keys: 1 MFLOP per 40 KB; ~770 TFLOP/s) and 16 for v3 (16 x 64, Q in registers: 0.5 MFLOP per 32 KB; ~470). v2 also has the fewest
 // barriers and softmax steps per flop; v3 the fewest registers. wgmma (operands straight
 // from shared memory, no per-warp copies) is the way past both ceilings.
 #include <cuda_bf16.h>
@@ -55,10 +54,6 @@
 
 namespace pagellm::cuda {
 namespace attn {
-namespace v1 {
-/// Version 1 (attention_prefill_v1.cu) on validated params with num_seqs, num_tokens > 0.
-void launch_prefill_v1(const PagedAttentionParams& p, cudaStream_t stream);
-}  // namespace v1
 namespace {
 
 /// Compile-time shape of one prefill variant: head dim D, BM query rows x BN keys per tile,
@@ -454,7 +449,7 @@ void launch_prefill(const PrefillArgs& args, cudaStream_t stream) {
   PAGELLM_CUDA_CHECK_LAUNCH();
 }
 
-// The variants (see attention_prefill_variants.h); v1 lives in attention_prefill_v1.cu.
+// The variants (see attention_prefill_variants.h).
 // Template arguments: D, BM, BN, warps, ring stages, Q in registers, min CTAs per SM.
 // v2: FA2's D = 128 shape; 2 stages keep the CTA at 96 KB so that two share an SM
 // (254 registers, no spills).
@@ -472,7 +467,6 @@ using QRegsD64Short = PrefillShape<64, 64, 64, 4, 3, true, 2>;
 
 const char* prefill_kernel_name(PrefillKernel k) {
   switch (k) {
-    case PrefillKernel::kV1: return "v1";
     case PrefillKernel::kV2: return "v2";
     case PrefillKernel::kV3: return "v3";
   }
@@ -482,11 +476,11 @@ const char* prefill_kernel_name(PrefillKernel k) {
 PrefillKernel prefill_kernel_from_env() {
   const char* env = std::getenv("PAGELLM_PREFILL_KERNEL");
   if (env == nullptr || env[0] == '\0') return kDefaultPrefillKernel;
-  for (PrefillKernel k : {PrefillKernel::kV1, PrefillKernel::kV2, PrefillKernel::kV3}) {
+  for (PrefillKernel k : {PrefillKernel::kV2, PrefillKernel::kV3}) {
     if (std::strcmp(env, prefill_kernel_name(k)) == 0) return k;
   }
   PAGELLM_CHECK(false) << "PAGELLM_PREFILL_KERNEL=" << env
-                       << " is not a prefill kernel: use v1, v2 or v3 (or leave it unset for "
+                       << " is not a prefill kernel: use v2 or v3 (or leave it unset for "
                        << prefill_kernel_name(kDefaultPrefillKernel) << ")";
   return kDefaultPrefillKernel;
 }
@@ -496,10 +490,6 @@ void paged_prefill_attention_with(const PagedAttentionParams& p, PrefillKernel k
   attn::validate_params(p, "paged_prefill_attention");
   if (p.num_seqs == 0 || p.num_tokens == 0) return;
   using namespace attn;
-  if (kernel == PrefillKernel::kV1) {
-    v1::launch_prefill_v1(p, stream);
-    return;
-  }
   PAGELLM_CHECK(kernel == PrefillKernel::kV2 || kernel == PrefillKernel::kV3)
       << "paged_prefill_attention: unknown prefill kernel " << static_cast<int>(kernel);
   PrefillArgs args{};
