@@ -26,3 +26,13 @@ set_tests_properties(cli_generate_bad_ids PROPERTIES FIXTURES_REQUIRED cli_model
 add_test(NAME cli_generate_missing_model COMMAND ${_pl} generate --model ${_dir}-absent)
 set_tests_properties(cli_generate_missing_model PROPERTIES
   PASS_REGULAR_EXPRESSION "pagellm: error: .*config.json")
+add_test(NAME cli_generate_one_page COMMAND ${_pl} generate --model ${_dir} --prompt-ids 1 --num-pages 1)
+set_tests_properties(cli_generate_one_page PROPERTIES FIXTURES_REQUIRED cli_model
+  PASS_REGULAR_EXPRESSION "pagellm: error: num_pages must be at least 2 \\(page 0 is reserved\\), got 1")
+add_test(NAME cli_generate_bad_page_size COMMAND ${_pl} generate --model ${_dir} --prompt-ids 1 --page-size 0)
+set_tests_properties(cli_generate_bad_page_size PROPERTIES FIXTURES_REQUIRED cli_model
+  PASS_REGULAR_EXPRESSION "pagellm: error: page size must be in \\[1, 1024\\], got 0")
+add_test(NAME cli_generate_few_pages COMMAND ${_pl} generate --model ${_dir} --prompt-ids 1,2,3
+  --num-pages 3 --page-size 1 --max-tokens 8)
+set_tests_properties(cli_generate_few_pages PROPERTIES FIXTURES_REQUIRED cli_model
+  PASS_REGULAR_EXPRESSION "needs up to 10 KV-cache pages .* but the KV cache has only 2 pages")

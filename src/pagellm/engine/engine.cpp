@@ -66,9 +66,14 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
     const int64_t most = 1 + int64_t{config_.max_num_seqs} * scheduler_config_.max_pages_per_seq;
     pages = std::min(pages, most);
   }
-  PAGELLM_CHECK(pages >= 2) << "not enough memory for a KV cache: " << pages
-                            << " pages of " << page_bytes << " bytes fit (need at least 2; "
-                            << "lower the page size or free memory)";
+  if (config_.num_pages > 0) {
+    PAGELLM_CHECK(pages >= 2) << "num_pages must be at least 2 (page 0 is reserved), got "
+                              << pages;
+  } else {
+    PAGELLM_CHECK(pages >= 2) << "not enough memory for a KV cache: " << pages
+                              << " pages of " << page_bytes << " bytes fit (need at least 2; "
+                              << "lower the page size or free memory)";
+  }
   PAGELLM_CHECK(pages <= (int64_t{1} << 31) / config_.page_size)
       << "too many KV pages (" << pages << ") for 32-bit slot numbers";
   allocate_kv(pages);
