@@ -48,16 +48,18 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   std::string item;
   while (std::getline(ss, item, ',')) {
     if (item.find_first_not_of(" \t") == std::string::npos) continue;
+    size_t used = 0;
+    long long v = 0;
     try {
-      size_t used = 0;
-      long long v = std::stoll(item, &used);
-      PAGELLM_CHECK(item.find_first_not_of(" \t", used) == std::string::npos) << "";
-      PAGELLM_CHECK(v >= INT32_MIN && v <= INT32_MAX) << "";
-      ids.push_back(static_cast<int32_t>(v));
-    } catch (const std::exception&) {
-      PAGELLM_FAIL() << "'" << item << "' in '" << text
-                     << "' is not a token id (expected comma-separated integers)";
+      v = std::stoll(item, &used);
+    } catch (const std::logic_error&) {  // not a number, or out of range
+      used = 0;
     }
+    PAGELLM_CHECK(used > 0 && item.find_first_not_of(" \t", used) == std::string::npos &&
+                  v >= INT32_MIN && v <= INT32_MAX)
+        << "'" << item << "' in '" << text
+        << "' is not a token id (expected comma-separated integers)";
+    ids.push_back(static_cast<int32_t>(v));
   }
   return ids;
 }

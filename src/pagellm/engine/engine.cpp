@@ -3,22 +3,11 @@
 #include <algorithm>
 #include <chrono>
 
+#include "pagellm/common/random.h"
 #include "pagellm/engine/batch_builder.h"
 #include "pagellm/engine/sampler.h"
 
 namespace pagellm {
-namespace {
-
-// splitmix64: derives a request's seed from its id when the caller gave none.
-uint64_t mix_seed(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
 Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> model,
                const EngineConfig& config)
     : config_(config), backend_(std::move(backend)), model_(std::move(model)) {
@@ -197,7 +186,8 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& p
   seq->id = id;
   seq->prompt = std::move(prompt);
   seq->params = params;
-  seq->seed = params.has_seed ? params.seed : mix_seed(static_cast<uint64_t>(id));
+  // Without a seed, the first output of a SplitMix64 generator seeded with the id.
+  seq->seed = params.has_seed ? params.seed : splitmix64_at(static_cast<uint64_t>(id), 0);
   Sequence* raw = seq.get();
   requests_[id] = std::move(seq);
 
