@@ -1,7 +1,7 @@
 // Paged attention benchmark: decode bandwidth and prefill tensor-core rate, each against the
 // ceiling this run measures (decode) or the bars of issue 6 (prefill).
 //
-//   attention_bench [--quick] [--out FILE.csv]
+//   attention_bench [--quick] [--decode-only] [--out FILE.csv]
 //
 // Decode (Qwen3-8B attention: 32 query heads, 8 KV heads, head_dim 128, 16-token pages):
 // bytes = K/V rows read + q read + out written; time = median over graph replays of a graph
@@ -133,9 +133,11 @@ struct Batch {
 /// `prefill` is the prefill variant to time when `decode` is false.
 double time_calls(const Pool& pool, const Batch& batch, int num_q_heads, bool decode, int launches,
                   int reps, cudaStream_t stream,
-                  pagellm::cuda::PrefillKernel prefill = pagellm::cuda::kDefaultPrefillKernel) {
+                  pagellm::cuda::PrefillKernel prefill = pagellm::cuda::kDefaultPrefillKernel,
+                  int decode_splits = 0) {
   auto call = [&](int copy) {
-    const auto p = batch.params(pool, num_q_heads, copy % batch.copies);
+    auto p = batch.params(pool, num_q_heads, copy % batch.copies);
+    p.num_splits = decode_splits;
     if (decode) {
       pagellm::cuda::paged_decode_attention(p, stream);
     } else {
@@ -177,14 +179,16 @@ void write_csv(const std::string& path, const std::vector<Row>& rows) {
 
 int run(int argc, char** argv) {
   std::string out_path;
-  bool quick = false;
+  bool quick = false, decode_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       out_path = argv[++i];
     } else if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
+    } else if (!std::strcmp(argv[i], "--decode-only")) {
+      decode_only = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--out FILE.csv]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--decode-only] [--out FILE.csv]\n", argv[0]);
       return 2;
     }
   }
@@ -212,7 +216,7 @@ int run(int argc, char** argv) {
         quick ? std::vector<int>{4096, 32768}
               : std::vector<int>{128, 512, 1024, 2048, 4096, 8192, 16384, 32768};
     const std::vector<int> batches =
-        quick ? std::vector<int>{1, 64} : std::vector<int>{1, 4, 16, 64, 256};
+        quick ? std::vector<int>{1, 64} : std::vector<int>{1, 4, 16, 32, 64, 256};
     int64_t max_tokens = 0;
     for (int c : contexts) {
       for (int b : batches) {
@@ -244,10 +248,33 @@ int run(int argc, char** argv) {
                     100.0 * gbs / copy_gbs, bad ? "  NON-FINITE OUTPUT" : "");
       }
     }
+    // Forced split counts at the short contexts of a decode batch (the W1 regime): the
+    // data behind plan_decode_splits()'s choice there ("*").
+    std::printf("\ndecode, forced splits (us per call; * = the plan's choice)\n%8s %6s |", "context",
+                "batch");
+    for (int sp = 1; sp <= 4; ++sp) std::printf(" %8d", sp);
+    std::printf("\n");
+    for (int c : {512, 1024, 2048}) {
+      for (int b : {32, 64}) {
+        const double kv_bytes = double(c) * b * hkv * d * 2 * 2;
+        const int copies =
+            static_cast<int>(std::max<double>(1, std::ceil(l2_rotation_bytes / kv_bytes)));
+        Batch batch(pool, hq, b, 1, c, std::min(copies, 1024), rng);
+        const int launches = std::max(batch.copies, 8);
+        const int chosen = pagellm::cuda::plan_decode_splits(batch.params(pool, hq, 0));
+        std::printf("%8d %6d |", c, b);
+        for (int sp = 1; sp <= 4; ++sp) {
+          const double ms = time_calls(pool, batch, hq, true, launches, quick ? 5 : 9, stream,
+                                       pagellm::cuda::kDefaultPrefillKernel, sp);
+          std::printf(" %7.2f%s", ms * 1e3, sp == chosen ? "*" : " ");
+        }
+        std::printf("\n");
+      }
+    }
   }
 
   // ---- prefill --------------------------------------------------------------------------
-  {
+  if (!decode_only) {
     struct Config {
       int hq, hkv, d, batch, q_len, kv_len;
     };

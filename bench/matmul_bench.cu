@@ -14,7 +14,10 @@
 // autotuned plan (algorithm, split-K, rank in the heuristic's list) and the relative
 // difference of the tuned and skinny outputs from the heuristic one (a sanity check; the
 // tests check correctness). Last, "full decode step" lines: Qwen3-4B's four layer products
-// x 36 + lm_head at M = 32, summed per variant, against the copy bandwidth.
+// x 36 + lm_head at M = 32, summed per variant, against the copy bandwidth. In between, the
+// skinny kernel's time on the Qwen3-4B layer products for every forced split-K factor.
+// Launches in a graph follow each other with programmatic dependent launch (as in the
+// decode step), so the skinny kernel's weight prefetch overlaps the previous launch.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -225,6 +228,54 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaFree(w));
       CHECK_CUDA(cudaFree(x));
       for (void* o : outs) CHECK_CUDA(cudaFree(o));
+    }
+
+    // The skinny kernel's split-K (cluster size) sweep on the Qwen3-4B layer products: the
+    // data behind skinny_gemm_plan()'s choice ("*" marks it).
+    {
+      const int sms = prop.multiProcessorCount;
+      std::printf("\nskinny kernel, forced splits (us per product; * = the plan's choice)\n");
+      std::printf("%-8s %4s %7s %6s |", "op", "M", "N", "K");
+      for (int sp = 1; sp <= pagellm::cuda::kSkinnyMaxSplits; ++sp) std::printf(" %7d", sp);
+      std::printf("\n");
+      for (const Shape& s : shapes) {
+        if (std::strcmp(s.model, "4B") != 0 || s.f32_out) continue;
+        const size_t weight_bytes = static_cast<size_t>(s.N * s.K) * 2;
+        const int copies = static_cast<int>(std::max<size_t>(
+            2, (4 * static_cast<size_t>(prop.l2CacheSize) + weight_bytes - 1) / weight_bytes));
+        void *w = nullptr, *x = nullptr, *out = nullptr;
+        CHECK_CUDA(cudaMalloc(&w, weight_bytes * copies));
+        CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(64 * s.K) * 2));
+        CHECK_CUDA(cudaMalloc(&out, static_cast<size_t>(64 * s.N) * 2));
+        fill_random(w, weight_bytes / 2 * copies, 7);
+        fill_random(x, static_cast<size_t>(64 * s.K), 11);
+        CHECK_CUDA(cudaDeviceSynchronize());
+        for (int64_t M : {int64_t{1}, int64_t{32}, int64_t{64}}) {
+          const int chosen = pagellm::cuda::skinny_gemm_plan(M, s.N, s.K, sms).splits;
+          std::printf("%-8s %4lld %7lld %6lld |", s.name, static_cast<long long>(M),
+                      static_cast<long long>(s.N), static_cast<long long>(s.K));
+          for (int sp = 1; sp <= pagellm::cuda::kSkinnyMaxSplits; ++sp) {
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+            for (int i = 0; i < launches; ++i) {
+              pagellm::cuda::launch_skinny_gemm(
+                  x, static_cast<char*>(w) + (i % copies) * weight_bytes, out, false, M, s.N,
+                  s.K, stream, sp);
+            }
+            CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+            CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+            const double us = time_graph(exec, stream, reps) / launches * 1e3;
+            CHECK_CUDA(cudaGraphExecDestroy(exec));
+            CHECK_CUDA(cudaGraphDestroy(graph));
+            std::printf(" %6.1f%s", us, sp == chosen ? "*" : " ");
+          }
+          std::printf("\n");
+        }
+        CHECK_CUDA(cudaFree(w));
+        CHECK_CUDA(cudaFree(x));
+        CHECK_CUDA(cudaFree(out));
+      }
     }
 
     // Full decode step of Qwen3-4B at M = 32: 36 layers of the four products + lm_head.

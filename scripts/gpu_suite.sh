@@ -3,7 +3,8 @@
 # compiler or package needed there beyond the CUDA toolkit, python3 with torch and
 # transformers). Usage: scripts/gpu_suite.sh BUNDLE_DIR LOG_DIR [steps...]
 # BUNDLE_DIR holds bundle.tar.xz (bin/ and lib/) as scripts/build_gpu.sh leaves it.
-# Steps (default: all): tests e2e bench attn gemm calib hf
+# Steps (default: all but ablate): tests e2e bench ablate attn gemm calib hf
+# "ablate" re-runs W1 with one optimisation off at a time (ABLATIONS: VAR=VALUE items).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=${1:-gpu-bundle}
@@ -47,6 +48,14 @@ if has bench; then
   "$B/bin/pagellm" bench --json-out "$LOG/bench.jsonl" 2>&1 | tee "$LOG/bench_w1.log"
   for batch in ${BENCH_BATCHES:-1 8 64 128 256}; do
     "$B/bin/pagellm" bench --batch "$batch" --output-len 128 --json-out "$LOG/bench.jsonl" 2>&1 | tee -a "$LOG/bench_sweep.log"
+  done
+fi
+
+if has ablate; then
+  step "W1 ablations: one switch at a time"
+  for setting in ${ABLATIONS:-PAGELLM_DISABLE_PDL=1 PAGELLM_MATMUL=cublaslt}; do
+    echo "--- $setting" | tee -a "$LOG/bench_ablate.log"
+    env "$setting" "$B/bin/pagellm" bench --json-out "$LOG/bench_ablate.jsonl" 2>&1 | tee -a "$LOG/bench_ablate.log"
   done
 fi
 

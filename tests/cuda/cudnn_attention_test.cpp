@@ -47,8 +47,12 @@ class Buffer {
     if (ptr_) cudaFree(ptr_);
   }
   T* get() const { return ptr_; }
+  // upload() and poison() finish before they return: they run on the legacy stream, which
+  // the tests' non-blocking streams do not wait for (a poison still in flight once
+  // overwrote part of a finished output on the H200).
   void upload(const std::vector<T>& host) {
     if (n_) PAGELLM_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+    PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
   }
   std::vector<T> download() const {
     std::vector<T> host(n_);
@@ -57,6 +61,7 @@ class Buffer {
   }
   void poison() {
     if (n_) PAGELLM_CUDA_CHECK(cudaMemset(ptr_, 0xff, n_ * sizeof(T)));
+    PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
  private:

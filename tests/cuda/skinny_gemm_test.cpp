@@ -11,8 +11,10 @@
 //
 // Shapes: Qwen3-0.6B/4B/8B q|k|v, o_proj, gate|up, down and lm_head, odd N, a K tail that is
 // not a multiple of the 64-wide chunk, M in {1, 2, 3, 7, 8, 15, 16, 31, 32, 33, 64, 100, 128,
-// 256}. Also: two runs are bit-identical (split-K reductions in fixed order), a CUDA graph of
-// launches replays correctly more than once (split-K counters reset), and LtMatmul's paths.
+// 256}. Also: every forced split count, two runs are bit-identical (split-K reductions in fixed
+// order), a CUDA graph of launches replays correctly more than once, a chain of dependent
+// products launched with programmatic dependent launch reads each input only once it is
+// written, and LtMatmul's paths.
 #include "pagellm/cuda/skinny_gemm.h"
 
 #include <cuda_runtime.h>
@@ -30,6 +32,7 @@
 #include "pagellm/common/check.h"
 #include "pagellm/common/dtype.h"
 #include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/kernels.h"
 #include "pagellm/cuda/matmul.h"
 
 namespace pagellm::cuda {
@@ -58,9 +61,15 @@ class DeviceBytes {
   void upload(const std::vector<T>& host) {
     PAGELLM_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T),
                                   cudaMemcpyHostToDevice));
+    // The tests launch on a non-blocking stream, which does not wait for the legacy one.
+    PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  /// All bits set: NaN in bf16 and in float32.
-  void poison() { PAGELLM_CUDA_CHECK(cudaMemset(ptr_, 0xff, bytes_)); }
+  /// All bits set: NaN in bf16 and in float32. Finished before it returns: cudaMemset runs
+  /// on the legacy stream, which the tests' non-blocking stream does not wait for.
+  void poison() {
+    PAGELLM_CUDA_CHECK(cudaMemset(ptr_, 0xff, bytes_));
+    PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
+  }
 
  private:
   void* ptr_ = nullptr;
@@ -97,12 +106,8 @@ class SkinnyGemmTest : public ::testing::Test {
     std::printf("skinny gemm test seed %llu (rerun with PAGELLM_TEST_SEED=%llu)\n",
                 static_cast<unsigned long long>(seed_), static_cast<unsigned long long>(seed_));
     PAGELLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    workspace_ = std::make_unique<DeviceBytes>(kSkinnyWorkspaceBytes);
-    PAGELLM_CUDA_CHECK(cudaMemset(workspace_->get(), 0, kSkinnyWorkspaceBytes));
-    PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
   }
   void TearDown() override {
-    workspace_.reset();
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -197,8 +202,7 @@ class SkinnyGemmTest : public ::testing::Test {
       const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(M * s.K), 1.0f);
       dx.upload(x);
       dout.poison();
-      launch_skinny_gemm(dx.get(), dw.get(), dout.get(), s.f32_out, M, s.N, s.K,
-                         workspace_->get(), stream_);
+      launch_skinny_gemm(dx.get(), dw.get(), dout.get(), s.f32_out, M, s.N, s.K, stream_);
       PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
       const std::vector<float> got = download_out(dout, static_cast<size_t>(M * s.N), s.f32_out);
       const SkinnyPlan plan = skinny_gemm_plan(M, s.N, s.K, sms());
@@ -206,8 +210,7 @@ class SkinnyGemmTest : public ::testing::Test {
                                std::to_string(s.K) + "] w[" + std::to_string(s.N) + ", " +
                                std::to_string(s.K) + "]^T -> " + (s.f32_out ? "f32" : "bf16") +
                                " (plan: tokens " + std::to_string(plan.tokens_per_tile) +
-                               ", row_warps " + std::to_string(plan.row_warps) + ", splits " +
-                               std::to_string(plan.splits) + ")";
+                               ", splits " + std::to_string(plan.splits) + ")";
       ASSERT_TRUE(matches(got, x, w, M, s.N, s.K, sample_columns(s.N, sampled_columns),
                           s.f32_out ? 1e-3 : 1e-2, what));
     }
@@ -222,7 +225,6 @@ class SkinnyGemmTest : public ::testing::Test {
 
   uint64_t seed_ = 0, state_ = 0;
   cudaStream_t stream_ = nullptr;
-  std::unique_ptr<DeviceBytes> workspace_;
 };
 
 TEST_F(SkinnyGemmTest, Qwen3_4BShapesMatchFloat64) {
@@ -271,13 +273,10 @@ TEST_F(SkinnyGemmTest, RunsAreBitIdentical) {
       DeviceBytes first(out_bytes), second(out_bytes);
       first.poison();
       second.poison();
-      launch_skinny_gemm(dx.get(), dw.get(), first.get(), s.f32_out, M, s.N, s.K,
-                         workspace_->get(), stream_);
+      launch_skinny_gemm(dx.get(), dw.get(), first.get(), s.f32_out, M, s.N, s.K, stream_);
       // Something else in between, so that timing differs between the two runs.
-      launch_skinny_gemm(dx.get(), dw.get(), second.get(), s.f32_out, 1, s.N, s.K,
-                         workspace_->get(), stream_);
-      launch_skinny_gemm(dx.get(), dw.get(), second.get(), s.f32_out, M, s.N, s.K,
-                         workspace_->get(), stream_);
+      launch_skinny_gemm(dx.get(), dw.get(), second.get(), s.f32_out, 1, s.N, s.K, stream_);
+      launch_skinny_gemm(dx.get(), dw.get(), second.get(), s.f32_out, M, s.N, s.K, stream_);
       PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
       const auto a = download_raw(first, out_bytes), b = download_raw(second, out_bytes);
       ASSERT_EQ(std::memcmp(a.data(), b.data(), out_bytes), 0)
@@ -286,9 +285,165 @@ TEST_F(SkinnyGemmTest, RunsAreBitIdentical) {
   }
 }
 
+TEST_F(SkinnyGemmTest, EverySplitCountMatchesFloat64) {
+  // Each cluster size reduces through distributed shared memory with its own share of the
+  // tile per CTA; force every one on a narrow shape, an odd one and a K tail.
+  for (const Shape& s : {Shape{"4B o_proj", 2560, 4096, false}, Shape{"odd N", 1000, 2560, true},
+                         Shape{"K tail", 777, 1032, false}}) {
+    const auto w = random_bf16(static_cast<size_t>(s.N * s.K), 1.0f / std::sqrt(float(s.K)));
+    DeviceBytes dw(w.size() * 2);
+    dw.upload(w);
+    for (int64_t M : {1, 33, 64}) {
+      const auto x = random_bf16(static_cast<size_t>(M * s.K), 1.0f);
+      DeviceBytes dx(x.size() * 2), out(static_cast<size_t>(M * s.N) * (s.f32_out ? 4 : 2));
+      dx.upload(x);
+      for (int splits = 1; splits <= kSkinnyMaxSplits; ++splits) {
+        out.poison();
+        launch_skinny_gemm(dx.get(), dw.get(), out.get(), s.f32_out, M, s.N, s.K, stream_,
+                           splits);
+        PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        ASSERT_TRUE(matches(download_out(out, static_cast<size_t>(M * s.N), s.f32_out), x, w, M,
+                            s.N, s.K, sample_columns(s.N, 64), s.f32_out ? 1e-3 : 1e-2,
+                            std::string(s.name) + " M=" + std::to_string(M) + " splits " +
+                                std::to_string(splits)));
+      }
+    }
+  }
+}
+
+TEST_F(SkinnyGemmTest, ChainedProductsWaitForTheirInputs) {
+  // y[i + 1] = y[i] · w[i]ᵀ, 24 products back to back, each launched with programmatic
+  // dependent launch: product i + 1 streams its weights while product i finishes, and must
+  // not read y[i + 1]'s input before product i has written it (all outputs start as NaN).
+  // Widths alternate as in an MLP (2560 -> 9728 -> 2560), eagerly and as a replayed graph.
+  const int64_t M = 32;
+  const int kLinks = 24;
+  std::vector<int64_t> width(kLinks + 1);
+  for (int i = 0; i <= kLinks; ++i) width[i] = i % 2 == 0 ? 2560 : 9728;
+  std::vector<std::vector<uint16_t>> w(kLinks);
+  std::vector<std::unique_ptr<DeviceBytes>> dw(kLinks), y(kLinks + 1);
+  for (int i = 0; i < kLinks; ++i) {
+    w[i] = random_bf16(static_cast<size_t>(width[i + 1] * width[i]),
+                       1.7f / std::sqrt(static_cast<float>(width[i])));
+    dw[i] = std::make_unique<DeviceBytes>(w[i].size() * 2);
+    dw[i]->upload(w[i]);
+  }
+  for (int i = 0; i <= kLinks; ++i) {
+    y[i] = std::make_unique<DeviceBytes>(static_cast<size_t>(M * width[i]) * 2);
+  }
+  auto enqueue = [&] {
+    for (int i = 0; i < kLinks; ++i) {
+      launch_skinny_gemm(y[i]->get(), dw[i]->get(), y[i + 1]->get(), false, M, width[i + 1],
+                         width[i], stream_);
+    }
+  };
+  auto check = [&](const std::string& how) {
+    PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (int i = 0; i < kLinks; ++i) {
+      std::vector<uint16_t> in(static_cast<size_t>(M * width[i]));
+      PAGELLM_CUDA_CHECK(
+          cudaMemcpy(in.data(), y[i]->get(), in.size() * 2, cudaMemcpyDeviceToHost));
+      const auto got = download_out(*y[i + 1], static_cast<size_t>(M * width[i + 1]), false);
+      ASSERT_TRUE(matches(got, in, w[i], M, width[i + 1], width[i],
+                          sample_columns(width[i + 1], 24), 1e-2,
+                          how + " link " + std::to_string(i)));
+    }
+  };
+  auto fresh_input = [&] {
+    for (int i = 1; i <= kLinks; ++i) y[i]->poison();
+    y[0]->upload(random_bf16(static_cast<size_t>(M * width[0]), 1.0f));
+  };
+  fresh_input();
+  enqueue();
+  check("eager");
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  PAGELLM_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  enqueue();
+  PAGELLM_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  PAGELLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    fresh_input();
+    PAGELLM_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+    check("graph replay " + std::to_string(replay));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+TEST_F(SkinnyGemmTest, GatedProductEqualsProductThenSiluMul) {
+  // The fused gate|up product + SiLU-and-multiply against (a) the unfused skinny product
+  // followed by launch_silu_mul, bit for bit (same split plan, same roundings), and (b) a
+  // float64 reference of silu(x·gateᵀ)·(x·upᵀ).
+  struct Gated {
+    const char* name;
+    int64_t inter, K;
+  };
+  for (const Gated& s : {Gated{"4B gate_up", 9728, 2560}, Gated{"0.6B gate_up", 3072, 1024},
+                         Gated{"odd inter, K tail", 1000, 1032}}) {
+    const auto w = random_bf16(static_cast<size_t>(2 * s.inter * s.K),
+                               2.0f / std::sqrt(static_cast<float>(s.K)));
+    DeviceBytes dw(w.size() * 2);
+    dw.upload(w);
+    for (int64_t M : {1, 7, 32, 33, 64, 100}) {
+      const std::string what = std::string(s.name) + " M=" + std::to_string(M);
+      const auto x = random_bf16(static_cast<size_t>(M * s.K), 1.0f);
+      DeviceBytes dx(x.size() * 2), both(static_cast<size_t>(M * 2 * s.inter) * 2),
+          unfused(static_cast<size_t>(M * s.inter) * 2), fused(unfused.bytes());
+      dx.upload(x);
+      both.poison();
+      unfused.poison();
+      fused.poison();
+      launch_skinny_gemm(dx.get(), dw.get(), both.get(), false, M, 2 * s.inter, s.K, stream_);
+      launch_silu_mul(both.get(), unfused.get(), M, s.inter, stream_);
+      launch_skinny_gemm_silu_mul(dx.get(), dw.get(), fused.get(), M, s.inter, s.K, stream_);
+      PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      const auto a = download_raw(unfused, unfused.bytes());
+      const auto b = download_raw(fused, fused.bytes());
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0)
+          << what << ": fused and unfused differ; " << seed_note();
+
+      // float64 reference on sampled columns.
+      const auto got = download_out(fused, static_cast<size_t>(M * s.inter), false);
+      for (float v : got) ASSERT_TRUE(std::isfinite(v)) << what << "; " << seed_note();
+      double diff2 = 0, ref2 = 0;
+      for (int64_t i : sample_columns(s.inter, 32)) {
+        for (int64_t m = 0; m < M; ++m) {
+          double g = 0, u = 0;
+          for (int64_t k = 0; k < s.K; ++k) {
+            const double xv = bf16_to_f32(x[m * s.K + k]);
+            g += xv * bf16_to_f32(w[i * s.K + k]);
+            u += xv * bf16_to_f32(w[(s.inter + i) * s.K + k]);
+          }
+          const double ref = g / (1.0 + std::exp(-g)) * u;
+          const double d = got[m * s.inter + i] - ref;
+          diff2 += d * d;
+          ref2 += ref * ref;
+        }
+      }
+      EXPECT_LE(std::sqrt(diff2) / std::max(std::sqrt(ref2), 1e-30), 1.5e-2)
+          << what << "; " << seed_note();
+    }
+  }
+  // LtMatmul fuses only where the product takes the skinny kernel.
+  DeviceBytes lt_workspace(32u << 20);
+  LtMatmul matmul(lt_workspace.get(), lt_workspace.bytes());
+  const int64_t inter = 3072, K = 1024;
+  DeviceBytes dw(static_cast<size_t>(2 * inter * K) * 2), dx(static_cast<size_t>(128 * K) * 2),
+      out(static_cast<size_t>(128 * inter) * 2);
+  matmul.set_path(MatmulPath::kCublasLt);
+  EXPECT_FALSE(matmul.run_silu_mul(dx.get(), dw.get(), out.get(), 32, inter, K, stream_));
+  matmul.set_path(MatmulPath::kAuto);
+  EXPECT_EQ(matmul.run_silu_mul(dx.get(), dw.get(), out.get(), 32, inter, K, stream_),
+            skinny_gemm_preferred(32, 2 * inter, K));
+  EXPECT_EQ(matmul.run_silu_mul(dx.get(), dw.get(), out.get(), 128, inter, K, stream_),
+            skinny_gemm_preferred(128, 2 * inter, K));
+  PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 TEST_F(SkinnyGemmTest, GraphReplayIsCorrectEveryTime) {
-  // o_proj and down split K across CTAs: their counters must be back at zero after each
-  // replay, or the second replay reduces too early.
+  // o_proj and down split K across a cluster; replays must reduce fresh inputs every time.
   const int64_t M = 32;
   const std::vector<Shape> shapes = {Shape{"4B o_proj", 2560, 4096, false},
                                      Shape{"4B down", 2560, 9728, false},
@@ -312,7 +467,7 @@ TEST_F(SkinnyGemmTest, GraphReplayIsCorrectEveryTime) {
   for (size_t i = 0; i < shapes.size(); ++i) {
     const Shape& s = shapes[i];
     launch_skinny_gemm(bufs[i].dx->get(), bufs[i].dw->get(), bufs[i].out->get(), s.f32_out, M,
-                       s.N, s.K, workspace_->get(), stream_);
+                       s.N, s.K, stream_);
   }
   PAGELLM_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
   PAGELLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -351,8 +506,11 @@ TEST_F(SkinnyGemmTest, LtMatmulPathsAgree) {
     for (MatmulPath path : {MatmulPath::kCublasLt, MatmulPath::kSkinny, MatmulPath::kAuto}) {
       matmul.set_path(path);
       const MatmulPath taken = matmul.path_for(dx.get(), dw.get(), out.get(), CUDA_R_16BF, M, N, K);
-      // auto is cuBLASLt: it beat the skinny kernel on every measured H200 decode shape.
-      const MatmulPath expected = path == MatmulPath::kAuto ? MatmulPath::kCublasLt : path;
+      // auto takes the skinny kernel for decode shapes (M <= 64) and cuBLASLt above.
+      const MatmulPath expected =
+          path != MatmulPath::kAuto ? path
+          : skinny_gemm_preferred(M, N, K) ? MatmulPath::kSkinny
+                                           : MatmulPath::kCublasLt;
       EXPECT_EQ(taken, expected) << "M=" << M << " path " << matmul_path_name(path);
       out.poison();
       matmul.run(dx.get(), dw.get(), out.get(), CUDA_R_16BF, M, N, K, stream_);
@@ -371,8 +529,7 @@ TEST_F(SkinnyGemmTest, LtMatmulPathsAgree) {
   dw2.upload(w2);
   dx2.upload(x2);
   EXPECT_FALSE(skinny_gemm_supported(dx2.get(), dw2.get(), out2.get(), M, N2, K2));
-  EXPECT_THROW(launch_skinny_gemm(dx2.get(), dw2.get(), out2.get(), true, M, N2, K2,
-                                  workspace_->get(), stream_),
+  EXPECT_THROW(launch_skinny_gemm(dx2.get(), dw2.get(), out2.get(), true, M, N2, K2, stream_),
                Error);
   matmul.set_path(MatmulPath::kSkinny);
   EXPECT_EQ(matmul.path_for(dx2.get(), dw2.get(), out2.get(), CUDA_R_32F, M, N2, K2),
@@ -386,29 +543,40 @@ TEST_F(SkinnyGemmTest, LtMatmulPathsAgree) {
 
 // ---- host-only: no GPU needed ------------------------------------------------------------
 
-TEST(SkinnyGemmPlan, CoversEveryOutputAndFitsTheWorkspace) {
+TEST(SkinnyGemmPlan, CoversEveryOutputWithValidClusters) {
   for (int64_t N : {8, 96, 1000, 1024, 2560, 4096, 6144, 19456, 24576, 151936}) {
     for (int64_t K : {8, 1024, 1032, 2560, 4096, 9728, 12288}) {
       for (int64_t M : {1, 7, 32, 33, 64, 65, 256}) {
-        const SkinnyPlan p = skinny_gemm_plan(M, N, K, 132);
-        SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) +
-                     " K=" + std::to_string(K));
-        EXPECT_GE(static_cast<int64_t>(p.grid_x) * p.row_warps * 32, N);
-        EXPECT_GE(static_cast<int64_t>(p.grid_z) * p.tokens_per_tile, M);
-        EXPECT_TRUE(p.row_warps == 1 || p.row_warps == 2 || p.row_warps == 4);
-        EXPECT_TRUE(p.tokens_per_tile == 8 || p.tokens_per_tile == 16 ||
-                    p.tokens_per_tile == 32 || p.tokens_per_tile == 64);
-        EXPECT_GE(p.splits, 1);
-        EXPECT_EQ(p.grid_y, p.splits);
-        if (p.splits > 1) {
-          EXPECT_EQ(p.row_warps, 1);
-          EXPECT_LE(static_cast<size_t>(p.splits * M * N) * sizeof(float), kSkinnyPartialBytes);
-          EXPECT_LE(static_cast<int64_t>(p.grid_x) * p.grid_z, kSkinnyMaxCounters);
-          EXPECT_LE(p.splits, (K + 63) / 64);  // no split without a chunk
+        for (int forced : {0, 1, 3, 8, 20}) {
+          const SkinnyPlan p = skinny_gemm_plan(M, N, K, 132, forced);
+          SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" +
+                       std::to_string(K) + " forced splits " + std::to_string(forced));
+          EXPECT_GE(static_cast<int64_t>(p.grid_x) * kSkinnyRowsPerCta, N);
+          EXPECT_LT(static_cast<int64_t>(p.grid_x - 1) * kSkinnyRowsPerCta, N);
+          EXPECT_GE(static_cast<int64_t>(p.grid_z) * p.tokens_per_tile, M);
+          EXPECT_TRUE(p.tokens_per_tile == 8 || p.tokens_per_tile == 16 ||
+                      p.tokens_per_tile == 32 || p.tokens_per_tile == 64);
+          EXPECT_GE(p.splits, 1);
+          EXPECT_LE(p.splits, kSkinnyMaxSplits);  // a portable cluster
+          EXPECT_LE(p.splits, (K + 63) / 64);     // no split without a chunk
+          EXPECT_EQ(p.grid_y, p.splits);
+          const int64_t ctas = static_cast<int64_t>(p.grid_x) * p.grid_y * p.grid_z;
+          if (forced == 0 && p.splits > 1) {
+            // A power of two, only to fill the GPU, never past two CTAs per SM.
+            EXPECT_EQ(p.splits & (p.splits - 1), 0);
+            EXPECT_LE(p.splits, kSkinnyAutoMaxSplits);
+            EXPECT_LE(ctas, 2 * 132);
+            EXPECT_GE((K + 63) / 64 / p.splits, 2);
+          }
         }
       }
     }
   }
+  // The Qwen3-4B decode shapes at M = 32 on 132 SMs: narrow N is split, wide N is not.
+  EXPECT_EQ(skinny_gemm_plan(32, 6144, 2560, 132).splits, 4);   // qkv: 48 tiles
+  EXPECT_EQ(skinny_gemm_plan(32, 2560, 4096, 132).splits, 4);   // o_proj: 20 tiles
+  EXPECT_EQ(skinny_gemm_plan(32, 2560, 9728, 132).splits, 4);   // down
+  EXPECT_EQ(skinny_gemm_plan(32, 19456, 2560, 132).splits, 1);  // gate_up: 152 tiles
 }
 
 TEST(SkinnyGemmPlan, MatmulPathNamesParse) {

@@ -28,6 +28,12 @@ std::vector<SampledToken> Backend::sample(const Tensor& logits,
   return sample_rows(host.data(), num_rows, vocab_size, rows);
 }
 
+void Backend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up,
+                              Tensor& out) {
+  matmul(x, w_gate_up, gate_up);
+  silu_mul(gate_up, out);
+}
+
 double Backend::measure_copy_bandwidth() {
   // Generic: device-to-device copies through copy_to_device of a host staging buffer
   // would measure the wrong thing, so backends with device memory override this. Here

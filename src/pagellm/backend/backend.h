@@ -77,6 +77,10 @@ class Backend {
   virtual BatchTensors upload_batch(const ForwardBatch& batch) = 0;
 
   // ---- operations ---------------------------------------------------------------------
+  // Weights (matrices, norm vectors) passed to an operation must not be written by work
+  // still in flight on the backend: a backend may read them before the operation's other
+  // inputs are ready (the CUDA backend streams weights ahead with programmatic dependent
+  // launch). Upload them, then run the forward.
   /// out[t, :] = table[ids[t], :]
   virtual void embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
   /// out = x / rms(x) * weight, per row.
@@ -99,6 +103,12 @@ class Backend {
                          const BatchTensors& batch, Tensor& out) = 0;
   /// out[t, i] = silu(gate_up[t, i]) · gate_up[t, I + i]
   virtual void silu_mul(const Tensor& gate_up, Tensor& out) = 0;
+  /// The MLP's first half: out[t, i] = silu(g) · u with [g | u] = x · w_gate_upᵀ, where
+  /// w_gate_up is [2 I, H] (gate rows, then up rows). `gate_up` [T, 2 I] is scratch the
+  /// backend may use for the intermediate product. The default is matmul into gate_up, then
+  /// silu_mul; a backend may fuse the two (the CUDA one does for decode batches).
+  virtual void matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up,
+                               Tensor& out);
   /// out[r, :] = x[indices[r], :]
   virtual void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) = 0;
 

@@ -1,7 +1,7 @@
 // Device helpers shared by the paged-attention kernels (attention_decode.cu,
-// attention_prefill.cu): PTX wrappers (cp.async, ldmatrix, mma.sync, ex2, griddepcontrol),
-// bf16 packing, the per-sequence metadata read that both kernels clamp the same way, and
-// the host-side validation of PagedAttentionParams.
+// attention_prefill.cu): PTX wrappers (cp.async, ldmatrix, mma.sync, ex2; griddepcontrol
+// comes from pdl.cuh), bf16 packing, the per-sequence metadata read that both kernels clamp
+// the same way, and the host-side validation of PagedAttentionParams.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "pagellm/cuda/attention.h"
+#include "pagellm/cuda/pdl.cuh"
 
 namespace pagellm::cuda::attn {
 
@@ -77,21 +78,6 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/// Programmatic dependent launch (sm_90): lets the next kernel in the stream, launched with
-/// the programmatic-serialization attribute, start its prologue early...
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-/// ...and makes that kernel wait here until the previous grid has finished and its memory
-/// is visible. A no-op for a kernel launched without the attribute.
-__device__ __forceinline__ void pdl_wait_primary() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
 }
 
 // ---- bf16 packing -----------------------------------------------------------------------

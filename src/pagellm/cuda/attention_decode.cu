@@ -26,8 +26,16 @@
 //    the chunk length comes from the device kv_len, so every split of a sequence gets an
 //    equal share of the real length and splits past it exit at once. Each split writes an
 //    unnormalised f32 partial output with its (max, sum) in the log2 domain; a second
-//    kernel (launched with programmatic dependent launch, so its launch overlaps the first
-//    kernel's tail) merges them. A sequence that needs only one split is written directly.
+//    kernel merges them. A sequence that needs only one split is written directly.
+//  - Programmatic dependent launch (pdl.cuh): q and the newest K/V rows come from the kernel
+//    just before, so they are read after pdl_wait(); but the tiles of a sequence's history
+//    (positions before its query tokens, written by earlier steps) go out before the wait,
+//    so the first K/V bytes stream in while that kernel still runs. The split kernel lets
+//    its dependent (the merge, or the output projection) launch only once a CTA's key loop
+//    is done: at large batches its grid has several waves, and even for one wave, letting
+//    the output projection in early measured slower (W1 8,161 against 8,451 tok/s, H200,
+//    2026-11-29). The merge grid, one wave of one-warp CTAs, lets its dependent launch at
+//    once.
 // Roofline: Qwen3-8B (8 KV heads, D = 128) reads 4 KB of K/V per cached token, so a batch
 // of 64 sequences at 4k context moves 1.07 GB: 0.25 ms at the H200's ~4.3 TB/s copy rate.
 #include <cuda_bf16.h>
@@ -35,7 +43,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "pagellm/common/check.h"
 #include "pagellm/cuda/attention.h"
@@ -115,9 +122,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
   extern __shared__ __align__(128) unsigned char smem[];
   auto* q_smem = reinterpret_cast<__nv_bfloat16*>(smem);  // [16][D], swizzled
 
-  // The merge kernel may start launching now; it waits for this grid to finish.
-  pdl_launch_dependents();
-
+  // Before pdl_wait() this kernel reads only what no kernel of the step writes: the batch
+  // arrays (uploaded by the host) and the K/V rows of positions older than the batch's
+  // query tokens. The kernel just before (qk_norm_rope_store_kv) writes q and the new rows;
+  // every kernel before that one has finished (pdl.cuh). So the first K/V tiles of the
+  // history stream in while that kernel runs.
   const PagedAttentionParams& p = a.p;
   const int b = blockIdx.x;
   const int kv_head = blockIdx.y / a.subgroups;
@@ -131,9 +140,64 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int lane = tid % 32;
 
   const SeqInfo seq = load_seq_info(p, b);
-  if (seq.q_len == 0) return;
   const SplitPlan sp = plan_split(seq.kv_len, a.num_splits, S::kCtaKeys);
   auto* out = static_cast<__nv_bfloat16*>(p.out);
+
+  const int32_t* page_row = p.page_table + static_cast<int64_t>(b) * p.max_pages_per_seq;
+  const auto* k_pool = static_cast<const __nv_bfloat16*>(p.k_pool);
+  const auto* v_pool = static_cast<const __nv_bfloat16*>(p.v_pool);
+  const auto* qp = static_cast<const __nv_bfloat16*>(p.q);
+  __nv_bfloat16* warp_smem = q_smem + S::kQElems + warp * S::kWarpElems;
+  const int key_begin = split * sp.chunk;
+  const int key_end = min(seq.kv_len, key_begin + sp.chunk);
+  // cp.async: lane l copies chunks (l / 16) + 2c of row l % 16 (two lanes = one sector).
+  const int copy_row = lane & 15;
+  const int copy_chunk0 = lane >> 4;
+
+  // Copies this warp's j-th tile (keys key_begin + (warp + 4 j) * 16 ..) into `stage`;
+  // keys >= end are zero-filled, so P V never sees garbage.
+  auto issue = [&](int j, int stage, int end) {
+    const int pos = key_begin + (warp + j * kDecodeWarps) * S::kWarpKeys + copy_row;
+    const bool valid = pos < end;
+    const int64_t off = valid ? kv_row_offset(page_row, pos, p.page_size, a.page_shift,
+                                              p.num_kv_heads, kv_head, D)
+                              : 0;
+    // off = 0 when invalid: the address stays inside the pool and is never read.
+    const __nv_bfloat16* k_src = k_pool + off + copy_chunk0 * 8;
+    const __nv_bfloat16* v_src = v_pool + off + copy_chunk0 * 8;
+    const uint32_t ks = smem_addr(warp_smem + stage * 2 * S::kTileElems);
+    const uint32_t vs = ks + S::kTileElems * 2;
+#pragma unroll
+    for (int c = 0; c < S::kChunks / 2; ++c) {
+      const uint32_t dst = swizzle<D>(copy_row, copy_chunk0 + 2 * c) * 2;
+      cp_async_16(ks + dst, k_src + 16 * c, valid);
+      cp_async_16(vs + dst, v_src + 16 * c, valid);
+    }
+  };
+  // The first query token's keys end at end0; positions below `old_end` hold history.
+  const bool has_work = seq.q_len > 0 && sp.n_active > 0 && split < sp.n_active;
+  const int end0 = min(key_end, seq.kv_len - seq.q_len + 1);
+  const int old_end = seq.kv_len - seq.q_len;
+  const int n_tiles0 =
+      end0 > key_begin ? (end0 - key_begin + S::kWarpKeys - 1) / S::kWarpKeys : 0;
+  const int n_mine0 =
+      n_tiles0 > warp ? (n_tiles0 - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
+  // Prologue tiles of token 0 made only of history go out before the wait, one cp.async
+  // group each (the same groups the loop below would have committed).
+  int early = 0;
+  if (has_work) {
+    while (early < S::kStages - 1 && early < n_mine0 &&
+           key_begin + (warp + early * kDecodeWarps + 1) * S::kWarpKeys <= old_end) {
+      issue(early, early, end0);
+      cp_async_commit();
+      ++early;
+    }
+  }
+
+  // q and the newest K/V rows come from the kernel before; out and the partials may still
+  // be read by the kernels before that.
+  pdl_wait();
+  if (seq.q_len == 0) return;
 
   if (sp.n_active == 0) {  // no keys at all: zeros, written once by split 0
     if (split != 0) return;
@@ -149,14 +213,6 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   if (split >= sp.n_active) return;
   const bool direct = sp.n_active == 1;
-  const int key_begin = split * sp.chunk;
-  const int key_end = min(seq.kv_len, key_begin + sp.chunk);
-
-  const int32_t* page_row = p.page_table + static_cast<int64_t>(b) * p.max_pages_per_seq;
-  const auto* k_pool = static_cast<const __nv_bfloat16*>(p.k_pool);
-  const auto* v_pool = static_cast<const __nv_bfloat16*>(p.v_pool);
-  const auto* qp = static_cast<const __nv_bfloat16*>(p.q);
-  __nv_bfloat16* warp_smem = q_smem + S::kQElems + warp * S::kWarpElems;
 
   // Fragment coordinates (see mma_bf16_16816): rows g and g + 8, columns 2 t4 (+1).
   const int g = lane / 4;
@@ -168,9 +224,6 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int k_chunk_hi = (lane >> 3) & 1;
   const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3);
   const int v_chunk_hi = lane >> 4;
-  // cp.async: lane l copies chunks (l / 16) + 2c of row l % 16 (two lanes = one sector).
-  const int copy_row = lane & 15;
-  const int copy_chunk0 = lane >> 4;
 
   for (int i = 0; i < seq.q_len; ++i) {
     const int token = seq.q_begin + i;
@@ -179,46 +232,28 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int n_tiles = end > key_begin ? (end - key_begin + S::kWarpKeys - 1) / S::kWarpKeys : 0;
     const int n_mine = n_tiles > warp ? (n_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
 
-    // Q rows = the CTA's heads of this token; rows past n_heads are zeros.
+    // Q rows = the CTA's heads of this token (plain loads: q is the previous kernel's
+    // output, and it must not join the K/V cp.async groups); rows past n_heads are zeros.
 #pragma unroll
     for (int c = 0; c < kHeadsPerCta * S::kChunks / kDecodeThreads; ++c) {
       const int idx = tid + c * kDecodeThreads;
       const int r = idx / S::kChunks;
       const int ch = idx % S::kChunks;
-      const bool valid = r < n_heads;
-      const __nv_bfloat16* src =
-          valid ? qp + (static_cast<int64_t>(token) * p.num_q_heads + head0 + r) * D + ch * 8 : qp;
-      cp_async_16(smem_addr(q_smem + swizzle<D>(r, ch)), src, valid);
-    }
-    cp_async_commit();
-
-    // Copies this warp's j-th tile (keys key_begin + (warp + 4 j) * 16 ..) into `stage`;
-    // keys >= end are zero-filled, so P V never sees garbage.
-    auto issue = [&](int j, int stage) {
-      const int pos = key_begin + (warp + j * kDecodeWarps) * S::kWarpKeys + copy_row;
-      const bool valid = pos < end;
-      const int64_t off = valid ? kv_row_offset(page_row, pos, p.page_size, a.page_shift,
-                                                p.num_kv_heads, kv_head, D)
-                                : 0;
-      // off = 0 when invalid: the address stays inside the pool and is never read.
-      const __nv_bfloat16* k_src = k_pool + off + copy_chunk0 * 8;
-      const __nv_bfloat16* v_src = v_pool + off + copy_chunk0 * 8;
-      const uint32_t ks = smem_addr(warp_smem + stage * 2 * S::kTileElems);
-      const uint32_t vs = ks + S::kTileElems * 2;
-#pragma unroll
-      for (int c = 0; c < S::kChunks / 2; ++c) {
-        const uint32_t dst = swizzle<D>(copy_row, copy_chunk0 + 2 * c) * 2;
-        cp_async_16(ks + dst, k_src + 16 * c, valid);
-        cp_async_16(vs + dst, v_src + 16 * c, valid);
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < n_heads) {
+        v = *reinterpret_cast<const uint4*>(
+            qp + (static_cast<int64_t>(token) * p.num_q_heads + head0 + r) * D + ch * 8);
       }
-    };
-#pragma unroll
-    for (int s = 0; s < S::kStages - 1; ++s) {
-      if (s < n_mine) issue(s, s);
-      cp_async_commit();  // empty groups keep the wait count uniform
+      *reinterpret_cast<uint4*>(q_smem + swizzle<D>(r, ch)) = v;
     }
-    cp_async_wait<S::kStages - 1>();  // the q group (the oldest) has landed
-    __syncthreads();
+
+    // The prologue: tiles 0 .. kStages - 2, one group each (empty groups keep the wait
+    // count uniform); token 0's history tiles went out before the wait.
+    for (int s = i == 0 ? early : 0; s < S::kStages - 1; ++s) {
+      if (s < n_mine) issue(s, s, end);
+      cp_async_commit();
+    }
+    __syncthreads();  // q is in shared memory
 
     uint32_t qa[D / 16][4];
 #pragma unroll
@@ -235,7 +270,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
     float row_sum[2] = {0.0f, 0.0f};
 
     for (int j = 0; j < n_mine; ++j) {
-      if (j + S::kStages - 1 < n_mine) issue(j + S::kStages - 1, (j + S::kStages - 1) % S::kStages);
+      if (j + S::kStages - 1 < n_mine) {
+        issue(j + S::kStages - 1, (j + S::kStages - 1) % S::kStages, end);
+      }
       cp_async_commit();
       cp_async_wait<S::kStages - 1>();  // this lane's part of tile j has landed
       __syncwarp();                     // ... and the other lanes' parts
@@ -310,6 +347,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
       __syncwarp();  // every lane is done with this stage before it is refilled
     }
     cp_async_wait<0>();
+    // The key loop, this CTA's main work, is done: the next kernel may launch (it waits for
+    // this grid to finish before reading the output).
+    if (i == seq.q_len - 1) pdl_launch_dependents();
     __syncthreads();  // every warp is done with q and its ring: reuse them below
 
     // Merge the warps' states: red_o [warps][16][D], red_ml [warps][16].
@@ -373,7 +413,8 @@ template <int D>
 __global__ void __launch_bounds__(kMergeThreads)
     decode_merge_kernel(const __grid_constant__ DecodeArgs a) {
   static_assert(kMaxDecodeSplits <= 64, "two splits per lane");
-  pdl_wait_primary();  // the split kernel's partials are complete and visible
+  pdl_wait();  // the split kernel's partials are complete and visible
+  pdl_launch_dependents();
   const PagedAttentionParams& p = a.p;
   const int b = blockIdx.x;
   const int head = blockIdx.y;
@@ -444,27 +485,12 @@ void launch_decode(const DecodeArgs& args, cudaStream_t stream) {
   (void)smem_set;
   const PagedAttentionParams& p = args.p;
   const dim3 grid(p.num_seqs, p.num_kv_heads * args.subgroups, args.num_splits);
-  decode_split_kernel<D><<<grid, kDecodeThreads, S::kSmemBytes, stream>>>(args);
-  PAGELLM_CUDA_CHECK_LAUNCH();
+  launch_kernel(decode_split_kernel<D>, grid, dim3(kDecodeThreads), S::kSmemBytes, stream, 1,
+                args);
   if (args.num_splits == 1) return;
-
-  // Programmatic dependent launch lets the merge grid launch while the split grid drains;
-  // PAGELLM_DISABLE_PDL=1 falls back to a plain launch (to rule it out when debugging).
-  static const bool use_pdl = [] {
-    const char* env = std::getenv("PAGELLM_DISABLE_PDL");
-    return env == nullptr || env[0] == '\0' || env[0] == '0';
-  }();
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(p.num_seqs, p.num_q_heads, 1);
-  config.blockDim = dim3(kMergeThreads, 1, 1);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = use_pdl ? 1 : 0;
-  PAGELLM_CUDA_CHECK(cudaLaunchKernelEx(&config, decode_merge_kernel<D>, args));
+  // With PDL the merge grid launches while the split grid drains, and waits for it.
+  launch_kernel(decode_merge_kernel<D>, dim3(p.num_seqs, p.num_q_heads, 1), dim3(kMergeThreads),
+                0, stream, 1, args);
 }
 
 }  // namespace

@@ -29,6 +29,10 @@
 //    v2/v3 also put the head index fastest, so that the first wave holds the heaviest tile
 //    of every head (and CTAs of one GQA group, which read the same K/V, run together).
 //  - When no row of a warp raised its running max, O is not rescaled (alpha would be 1).
+//  - Programmatic dependent launch (pdl.cuh): a CTA waits (pdl_wait) before anything else,
+//    since q and the new K/V rows come from the kernel just before, and lets the next
+//    kernel launch only once its KV loop is done, as pdl.cuh asks of grids with more than
+//    one wave (a prefill grid has many).
 // The variants (attention_prefill_variants.h) differ only in BM, BN, warps, ring depth and
 // Q in registers; PAGELLM_PREFILL_KERNEL picks one at run time.
 // Roofline: 4 · D · Σ(causal pairs) flops per query head at the mma.sync rate (about 2/3
@@ -145,6 +149,10 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   extern __shared__ __align__(128) unsigned char smem[];
   auto* q_smem = reinterpret_cast<__nv_bfloat16*>(smem);  // [BM][D], swizzled
   __nv_bfloat16* kv_smem = q_smem + S::kQElems;           // [stage][K|V][BN][D], swizzled
+
+  // q and the newest K/V rows come from the kernels before (qk_norm_rope_store_kv); out may
+  // still be read by them.
+  pdl_wait();
 
   const PagedAttentionParams& p = a.p;
   // A 1-D grid, head index fastest: the first wave holds every head's heaviest tile.
@@ -408,6 +416,9 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     }
   }
   cp_async_wait<0>();
+  // The KV loop, this CTA's main work, is done: the next kernel may launch (it waits for
+  // this grid to finish before reading the output).
+  pdl_launch_dependents();
 
   // ---- normalise and store ----------------------------------------------------------
 #pragma unroll
@@ -445,8 +456,8 @@ void launch_prefill(const PrefillArgs& args, cudaStream_t stream) {
   const int64_t ctas = tiles * p.num_q_heads;
   PAGELLM_CHECK(ctas <= 0x7fffffff)
       << "paged_prefill_attention: " << ctas << " (query tile, head) pairs exceed 2^31 - 1";
-  prefill_kernel<S><<<static_cast<unsigned>(ctas), S::kThreads, S::kSmemBytes, stream>>>(args);
-  PAGELLM_CUDA_CHECK_LAUNCH();
+  launch_kernel(prefill_kernel<S>, dim3(static_cast<unsigned>(ctas)), dim3(S::kThreads),
+                S::kSmemBytes, stream, 1, args);
 }
 
 // The variants (see attention_prefill_variants.h).

@@ -925,6 +925,23 @@ void CudaBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
   launch_silu_mul(gate_up.data, out.data, rows, inter, as_stream(stream_));
 }
 
+void CudaBackend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up,
+                                  Tensor& out) {
+  // Fused when the product would take the skinny kernel (decode batches) and every operand
+  // has the shape and type the fused kernel writes; otherwise the two ops, which check
+  // their operands and name what is wrong.
+  const bool fusable = x.dtype == DType::BF16 && w_gate_up.dtype == DType::BF16 &&
+                       out.dtype == DType::BF16 && x.ndim >= 1 && w_gate_up.ndim == 2 &&
+                       out.ndim >= 1 && out.size(0) == x.size(0) &&
+                       w_gate_up.size(0) == 2 * out.row_elems() &&
+                       w_gate_up.size(1) == x.row_elems() && x.row_elems() > 0;
+  if (fusable && matmul_->run_silu_mul(x.data, w_gate_up.data, out.data, x.size(0),
+                                       out.row_elems(), x.row_elems(), as_stream(stream_))) {
+    return;
+  }
+  Backend::matmul_silu_mul(x, w_gate_up, gate_up, out);
+}
+
 void CudaBackend::gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) {
   expect_dtype(indices, DType::I32, "gather_rows", "indices");
   const int64_t R = indices.numel();

@@ -102,6 +102,8 @@ class CudaBackend final : public Backend {
   /// no cuDNN route), naming what was tried. Not while capturing.
   void set_attention_backend(const std::string& choice) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
+  void matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up,
+                       Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) override;
 
   /// GPU sampling with the host sampler's semantics (engine/sampler.h); returns after one

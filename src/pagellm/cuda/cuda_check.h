@@ -3,8 +3,9 @@
 // Every CUDA and cuBLASLt call in the backend goes through one of these macros, so that a
 // failure becomes a pagellm::Error naming the call, the file and line, and the library's
 // own description of the error, rather than a bare error code or a crash much later.
-// Kernel launches are checked with PAGELLM_CUDA_CHECK_LAUNCH() right after the launch
-// (cudaGetLastError does not synchronise, so it is safe inside CUDA-graph capture).
+// Kernel launches through launch_kernel() (pdl.cuh) check cudaLaunchKernelEx's result; a
+// <<<>>> launch is checked with PAGELLM_CUDA_CHECK_LAUNCH() right after it (cudaGetLastError
+// does not synchronise, so it is safe inside CUDA-graph capture).
 //
 // Only code under src/pagellm/cuda and tests/cuda may include this header.
 #pragma once

@@ -9,6 +9,11 @@
 // shapes (hidden 1024..5120, intermediate 3072..17408) are fast.
 //
 // Arithmetic is float32 with one rounding to bf16 per stored value.
+//
+// Every kernel is launched with programmatic dependent launch (pdl.cuh): it waits for the
+// kernel before it (pdl_wait) before touching activations and then lets the kernel after it
+// launch at once (pdl_launch_dependents), since its grid is one wave at decode sizes. Only
+// the norm kernels have independent work to do first: they load their weight vector.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -17,6 +22,7 @@
 
 #include "pagellm/cuda/cuda_check.h"
 #include "pagellm/cuda/kernels.h"
+#include "pagellm/cuda/pdl.cuh"
 
 namespace pagellm::cuda {
 namespace {
@@ -50,6 +56,8 @@ __device__ int32_t from_float<int32_t>(float v) { return static_cast<int32_t>(v)
 
 template <class T>
 __global__ void fill_kernel(T* data, int64_t n, float value) {
+  pdl_wait();  // the kernel before may still read or write `data`
+  pdl_launch_dependents();
   const T v = from_float<T>(value);
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -64,6 +72,8 @@ template <class Unit>
 __global__ void gather_rows_kernel(const Unit* __restrict__ src, int64_t src_rows,
                                    const int32_t* __restrict__ indices, Unit* __restrict__ dst,
                                    int64_t units_per_row) {
+  pdl_wait();  // indices and src may come from the kernel before (sampled ids, logits)
+  pdl_launch_dependents();
   const int64_t r = blockIdx.x;
   const int32_t index = indices[r];
   Unit* out = dst + r * units_per_row;
@@ -80,9 +90,9 @@ void gather_as(const void* src, int64_t src_rows, const int32_t* indices, void* 
                int64_t num_rows, int64_t row_bytes, cudaStream_t stream) {
   const int64_t units = row_bytes / static_cast<int64_t>(sizeof(Unit));
   const int threads = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, units)));
-  gather_rows_kernel<Unit><<<static_cast<unsigned>(num_rows), threads, 0, stream>>>(
-      static_cast<const Unit*>(src), src_rows, indices, static_cast<Unit*>(dst), units);
-  PAGELLM_CUDA_CHECK_LAUNCH();
+  launch_kernel(gather_rows_kernel<Unit>, dim3(static_cast<unsigned>(num_rows)),
+                dim3(static_cast<unsigned>(threads)), 0, stream, 1,
+                static_cast<const Unit*>(src), src_rows, indices, static_cast<Unit*>(dst), units);
 }
 
 // ---- RMSNorm ------------------------------------------------------------------------------
@@ -104,8 +114,7 @@ struct Vec8 {
   float v[kVec];
 };
 
-__device__ Vec8 load_vec8(const bf16* p) {
-  uint4 raw = *reinterpret_cast<const uint4*>(p);
+__device__ Vec8 unpack_vec8(const uint4& raw) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
   Vec8 out;
 #pragma unroll
@@ -117,6 +126,8 @@ __device__ Vec8 load_vec8(const bf16* p) {
   return out;
 }
 
+__device__ Vec8 load_vec8(const bf16* p) { return unpack_vec8(*reinterpret_cast<const uint4*>(p)); }
+
 __device__ void store_vec8(bf16* p, const Vec8& x) {
   uint4 raw;
   __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
@@ -125,14 +136,34 @@ __device__ void store_vec8(bf16* p, const Vec8& x) {
   *reinterpret_cast<uint4*>(p) = raw;
 }
 
-// One block per row. With kAdd, `x` is the residual, updated in place with delta and
-// rounded to bf16 before the norm. Pass 1 accumulates the sum of squares, pass 2 rereads
-// the (just written, same-thread) row and writes the normalised output.
+// Weight vectors (8 bf16 each) a thread of the vectorised norm loads into registers before
+// its PDL wait: the whole weight for hidden <= 8 * kNormThreads * kCachedWeightVecs = 8192;
+// longer rows read the rest after the wait.
+constexpr int kCachedWeightVecs = 4;
+
+// One block of kNormThreads per row. With kAdd, `x` is the residual, updated in place with
+// delta and rounded to bf16 before the norm. Pass 1 accumulates the sum of squares, pass 2
+// rereads the (just written, same-thread) row and writes the normalised output.
+// PDL: the weight is a model parameter that no kernel of the step writes, so the vectorised
+// variant loads (its share of) it while the kernel before is still running; x and delta
+// are read only after pdl_wait().
 template <bool kAdd, bool kVectorised>
 __global__ void __launch_bounds__(kNormThreads)
     norm_kernel(bf16* x, const bf16* __restrict__ delta, const bf16* __restrict__ weight,
                 bf16* out, int64_t hidden, float eps) {
   __shared__ float scratch[kNormThreads / 32];
+  uint4 weight_cache[kVectorised ? kCachedWeightVecs : 1];
+  if constexpr (kVectorised) {
+    const int64_t nvec = hidden / kVec;
+#pragma unroll
+    for (int k = 0; k < kCachedWeightVecs; ++k) {
+      const int64_t i = threadIdx.x + int64_t{k} * kNormThreads;
+      weight_cache[k] = i < nvec ? *reinterpret_cast<const uint4*>(weight + i * kVec)
+                                 : make_uint4(0, 0, 0, 0);
+    }
+  }
+  pdl_wait();  // x and delta come from the kernels before
+  pdl_launch_dependents();
   const int64_t row = blockIdx.x;
   bf16* xr = x + row * hidden;
   bf16* orow = out + row * hidden;
@@ -165,12 +196,20 @@ __global__ void __launch_bounds__(kNormThreads)
   const float inv = 1.0f / sqrtf(total / static_cast<float>(hidden) + eps);
   if constexpr (kVectorised) {
     const int64_t nvec = hidden / kVec;
-    for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) {
+    auto normalise = [&](int64_t i, const Vec8& w) {
       Vec8 a = load_vec8(xr + i * kVec);
-      const Vec8 w = load_vec8(weight + i * kVec);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) a.v[j] = w.v[j] * (a.v[j] * inv);
       store_vec8(orow + i * kVec, a);
+    };
+#pragma unroll
+    for (int k = 0; k < kCachedWeightVecs; ++k) {
+      const int64_t i = threadIdx.x + int64_t{k} * kNormThreads;
+      if (i < nvec) normalise(i, unpack_vec8(weight_cache[k]));
+    }
+    for (int64_t i = threadIdx.x + int64_t{kCachedWeightVecs} * kNormThreads; i < nvec;
+         i += kNormThreads) {
+      normalise(i, load_vec8(weight + i * kVec));
     }
   } else {
     for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
@@ -190,12 +229,9 @@ void launch_norm(void* x, const void* delta, const void* weight, void* out, int6
   auto* wp = static_cast<const bf16*>(weight);
   auto* op = static_cast<bf16*>(out);
   const unsigned grid = static_cast<unsigned>(rows);
-  if (vec) {
-    norm_kernel<kAdd, true><<<grid, kNormThreads, 0, stream>>>(xp, dp, wp, op, hidden, eps);
-  } else {
-    norm_kernel<kAdd, false><<<grid, kNormThreads, 0, stream>>>(xp, dp, wp, op, hidden, eps);
-  }
-  PAGELLM_CUDA_CHECK_LAUNCH();
+  auto* kernel = vec ? norm_kernel<kAdd, true> : norm_kernel<kAdd, false>;
+  launch_kernel(kernel, dim3(grid), dim3(kNormThreads), 0, stream, 1, xp, dp, wp, op, hidden,
+                eps);
 }
 
 // ---- SiLU and multiply ----------------------------------------------------------------------
@@ -205,6 +241,8 @@ __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 template <bool kVectorised>
 __global__ void silu_mul_kernel(const bf16* __restrict__ gate_up, bf16* __restrict__ out,
                                 int64_t rows, int64_t inter) {
+  pdl_wait();  // gate_up comes from the matrix product before; out may still be read
+  pdl_launch_dependents();
   const int64_t width = kVectorised ? inter / kVec : inter;
   const int64_t n = rows * width;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
@@ -233,22 +271,25 @@ void launch_fill(void* data, DType dtype, int64_t n, float value, cudaStream_t s
   const unsigned grid = grid_for(n, threads);
   switch (dtype) {
     case DType::F32:
-      fill_kernel<float><<<grid, threads, 0, stream>>>(static_cast<float*>(data), n, value);
+      launch_kernel(fill_kernel<float>, dim3(grid), dim3(threads), 0, stream, 1,
+                    static_cast<float*>(data), n, value);
       break;
     case DType::BF16:
-      fill_kernel<bf16><<<grid, threads, 0, stream>>>(static_cast<bf16*>(data), n, value);
+      launch_kernel(fill_kernel<bf16>, dim3(grid), dim3(threads), 0, stream, 1,
+                    static_cast<bf16*>(data), n, value);
       break;
     case DType::F16:
-      fill_kernel<__half><<<grid, threads, 0, stream>>>(static_cast<__half*>(data), n, value);
+      launch_kernel(fill_kernel<__half>, dim3(grid), dim3(threads), 0, stream, 1,
+                    static_cast<__half*>(data), n, value);
       break;
     case DType::I32:
-      fill_kernel<int32_t><<<grid, threads, 0, stream>>>(static_cast<int32_t*>(data), n, value);
+      launch_kernel(fill_kernel<int32_t>, dim3(grid), dim3(threads), 0, stream, 1,
+                    static_cast<int32_t*>(data), n, value);
       break;
     default:
       PAGELLM_FAIL() << "cuda fill: unsupported dtype " << dtype_name(dtype)
                      << " (float32, bfloat16, float16 or int32)";
   }
-  PAGELLM_CUDA_CHECK_LAUNCH();
 }
 
 void launch_gather_rows(const void* src, int64_t src_rows, const int32_t* indices, void* dst,
@@ -285,12 +326,8 @@ void launch_silu_mul(const void* gate_up, void* out, int64_t rows, int64_t inter
   const unsigned grid = grid_for(n, threads);
   auto* in = static_cast<const bf16*>(gate_up);
   auto* o = static_cast<bf16*>(out);
-  if (vec) {
-    silu_mul_kernel<true><<<grid, threads, 0, stream>>>(in, o, rows, inter);
-  } else {
-    silu_mul_kernel<false><<<grid, threads, 0, stream>>>(in, o, rows, inter);
-  }
-  PAGELLM_CUDA_CHECK_LAUNCH();
+  launch_kernel(vec ? silu_mul_kernel<true> : silu_mul_kernel<false>, dim3(grid), dim3(threads), 0,
+                stream, 1, in, o, rows, inter);
 }
 
 cudaError_t probe_kernel_image() {

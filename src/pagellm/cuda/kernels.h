@@ -3,7 +3,12 @@
 // The launchers take raw device pointers and sizes, never engine types, so that each
 // kernel can be tested and benchmarked alone. None of them allocates, synchronises or
 // copies between host and device: they only enqueue work on `stream`, so every one of them
-// may be captured into a CUDA graph. Each checks its launch with PAGELLM_CUDA_CHECK_LAUNCH.
+// may be captured into a CUDA graph. Each launches through launch_kernel (pdl.cuh), which
+// throws pagellm::Error if the launch fails, with programmatic dependent launch: a kernel
+// may start while the one before it still runs, and waits for it before touching anything
+// but its weights. So the norm weights given to launch_rms_norm, launch_add_rms_norm and
+// launch_qk_norm_rope_store_kv must not be written by a kernel that may still be running
+// on the stream (model weights, uploaded by copies, never are).
 //
 // Element types: "bf16" pointers point at __nv_bfloat16 data; they are typed void* here so
 // that host-only translation units need not see cuda_bf16.h.

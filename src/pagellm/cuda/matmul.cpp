@@ -107,6 +107,12 @@ const char* matmul_path_name(MatmulPath path) {
   return "?";
 }
 
+bool skinny_gemm_preferred(int64_t M, int64_t N, int64_t K) {
+  (void)N;
+  (void)K;
+  return M <= kSkinnyAutoMaxM;
+}
+
 MatmulPath parse_matmul_path(const std::string& value) {
   if (value == "auto" || value.empty()) return MatmulPath::kAuto;
   if (value == "cublaslt") return MatmulPath::kCublasLt;
@@ -143,15 +149,8 @@ LtMatmul::LtMatmul(void* workspace, size_t workspace_bytes)
   }
   PAGELLM_CUBLAS_CHECK(cublasLtCreate(&handle_));
   try {
-    PAGELLM_CUDA_CHECK(cudaMalloc(&skinny_workspace_, kSkinnyWorkspaceBytes));
-    // The split-K counters start at zero and every launch leaves them at zero.
-    PAGELLM_CUDA_CHECK(cudaMemset(skinny_workspace_, 0, kSkinnyWorkspaceBytes));
-    // The memset runs on the legacy stream, which does not order the backend's
-    // non-blocking stream: finish it before any launch can read the counters.
-    PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
     prepare_skinny_gemm();
   } catch (...) {
-    if (skinny_workspace_) cudaFree(skinny_workspace_);
     cublasLtDestroy(handle_);
     throw;
   }
@@ -160,7 +159,6 @@ LtMatmul::LtMatmul(void* workspace, size_t workspace_bytes)
 LtMatmul::~LtMatmul() {
   for (auto& entry : plans_) destroy(entry.second);
   if (handle_) cublasLtDestroy(handle_);  // nothing useful to do with a failure here
-  if (skinny_workspace_) cudaFree(skinny_workspace_);
 }
 
 void LtMatmul::destroy(Plan& p) {
@@ -345,18 +343,27 @@ const MatmulPlanInfo* LtMatmul::plan_info(const void* x, const void* w, const vo
 
 MatmulPath LtMatmul::path_for(const void* x, const void* w, const void* out,
                               cudaDataType_t out_type, int64_t M, int64_t N, int64_t K) const {
-  // kAuto is cuBLASLt: it beat the skinny kernel on every measured decode shape.
-  if (path_ != MatmulPath::kSkinny) return MatmulPath::kCublasLt;
+  if (path_ == MatmulPath::kCublasLt) return MatmulPath::kCublasLt;
   if (out_type != CUDA_R_16BF && out_type != CUDA_R_32F) return MatmulPath::kCublasLt;
   if (!skinny_gemm_supported(x, w, out, M, N, K)) return MatmulPath::kCublasLt;
+  if (path_ == MatmulPath::kAuto && !skinny_gemm_preferred(M, N, K)) return MatmulPath::kCublasLt;
   return MatmulPath::kSkinny;
+}
+
+bool LtMatmul::run_silu_mul(const void* x, const void* w_gate_up, void* out, int64_t M,
+                            int64_t inter, int64_t K, cudaStream_t stream) {
+  if (path_for(x, w_gate_up, out, CUDA_R_16BF, M, 2 * inter, K) != MatmulPath::kSkinny) {
+    return false;
+  }
+  if (M > 0 && inter > 0) launch_skinny_gemm_silu_mul(x, w_gate_up, out, M, inter, K, stream);
+  return true;
 }
 
 void LtMatmul::run(const void* x, const void* w, void* out, cudaDataType_t out_type, int64_t M,
                    int64_t N, int64_t K, cudaStream_t stream) {
   if (M == 0 || N == 0) return;
   if (path_for(x, w, out, out_type, M, N, K) == MatmulPath::kSkinny) {
-    launch_skinny_gemm(x, w, out, out_type == CUDA_R_32F, M, N, K, skinny_workspace_, stream);
+    launch_skinny_gemm(x, w, out, out_type == CUDA_R_32F, M, N, K, stream);
     return;
   }
   const Plan& p = plan_for(key_of(x, w, out, out_type, M, N, K), x, w, out, stream);

@@ -1,11 +1,11 @@
 // Matrix products: out[M, N] = x[M, K] · w[N, K]ᵀ, bf16 inputs, float32 accumulation, bf16
-// or float32 output, through cuBLASLt (default) or the weight-streaming skinny kernel
-// (skinny_gemm.h, for experiments).
+// or float32 output, through our decode kernel (skinny_gemm.h: TMA + wgmma, programmatic
+// dependent launch, optional fused SiLU-and-multiply) or cuBLASLt.
 //
 // Dispatch: PAGELLM_MATMUL=auto|cublaslt|skinny, read when an LtMatmul is made. "auto"
-// (default) and "cublaslt" use cuBLASLt everywhere: on the H200 cuBLASLt beat the skinny
-// kernel on every Qwen3-4B decode shape (docs/design.md has the numbers).
-// "skinny" uses the skinny kernel wherever it applies and cuBLASLt elsewhere.
+// (default) uses the skinny kernel for M <= kSkinnyAutoMaxM where it applies (sm_90,
+// aligned operands) and cuBLASLt otherwise; "cublaslt" uses cuBLASLt everywhere; "skinny"
+// uses the skinny kernel wherever it applies, any M (docs/design.md has the numbers).
 //
 // Row-major out = x · wᵀ is, in cuBLASLt's column-major terms, outᵀ[N, M] = w[K, N]ᵀ ·
 // xᵀ[K, M]: A = w with op T, B = x with op N (the "TN" layout tensor cores like best), all
@@ -55,6 +55,15 @@ constexpr int kAutotuneCandidates = 16;
 /// "auto", "cublaslt" or "skinny".
 const char* matmul_path_name(MatmulPath path);
 
+/// Largest M that PAGELLM_MATMUL=auto sends to the skinny kernel. On the H200 the skinny
+/// kernel (with its fused SiLU and programmatic dependent launch) made Qwen3-4B decode 5 %
+/// faster than cuBLASLt at batch 32 and 12 % at batch 1, and 2 % slower at batch 64.
+constexpr int64_t kSkinnyAutoMaxM = 32;
+
+/// Whether PAGELLM_MATMUL=auto sends this (supported) product to the skinny kernel rather
+/// than cuBLASLt: M <= kSkinnyAutoMaxM (docs/design.md has the measurements behind it).
+bool skinny_gemm_preferred(int64_t M, int64_t N, int64_t K);
+
 /// Parses a PAGELLM_MATMUL value; throws Error naming the accepted values otherwise.
 MatmulPath parse_matmul_path(const std::string& value);
 
@@ -78,9 +87,9 @@ struct MatmulPlanInfo {
   std::string summary() const;
 };
 
-/// Owns a cuBLASLt handle, a cache of matmul plans and the skinny kernel's split-K
-/// workspace (kSkinnyWorkspaceBytes, ~16 MiB, allocated here). Not thread-safe (one per
-/// backend); all runs on one stream (the split-K workspace is shared between launches).
+/// Owns a cuBLASLt handle and a cache of matmul plans (the skinny kernel needs no
+/// workspace). Not thread-safe (one per backend); all runs on one stream (the cuBLASLt
+/// workspace is shared between launches).
 class LtMatmul {
  public:
   /// `workspace` (device memory of workspace_bytes) must outlive this object. Reads
@@ -97,6 +106,13 @@ class LtMatmul {
   /// the shape's plan exists. Throws Error naming the shape if cuBLASLt has no algorithm.
   void run(const void* x, const void* w, void* out, cudaDataType_t out_type, int64_t M,
            int64_t N, int64_t K, cudaStream_t stream);
+
+  /// out[M, I] = silu(x · gateᵀ) · (x · upᵀ), w_gate_up = [gate; up] ([2 I, K]), out bf16,
+  /// in one kernel (launch_skinny_gemm_silu_mul) when run() would take the skinny kernel for
+  /// the [M, 2 I] product. Returns false, having enqueued nothing, otherwise: the caller
+  /// then runs the product and the activation separately.
+  bool run_silu_mul(const void* x, const void* w_gate_up, void* out, int64_t M, int64_t inter,
+                    int64_t K, cudaStream_t stream);
 
   /// The path run() takes for these operands under the current setting (kSkinny or
   /// kCublasLt, never kAuto).
@@ -156,7 +172,6 @@ class LtMatmul {
   std::unordered_map<Key, Plan, KeyHash> plans_;
   MatmulPath path_ = MatmulPath::kAuto;
   bool autotune_ = true;
-  void* skinny_workspace_ = nullptr;  // kSkinnyWorkspaceBytes: split-K partials + counters
 };
 
 }  // namespace pagellm::cuda

@@ -14,12 +14,17 @@
 // Roofline: each qkv element is read once and written once (~4 bytes per element). A decode
 // step of 64 tokens of Qwen3-8B (48 heads x 128) moves ~1.6 MB: about 0.3 µs of HBM time,
 // so the kernel is launch-bound; prefill of 8k tokens moves ~200 MB (~45 µs).
+//
+// PDL (pdl.cuh): before waiting for the matrix product that wrote qkv, each warp loads its
+// norm weights and computes its RoPE inverse frequencies, which depend on the model alone;
+// positions, slot_mapping, qkv and the pools are touched only after pdl_wait().
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
 #include "pagellm/cuda/cuda_check.h"
 #include "pagellm/cuda/kernels.h"
+#include "pagellm/cuda/pdl.cuh"
 
 namespace pagellm::cuda {
 namespace {
@@ -36,9 +41,29 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const int lane = threadIdx.x % 32;
   const int64_t warp = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
   const int heads = a.num_q_heads + 2 * a.num_kv_heads;
-  if (warp >= int64_t{a.num_tokens} * heads) return;
-  const int64_t t = warp / heads;
-  const int h = static_cast<int>(warp % heads);
+  const bool active = warp < int64_t{a.num_tokens} * heads;  // the last block may have spare warps
+  const int64_t t = active ? warp / heads : 0;
+  const int h = active ? static_cast<int>(warp % heads) : 0;
+  const bool is_q = h < a.num_q_heads;
+  const bool is_v = h >= a.num_q_heads + a.num_kv_heads;
+
+  // Independent of the kernels before: this lane's norm weights and RoPE inverse
+  // frequencies (transformers: inv_freq = 1 / theta^(2i / D) in float32).
+  float w_lo[kPerLane], w_hi[kPerLane], inv_freq[kPerLane];
+  if (active && !is_v) {
+    const bf16* w = static_cast<const bf16*>(is_q ? a.q_norm : a.k_norm);
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int i = lane * kPerLane + j;
+      w_lo[j] = __bfloat162float(w[i]);
+      w_hi[j] = __bfloat162float(w[kHalf + i]);
+      inv_freq[j] =
+          1.0f / powf(a.rope_theta, static_cast<float>(2 * i) / static_cast<float>(kHeadDim));
+    }
+  }
+  pdl_wait();  // qkv comes from the matrix product before; the pools may still be read
+  pdl_launch_dependents();
+  if (!active) return;
 
   const bf16* in = static_cast<const bf16*>(a.qkv) + (t * heads + h) * kHeadDim;
   float lo[kPerLane], hi[kPerLane];
@@ -48,8 +73,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     hi[j] = __bfloat162float(in[kHalf + lane * kPerLane + j]);
   }
 
-  const bool is_q = h < a.num_q_heads;
-  const bool is_v = h >= a.num_q_heads + a.num_kv_heads;
   if (!is_v) {
     // RMSNorm over the head, then the per-dim weight (same order of operations as the CPU
     // backend: w * (x * inv)).
@@ -60,18 +83,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
     }
     const float inv = 1.0f / sqrtf(sum_sq / static_cast<float>(kHeadDim) + a.eps);
-    const bf16* w = static_cast<const bf16*>(is_q ? a.q_norm : a.k_norm);
     const float position = static_cast<float>(a.positions[t]);
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
-      const int i = lane * kPerLane + j;
-      const float x1 = __bfloat162float(w[i]) * (lo[j] * inv);
-      const float x2 = __bfloat162float(w[kHalf + i]) * (hi[j] * inv);
-      // transformers: inv_freq = 1 / theta^(2i / D) in float32; angle = position * inv_freq.
-      const float inv_freq =
-          1.0f / powf(a.rope_theta, static_cast<float>(2 * i) / static_cast<float>(kHeadDim));
+      const float x1 = w_lo[j] * (lo[j] * inv);
+      const float x2 = w_hi[j] * (hi[j] * inv);
       float s, c;
-      sincosf(position * inv_freq, &s, &c);
+      sincosf(position * inv_freq[j], &s, &c);  // angle = position * inv_freq
       lo[j] = x1 * c - x2 * s;
       hi[j] = x2 * c + x1 * s;
     }
@@ -102,9 +120,8 @@ void launch_for(const QkNormRopeArgs& args, cudaStream_t stream) {
       int64_t{args.num_tokens} * (args.num_q_heads + 2 * int64_t{args.num_kv_heads});
   const int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
   PAGELLM_CHECK(blocks <= 0x7fffffff) << "qk_norm_rope_store_kv: " << warps << " head vectors";
-  qk_norm_rope_store_kv_kernel<kHeadDim>
-      <<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(args);
-  PAGELLM_CUDA_CHECK_LAUNCH();
+  launch_kernel(qk_norm_rope_store_kv_kernel<kHeadDim>, dim3(static_cast<unsigned>(blocks)),
+                dim3(kWarpsPerBlock * 32), 0, stream, 1, args);
 }
 
 }  // namespace

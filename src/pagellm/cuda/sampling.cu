@@ -25,12 +25,16 @@
 // Arithmetic that decides a token is done exactly as on the host: exp_nonpositive with
 // round-to-nearest intrinsics (no FMA contraction), sums of probabilities in double, in
 // the host's order wherever the host's order is sorted order.
+//
+// PDL (pdl.cuh): a CTA waits (pdl_wait) for the kernel that wrote the logits before it reads
+// anything, then lets the next kernel launch at once (the grid is one wave: one CTA per row).
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 
 #include "pagellm/common/random.h"
 #include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/pdl.cuh"
 #include "pagellm/cuda/sampling.h"
 
 namespace pagellm::cuda {
@@ -339,6 +343,8 @@ __global__ void __launch_bounds__(kThreads)
                        const GpuPenaltyEntry* __restrict__ penalties, float* scratch,
                        const uint64_t* __restrict__ prune_table, GpuSampledToken* out) {
   __shared__ SharedState s;
+  pdl_wait();  // the logits come from the kernel before
+  pdl_launch_dependents();
   const int32_t r = blockIdx.x;
   const GpuSamplingRow p = rows[r];
   const float* row_logits = logits + static_cast<int64_t>(r) * vocab;
@@ -627,9 +633,8 @@ void launch_sample_rows(const float* logits, int32_t num_rows, int32_t vocab,
                         float* scratch, const uint64_t* prune_table, GpuSampledToken* out,
                         cudaStream_t stream) {
   if (num_rows == 0) return;
-  sample_rows_kernel<<<static_cast<unsigned>(num_rows), kThreads, 0, stream>>>(
-      logits, vocab, rows, penalties, scratch, prune_table, out);
-  PAGELLM_CUDA_CHECK_LAUNCH();
+  launch_kernel(sample_rows_kernel, dim3(static_cast<unsigned>(num_rows)), dim3(kThreads), 0,
+                stream, 1, logits, vocab, rows, penalties, scratch, prune_table, out);
 }
 
 }  // namespace pagellm::cuda

@@ -1,422 +1,511 @@
-// Skinny (decode) matrix product: out[M, N] = x[M, K] · w[N, K]ᵀ, M ≤ 64 tokens per tile.
+// Skinny (decode) matrix product on Hopper: out[M, N] = x[M, K] · w[N, K]ᵀ, M ≤ 64 tokens
+// per tile, with TMA loads and warpgroup MMA (wgmma).
 //
 // Roofline. Bytes: N·K·2 of weights (read once) + M·K·2 of x + M·N·(2|4) of out; flops
-// 2·M·N·K, i.e. M flops per weight byte. At 4.2 TB/s that is 134·M TFLOP/s: under the
-// mma.sync rate up to M ≈ 64..128, so the whole design is about keeping HBM busy.
+// 2·M·N·K, i.e. M flops per weight byte. At 4.3 TB/s that is 134·M TFLOP/s: far under the
+// tensor cores up to M ≈ 128, so the whole design is about keeping HBM busy from the first
+// microsecond of the kernel to the last, and keeping the SM's own pipes (shared memory,
+// instruction issue) out of the way.
 //
-// Shape of the work. The product is computed transposed, outᵀ[N, M] = w · xᵀ, so that the
-// weights are the mma's 16-row A operand and the tokens its 8-wide B operand (an 8-token
-// tile wastes little at M = 1..8, where cuBLASLt pads M to 64 or more). Each warp owns 32
-// weight rows (two m16 tiles) over a set of 64-wide K chunks; a CTA is 4 warps, which either
-// share rows and split the CTA's K range (row_warps < 4) or own distinct rows and share x
-// through L1 (row_warps > 1); grid.y splits K further for narrow N (o_proj, down at N =
-// hidden), grid.z tiles M beyond 64 tokens.
+// Why TMA + wgmma. A first version (mma.sync, cp.async, shared-memory fragment loads)
+// matched cuBLASLt at M = 1 but slowed down ~60 % from M = 1 to M = 64: every warp re-read
+// the x fragments from shared memory, and the weight bytes went through shared memory
+// twice (cp.async in, ld.shared out), so the shared-memory pipe, not HBM, bound it. Here the
+// tensor memory accelerator writes both tiles into shared memory with no thread involved,
+// and wgmma reads A (weights, 64 rows per warpgroup) and B (the tokens) straight from shared
+// memory: each byte is written once and read once per warpgroup.
 //
-// The k permutation. mma.m16n8k16 gives lane (g = lane/4, t = lane%4) the k indices
-// {2t, 2t+1, 2t+8, 2t+9} of each 16-wide step. A dot product does not care which physical
-// k is called which logical k, as long as A and B agree, so lane t takes the physical
-// elements [q·32 + t·8, +8) of each 64-wide chunk (q = 0, 1) for both w and x: every load is
-// one 16-byte vector, 4 lanes cover 64 contiguous bytes of a row, and the loaded registers
-// are the mma fragments as they are (step s = 2q + e/4 uses elements e..e+3 of piece q).
+// Work split. A CTA is two warpgroups (256 threads) on a tile of 128 weight rows, over a
+// range of 64-wide K chunks; grid = (row tiles, splits, token tiles). For narrow N (o_proj and
+// down have N = hidden: 20 tiles on a 132-SM GPU) the K range is split over `splits` CTAs
+// that form one thread-block cluster (1, splits, 1). skinny_gemm_plan() picks the splits.
 //
-// The weight pipeline. Each thread cp.async's its own 8 × 16-byte pieces of a chunk into a
-// warp-private shared-memory slot and later reads back exactly those pieces, so a stage
-// needs only cp.async.wait_group (no barrier); kStages chunks are in flight per warp, ~96 KB
-// per SM at 2 CTAs. Weights carry an L2 evict-first hint (read once; keep x and the split-K
-// partials in L2). x fragments are plain 16-byte loads (L1/L2 hits), issued before the wait
-// on the chunk's weights so their latency hides behind it.
+// The pipeline. kStages buffers (4 or 5, as two CTAs per SM allow), each a chunk: the weight tile (two TMA boxes of 64 rows x 64
+// k, 128-byte swizzle, 16 KiB) and the x tile (tokens x 64 k). One thread issues the TMA
+// copies and arms the stage's mbarrier with the byte count; every thread waits on the
+// mbarrier, the warpgroups run 4 wgmma m64nT k16 steps, wait for them, and after a CTA
+// barrier the stage is refilled with the chunk kStages ahead: all kStages chunks are in
+// flight while one is multiplied. Rows past N, tokens past M and k past K are zero-filled
+// by TMA (out-of-bounds boxes), never read. Weights carry an L2 evict-first hint.
 //
-// Reductions, deterministic. Warps of a CTA that split K add through shared memory in warp
-// order; CTAs that split K write float32 partials to the workspace, and the last CTA of a
-// tile to arrive (a counter per tile, atomicAdd) sums all partials in split order and resets
-// the counter to zero, so the sum never depends on timing and graph replays see clean
-// counters.
+// Programmatic dependent launch (pdl.cuh). The prologue issues the weight boxes of the first
+// kStages chunks, then waits for the previous kernel (which produced x), then issues their x
+// boxes: the weight stream starts while the previous kernel drains. The CTA lets its
+// dependents launch once its main loop is done.
+//
+// Reduction, deterministic. After the main loop each CTA parks its float32 tile in its own
+// shared memory ([tokens][132] floats, padded against bank conflicts), the cluster
+// synchronises, and CTA r of the cluster writes its share of the output tile, each element
+// the sum over the cluster's CTAs in rank order read through distributed shared memory. The
+// order never depends on timing, and there is no workspace or counter to reset.
+//
+// The gated variant (launch_skinny_gemm_silu_mul) gives a CTA 64 gate rows and the 64 up
+// rows that pair with them (one weight box each) and writes silu(gate) · up.
+//
+// wgmma and the TMA tensor maps need sm_90a; the compute_90 PTX of this file (the portable
+// target) carries a kernel that traps, and skinny_gemm_supported() is false off sm_90.
 #include "pagellm/cuda/skinny_gemm.h"
 
+#include <cooperative_groups.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <mutex>
+#include <tuple>
+#include <unordered_map>
 
 #include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/pdl.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define PAGELLM_SKINNY_WGMMA 1
+#endif
 
 namespace pagellm::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kRowsPerWarp = 32;
-constexpr int kChunk = 64;   // K elements per pipeline stage
-constexpr int kStages = 4;   // chunks in flight per warp (kStages - 1 ahead of the one in use)
-constexpr int kPieces = 8;   // 16-byte weight pieces per thread per chunk: 2 m-tiles x 2 halves x 2 k halves
-constexpr int kPieceStride = 32 * 16;                     // bytes: one piece for every lane
-constexpr int kWarpStageBytes = kPieces * kPieceStride;  // 4 KiB: 32 rows x 64 k x 2 B
-constexpr int kSmemBytes = kWarps * kStages * kWarpStageBytes;  // 64 KiB
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 256;             // two warpgroups
+constexpr int kRows = kSkinnyRowsPerCta;  // 64 per warpgroup
+constexpr int kHalf = kRows / 2;
+constexpr int kChunk = 64;                // K elements per stage: 128 bytes per row
+constexpr int kRowBytes = kChunk * 2;
+constexpr int kWeightStageBytes = kRows * kRowBytes;  // 16 KiB
+constexpr int kPartialStride = kRows + 4;             // floats per token row of the parked tile
+constexpr int kSmemAlign = 1024;                      // 128-byte swizzle atoms
+
+static_assert(kRows == 128, "two warpgroups of 64 rows");
+
+constexpr int stage_bytes(int tokens) { return kWeightStageBytes + tokens * kRowBytes; }
+/// Pipeline depth: as many stages as keep two CTAs per SM (5 up to 32 tokens, 4 at 64).
+constexpr int num_stages(int tokens) { return tokens <= 32 ? 5 : 4; }
+constexpr int smem_bytes(int tokens) {
+  const int pipeline = num_stages(tokens) * stage_bytes(tokens);
+  const int parked = tokens * kPartialStride * 4;
+  return (pipeline > parked ? pipeline : parked) + kSmemAlign;
+}
 
 struct Params {
-  const __nv_bfloat16* x;  // [M, K]
-  const __nv_bfloat16* w;  // [N, K]
-  void* out;               // [M, N], bf16 or f32
-  float* partials;         // [splits, M, N] when splits > 1
-  int* counters;           // one per (grid.x, grid.z) tile when splits > 1, zero between launches
+  CUtensorMap w_map;  // bf16 [N, K]: box 64 k x 64 rows, 128-byte swizzle
+  CUtensorMap x_map;  // bf16 [M, K]: box 64 k x tokens-per-tile rows, 128-byte swizzle
+  void* out;          // [M, N] (or [M, inter] gated), bf16 or f32
   int M, N, K;
-  int row_warps, k_warps, splits;
   int chunks;  // ceil(K / kChunk)
+  int splits;  // cluster size along grid.y
+  int inter;   // gated products only: I, with w = [gate; up], N = 2 I
 };
+
+#ifdef PAGELLM_SKINNY_WGMMA
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes,
-                                            uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
-               "l"(src), "r"(src_bytes), "l"(policy)
+// ---- mbarrier and TMA ----------------------------------------------------------------------
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
                : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
 }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+/// A 2-D box of `map` at (k, row) into shared memory at dst; completes bytes on `bar`.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int k, int row,
+                                         uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(bar)
+      : "memory");
 }
-__device__ __forceinline__ void ld_shared_v4(uint32_t addr, uint32_t (&v)[4]) {
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-               : "r"(addr)
-               : "memory");
+__device__ __forceinline__ void tma_load_hint(uint32_t dst, const CUtensorMap* map, int k,
+                                              int row, uint32_t bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
+      "[%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(bar), "l"(policy)
+      : "memory");
 }
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
 }
-/// d += A · B for one m16n8k16 bf16 tile (f32 accumulators).
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+
+// ---- wgmma ---------------------------------------------------------------------------------
+
+/// Shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows of 128
+/// bytes, 8-row groups 1024 bytes apart (stride byte offset), leading byte offset unused.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
 
-template <int kTokens, bool kOutF32>
-__global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_constant__ Params p) {
-  constexpr int kTiles = kTokens / 8;                    // 8-token mma tiles
-  constexpr int kGroup = kTiles < 4 ? kTiles : 4;        // token tiles per x-load group
-  extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ int is_last_cta;
+/// d[64 x 8] += A[64 x 16] · B[16 x 8], both operands in shared memory (descriptors).
+__device__ __forceinline__ void wgmma_n8(float (&d)[4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(a), "l"(b), "r"(1));
+}
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+/// d[64 x 16] += A[64 x 16] · B[16 x 16], both operands in shared memory (descriptors).
+__device__ __forceinline__ void wgmma_n16(float (&d)[8], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(a), "l"(b), "r"(1));
+}
+
+/// d[64 x 32] += A[64 x 16] · B[16 x 32], both operands in shared memory (descriptors).
+__device__ __forceinline__ void wgmma_n32(float (&d)[16], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "r"(1));
+}
+
+/// d[64 x 64] += A[64 x 16] · B[16 x 64], both operands in shared memory (descriptors).
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(1));
+}
+
+template <int kTokens>
+__device__ __forceinline__ void wgmma_tile(float (&d)[kTokens / 2], uint64_t a, uint64_t b) {
+  if constexpr (kTokens == 8) {
+    wgmma_n8(d, a, b);
+  } else if constexpr (kTokens == 16) {
+    wgmma_n16(d, a, b);
+  } else if constexpr (kTokens == 32) {
+    wgmma_n32(d, a, b);
+  } else {
+    wgmma_n64(d, a, b);
+  }
+}
+
+#endif  // PAGELLM_SKINNY_WGMMA
+
+/// kGated: w is [gate; up] (2 I rows) and out[m, i] = silu(gate·x) · (up·x), bf16.
+template <int kTokens, bool kOutF32, bool kGated>
+__global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_constant__ Params p) {
+#ifdef PAGELLM_SKINNY_WGMMA
+  static_assert(!(kGated && kOutF32), "the gated product writes bf16");
+  constexpr int kStageBytes = stage_bytes(kTokens);
+  constexpr int kStages = num_stages(kTokens);
+  constexpr uint32_t kStageTx = kStageBytes;  // bytes TMA delivers per stage (boxes are full)
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t full_bar[num_stages(kTokens)];
+
+  const int tid = threadIdx.x;
+  const int wg = tid >> 7;              // warpgroup: weight rows [64 wg, 64 wg + 64) of the tile
+  const int lane = tid & 31, warp_in_wg = (tid >> 5) & 3;
   const int g = lane >> 2, t = lane & 3;
-  const int rw = warp % p.row_warps, kw = warp / p.row_warps;
-  const int row0 = (blockIdx.x * p.row_warps + rw) * kRowsPerWarp;
-  const int m0 = blockIdx.z * kTokens;
   const int split = blockIdx.y;
+  const int m0 = blockIdx.z * kTokens;
   const int c_begin = static_cast<int>(static_cast<int64_t>(split) * p.chunks / p.splits);
   const int c_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.chunks / p.splits);
-  const int c_first = c_begin + kw;  // this warp's chunks: c_first, + k_warps, ... < c_end
-  const int num_chunks = c_first < c_end ? (c_end - c_first + p.k_warps - 1) / p.k_warps : 0;
+  const int num_chunks = c_end - c_begin;
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + kSmemAlign - 1) & ~uint32_t(kSmemAlign - 1);
+  uint8_t* const smem = smem_raw + (base - raw);
+  // Weight rows of the tile's two boxes: 128 consecutive rows, or 64 gate rows and their
+  // 64 up rows.
+  const int box_row0 = kGated ? blockIdx.x * kHalf : blockIdx.x * kRows;
+  const int box_row1 = kGated ? p.inter + blockIdx.x * kHalf : blockIdx.x * kRows + kHalf;
 
-  // Weight rows of this lane: r = 2·m_tile + half -> row row0 + 16·m_tile + 8·half + g.
-  const __nv_bfloat16* w_row[4];
-  bool row_ok[4];
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int row = row0 + (r >> 1) * 16 + (r & 1) * 8 + g;
-    row_ok[r] = row < p.N;
-    w_row[r] = p.w + static_cast<size_t>(row_ok[r] ? row : 0) * p.K + t * 8;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) mbar_init(smem_addr(&full_bar[s]), 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
+  __syncthreads();
+
   const uint64_t policy = evict_first_policy();
-  const uint32_t slot = smem_addr(smem) + warp * kStages * kWarpStageBytes + lane * 16;
-
-  // Piece pc = 2·r + q of chunk `it` (the it-th of this warp) -> stage `stage`.
-  auto issue_chunk = [&](int it, int stage) {
-    const int k = (c_first + it * p.k_warps) * kChunk;
-#pragma unroll
-    for (int pc = 0; pc < kPieces; ++pc) {
-      const int r = pc >> 1, q = pc & 1;
-      const bool ok = row_ok[r] && k + q * 32 + t * 8 < p.K;  // K % 8 == 0: all or nothing
-      const void* src = ok ? static_cast<const void*>(w_row[r] + k + q * 32) : p.w;
-      cp_async_16(slot + (stage * kPieces + pc) * kPieceStride, src, ok ? 16 : 0, policy);
-    }
+  auto issue_weights = [&](int it, int stage) {
+    const uint32_t dst = base + stage * kStageBytes;
+    const uint32_t bar = smem_addr(&full_bar[stage]);
+    const int k = (c_begin + it) * kChunk;
+    mbar_arrive_expect_tx(bar, kStageTx);
+    tma_load_hint(dst, &p.w_map, k, box_row0, bar, policy);
+    tma_load_hint(dst + kWeightStageBytes / 2, &p.w_map, k, box_row1, bar, policy);
   };
-  // x fragments of token tiles [j0, j0 + kGroup) for the chunk starting at k: b[j][q] holds
-  // x[m0 + 8j + g, k + 32q + 8t .. +8), zero past M or K.
-  auto load_x = [&](int j0, int k, uint32_t (&b)[kGroup][2][4]) {
-#pragma unroll
-    for (int j = 0; j < kGroup; ++j) {
-      const int m = m0 + (j0 + j) * 8 + g;
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const int kk = k + q * 32 + t * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (m < p.M && kk < p.K) {
-          v = __ldg(reinterpret_cast<const uint4*>(p.x + static_cast<size_t>(m) * p.K + kk));
-        }
-        b[j][q][0] = v.x;
-        b[j][q][1] = v.y;
-        b[j][q][2] = v.z;
-        b[j][q][3] = v.w;
-      }
-    }
+  auto issue_x = [&](int it, int stage) {
+    tma_load(base + stage * kStageBytes + kWeightStageBytes, &p.x_map, (c_begin + it) * kChunk,
+             m0, smem_addr(&full_bar[stage]));
   };
 
-  float acc[2][kTiles][4];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < kTiles; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < num_chunks) issue_chunk(s, s);
-    cp_async_commit();  // empty groups keep the wait_group count uniform
+  // Prologue: weights first (they do not depend on the previous kernel), then wait for the
+  // previous kernel, then x.
+  if (tid == 0) {
+    for (int s = 0; s < kStages && s < num_chunks; ++s) issue_weights(s, s);
   }
+  pdl_wait();
+  if (tid == 0) {
+    for (int s = 0; s < kStages && s < num_chunks; ++s) issue_x(s, s);
+  }
+
+  float acc[kTokens / 2];
+#pragma unroll
+  for (int i = 0; i < kTokens / 2; ++i) acc[i] = 0.0f;
+
   for (int it = 0; it < num_chunks; ++it) {
-    {
-      const int ahead = it + kStages - 1;
-      if (ahead < num_chunks) issue_chunk(ahead, ahead % kStages);
-      cp_async_commit();
-    }
-    const int k = (c_first + it * p.k_warps) * kChunk;
-    uint32_t b[kGroup][2][4];
-    load_x(0, k, b);
-    cp_async_wait<kStages - 1>();  // this thread's pieces of chunk `it` have landed
-    uint32_t a[kPieces][4];
     const int stage = it % kStages;
+    mbar_wait(smem_addr(&full_bar[stage]), (it / kStages) & 1);
+    const uint32_t a_tile = base + stage * kStageBytes + wg * (kWeightStageBytes / 2);
+    const uint32_t b_tile = base + stage * kStageBytes + kWeightStageBytes;
+    wgmma_fence();
 #pragma unroll
-    for (int pc = 0; pc < kPieces; ++pc) {
-      ld_shared_v4(slot + (stage * kPieces + pc) * kPieceStride, a[pc]);
+    for (int s = 0; s < kChunk / 16; ++s) {
+      // 16 k = 32 bytes further along the swizzled 128-byte rows.
+      wgmma_tile<kTokens>(acc, smem_desc(a_tile + s * 32), smem_desc(b_tile + s * 32));
     }
-#pragma unroll
-    for (int j0 = 0; j0 < kTiles; j0 += kGroup) {
-      if (j0 > 0) load_x(j0, k, b);
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const int q = s >> 1, e = (s & 1) * 2;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const uint32_t* lo = a[(2 * i + 0) * 2 + q];  // row g of m-tile i
-          const uint32_t* hi = a[(2 * i + 1) * 2 + q];  // row g + 8
-#pragma unroll
-          for (int j = 0; j < kGroup; ++j) {
-            mma_bf16(acc[i][j0 + j], lo[e], hi[e], lo[e + 1], hi[e + 1], b[j][q][e],
-                     b[j][q][e + 1]);
-          }
-        }
-      }
+    wgmma_commit();
+    wgmma_wait_all();
+    __syncthreads();  // both warpgroups are done with this stage: refill it
+    if (tid == 0 && it + kStages < num_chunks) {
+      issue_weights(it + kStages, stage);
+      issue_x(it + kStages, stage);
     }
   }
-  cp_async_wait<0>();
-  __syncthreads();  // every warp is done with its pipeline slots: reuse them for the reduction
 
-  // Warps that split the CTA's K range: kw > 0 park their sums, kw == 0 adds them in order.
-  if (p.k_warps > 1) {
-    float* park = reinterpret_cast<float*>(smem);
-    constexpr int kPerWarp = 2 * kTiles * 4 * 32;
-    if (kw > 0) {
-      float* mine = park + ((kw - 1) * p.row_warps + rw) * kPerWarp + lane;
+  // The weights are streamed: the next kernel may start its own prologue.
+  pdl_launch_dependents();
+
+  // Accumulator i of a thread: token n = 8 (i / 4) + 2t + i % 2, weight row
+  // r = 64 wg + 16 warp_in_wg + g + 8 ((i / 2) % 2) of the tile.
+  float* parked = reinterpret_cast<float*>(smem);
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < kTiles; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) mine[((i * kTiles + j) * 4 + e) * 32] = acc[i][j][e];
-    }
+  for (int i = 0; i < kTokens / 2; ++i) {
+    const int m_local = 8 * (i >> 2) + 2 * t + (i & 1);
+    const int r = 64 * wg + 16 * warp_in_wg + g + 8 * ((i >> 1) & 1);
+    parked[m_local * kPartialStride + r] = acc[i];
+  }
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int splits = p.splits;
+  if (splits > 1) {
+    cluster.sync();  // every CTA of the cluster has parked its partial tile
+  } else {
     __syncthreads();
-    if (kw == 0) {
-      for (int o = 1; o < p.k_warps; ++o) {
-        const float* theirs = park + ((o - 1) * p.row_warps + rw) * kPerWarp + lane;
+  }
+  const int rank = splits > 1 ? static_cast<int>(cluster.block_rank()) : 0;
+  const int valid_tokens = min(kTokens, p.M - m0);
+  // Four neighbouring rows of the parked tiles summed over the cluster in rank order; the
+  // (up to 8) remote loads are issued together so their latency is paid once.
+  auto cluster_sum4 = [&](int at) {
+    if (splits == 1) return *reinterpret_cast<const float4*>(parked + at);
+    float4 part[kSkinnyMaxSplits];
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
+    for (int s = 0; s < kSkinnyMaxSplits; ++s) {
+      if (s < splits) {
+        part[s] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(parked, s) + at);
+      }
+    }
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-          for (int j = 0; j < kTiles; ++j)
+    for (int s = 0; s < kSkinnyMaxSplits; ++s) {
+      if (s < splits) {
+        sum.x += part[s].x;
+        sum.y += part[s].y;
+        sum.z += part[s].z;
+        sum.w += part[s].w;
+      }
+    }
+    return sum;
+  };
+  // The cluster's CTAs share the tile's groups of 4 columns: rank r takes [lo, hi).
+  constexpr int kGroupsPerToken = (kGated ? kHalf : kRows) / 4;
+  const int groups = valid_tokens * kGroupsPerToken;
+  const int lo = static_cast<int>(static_cast<int64_t>(rank) * groups / splits);
+  const int hi = static_cast<int>(static_cast<int64_t>(rank + 1) * groups / splits);
+  for (int grp = lo + tid; grp < hi; grp += kThreads) {
+    const int m_local = grp / kGroupsPerToken, c0 = (grp % kGroupsPerToken) * 4;
+    const size_t out_row = static_cast<size_t>(m0 + m_local);
+    if constexpr (kGated) {
+      // Rounded to bf16 before the activation, as the unfused matmul + silu_mul would.
+      const float4 gate = cluster_sum4(m_local * kPartialStride + c0);
+      const float4 up = cluster_sum4(m_local * kPartialStride + kHalf + c0);
+      const float g4[4] = {gate.x, gate.y, gate.z, gate.w};
+      const float u4[4] = {up.x, up.y, up.z, up.w};
+      const int i0 = blockIdx.x * kHalf + c0;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] += theirs[((i * kTiles + j) * 4 + e) * 32];
+      for (int c = 0; c < 4; ++c) {
+        if (i0 + c >= p.inter) break;
+        const float gv = __bfloat162float(__float2bfloat16_rn(g4[c]));
+        const float uv = __bfloat162float(__float2bfloat16_rn(u4[c]));
+        static_cast<__nv_bfloat16*>(p.out)[out_row * p.inter + i0 + c] =
+            __float2bfloat16_rn(gv / (1.0f + expf(-gv)) * uv);
+      }
+    } else {
+      const float4 sum = cluster_sum4(m_local * kPartialStride + c0);
+      const float v4[4] = {sum.x, sum.y, sum.z, sum.w};
+      const int n0 = blockIdx.x * kRows + c0;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (n0 + c >= p.N) break;
+        if constexpr (kOutF32) {
+          static_cast<float*>(p.out)[out_row * p.N + n0 + c] = v4[c];
+        } else {
+          static_cast<__nv_bfloat16*>(p.out)[out_row * p.N + n0 + c] = __float2bfloat16_rn(v4[c]);
+        }
       }
     }
   }
-
-  // Accumulator (i, j, e) is out[m, n] with n = row0 + 16i + 8(e/2) + g, m = m0 + 8j + 2t + e%2.
-  auto for_each_output = [&](auto&& f) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < kTiles; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int n = row0 + i * 16 + (e >> 1) * 8 + g;
-          const int m = m0 + j * 8 + 2 * t + (e & 1);
-          if (n < p.N && m < p.M) f(acc[i][j][e], static_cast<size_t>(m) * p.N + n);
-        }
-  };
-  auto store = [&](float v, size_t at) {
-    if constexpr (kOutF32) {
-      static_cast<float*>(p.out)[at] = v;
-    } else {
-      static_cast<__nv_bfloat16*>(p.out)[at] = __float2bfloat16_rn(v);
-    }
-  };
-
-  if (p.splits == 1) {
-    if (kw == 0) for_each_output(store);
-    return;
-  }
-
-  // Split-K across CTAs: publish this split's partial, then the last CTA sums all in order.
-  const size_t split_stride = static_cast<size_t>(p.M) * p.N;
-  if (kw == 0) {
-    float* mine = p.partials + split * split_stride;
-    for_each_output([&](float v, size_t at) { __stcg(mine + at, v); });
-  }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* counter = p.counters + blockIdx.z * gridDim.x + blockIdx.x;
-    const int arrived = atomicAdd(counter, 1);
-    is_last_cta = arrived == p.splits - 1;
-    if (is_last_cta) *counter = 0;  // every split has arrived: ready for the next launch
-  }
-  __syncthreads();
-  if (!is_last_cta) return;
-  __threadfence();
-  if (kw == 0) {
-    for_each_output([&](float& v, size_t at) {
-      float sum = 0.0f;
-#pragma unroll 4
-      for (int s = 0; s < p.splits; ++s) sum += __ldcg(p.partials + s * split_stride + at);
-      v = sum;
-    });
-    for_each_output(store);
-  }
+  if (splits > 1) cluster.sync();  // keep this CTA's tile alive until the others have read it
+#else
+  // Built for a target without wgmma: the host never launches this (see the file comment).
+  __trap();
+#endif
 }
 
-template <int kTokens, bool kOutF32>
-void set_smem_limit() {
-  PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(skinny_gemm_kernel<kTokens, kOutF32>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          kSmemBytes));
-}
+// ---- host ----------------------------------------------------------------------------------
 
-}  // namespace
-
-void prepare_skinny_gemm() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    set_smem_limit<8, false>();
-    set_smem_limit<16, false>();
-    set_smem_limit<32, false>();
-    set_smem_limit<64, false>();
-    set_smem_limit<8, true>();
-    set_smem_limit<16, true>();
-    set_smem_limit<32, true>();
-    set_smem_limit<64, true>();
-  });
-}
-
-namespace {
-
-int current_sm_count() {
-  static int cached_device = -1, cached_sms = 0;
+/// Compute capability (e.g. 90) of the current device and its SM count; 0 without a device.
+int current_device_info(int* sms) {
+  static int cached_device = -1, cached_sms = 0, cached_cc = 0;
   int device = 0;
-  PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();  // not sticky; clear it so the next launch check does not see it
+    if (sms) *sms = 0;
+    return 0;
+  }
   if (device != cached_device) {
+    int major = 0, minor = 0;
     PAGELLM_CUDA_CHECK(
         cudaDeviceGetAttribute(&cached_sms, cudaDevAttrMultiProcessorCount, device));
+    PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    cached_cc = major * 10 + minor;
     cached_device = device;
   }
-  return cached_sms;
+  if (sms) *sms = cached_sms;
+  return cached_cc;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    PAGELLM_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000,
+                                                        cudaEnableDefault, &status));
+    PAGELLM_CHECK(status == cudaDriverEntryPointSuccess && ptr != nullptr)
+        << "skinny gemm: the CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12+)";
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+/// The TMA map of a row-major bf16 [rows, K] matrix read in boxes of 64 k x box_rows rows,
+/// 128-byte swizzle, zero fill out of bounds. Maps are cached by (address, rows, K,
+/// box_rows): the engine's weights and activation buffers never move, so after the first
+/// step every lookup hits.
+const CUtensorMap& tensor_map(const void* data, int64_t rows, int64_t K, int box_rows) {
+  using Key = std::tuple<uintptr_t, int64_t, int64_t, int>;
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      size_t h = std::hash<uintptr_t>()(std::get<0>(k));
+      h ^= std::hash<int64_t>()(std::get<1>(k)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+      h ^= std::hash<int64_t>()(std::get<2>(k)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+      h ^= static_cast<size_t>(std::get<3>(k)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+      return h;
+    }
+  };
+  static std::mutex mutex;
+  static std::unordered_map<Key, CUtensorMap, KeyHash> cache;
+  const Key key{reinterpret_cast<uintptr_t>(data), rows, K, box_rows};
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K) * 2};
+  const cuuint32_t box[2] = {kChunk, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(data), dims, strides, box,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  PAGELLM_CHECK(r == CUDA_SUCCESS) << "skinny gemm: cuTensorMapEncodeTiled failed (CUresult "
+                                   << static_cast<int>(r) << ") for a [" << rows << ", " << K
+                                   << "] bf16 matrix";
+  return cache.emplace(key, map).first->second;
+}
+
+template <int kTokens>
+void set_smem_limits() {
+  const int bytes = smem_bytes(kTokens);
+  for (const void* kernel :
+       {reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, false, false>),
+        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, true, false>),
+        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, false, true>)}) {
+    PAGELLM_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  }
 }
 
 template <int kTokens>
 void launch_for_tokens(const Params& p, bool out_f32, dim3 grid, cudaStream_t stream) {
-  if (out_f32) {
-    skinny_gemm_kernel<kTokens, true><<<grid, kThreads, kSmemBytes, stream>>>(p);
+  const size_t smem = smem_bytes(kTokens);
+  if (p.inter > 0) {
+    launch_kernel(skinny_gemm_kernel<kTokens, false, true>, grid, dim3(kThreads), smem, stream,
+                  p.splits, p);
+  } else if (out_f32) {
+    launch_kernel(skinny_gemm_kernel<kTokens, true, false>, grid, dim3(kThreads), smem, stream,
+                  p.splits, p);
   } else {
-    skinny_gemm_kernel<kTokens, false><<<grid, kThreads, kSmemBytes, stream>>>(p);
+    launch_kernel(skinny_gemm_kernel<kTokens, false, false>, grid, dim3(kThreads), smem, stream,
+                  p.splits, p);
   }
 }
 
-}  // namespace
-
-bool skinny_gemm_supported(const void* x, const void* w, const void* out, int64_t M, int64_t N,
-                           int64_t K) {
-  const auto addr = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr); };
-  // Sizes travel as int; grid.z (M / 64 tiles) must stay under 65,536.
-  return M > 0 && N > 0 && K > 0 && K % 8 == 0 && addr(x) % 16 == 0 && addr(w) % 16 == 0 &&
-         addr(out) % 4 == 0 && M <= (int64_t{1} << 22) && N < (int64_t{1} << 30) &&
-         K < (int64_t{1} << 30);
-}
-
-SkinnyPlan skinny_gemm_plan(int64_t M, int64_t N, int64_t K, int num_sms) {
-  SkinnyPlan plan;
-  plan.tokens_per_tile = M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : kSkinnyMaxTokensPerTile;
-  plan.grid_z = static_cast<int>((M + plan.tokens_per_tile - 1) / plan.tokens_per_tile);
-  const int64_t row_tiles = (N + kRowsPerWarp - 1) / kRowsPerWarp;
-  const int64_t chunks = (K + kChunk - 1) / kChunk;
-  // At least two 4-warp CTAs per SM: with kStages - 1 chunks of 4 KiB ahead per warp that
-  // is ~96 KiB in flight per SM, several times what Little's law asks of HBM.
-  const int64_t target_ctas = 2 * static_cast<int64_t>(std::max(num_sms, 1));
-
-  // Prefer more warps on distinct rows (x shared through L1), as long as the grid fills
-  // the GPU and every k-warp gets two chunks.
-  for (int row_warps : {4, 2}) {
-    const int64_t ctas = (row_tiles + row_warps - 1) / row_warps;
-    if (ctas >= target_ctas && chunks >= 2 * (kWarps / row_warps)) {
-      plan.row_warps = row_warps;
-      plan.splits = 1;
-      plan.grid_x = static_cast<int>(ctas);
-      plan.grid_y = 1;
-      return plan;
-    }
-  }
-  // Narrow N: every warp of a CTA on the same rows, and K split across CTAs too. Each warp
-  // keeps >= 2 chunks, and the partials (written, then read back, mostly through L2) stay
-  // under half the weight bytes: 2·splits·M·N·4 B <= N·K·2 B / 2, splits <= K / (8·M).
-  plan.row_warps = 1;
-  plan.grid_x = static_cast<int>(row_tiles);
-  int64_t splits = (target_ctas + row_tiles - 1) / row_tiles;
-  splits = std::min(splits, std::max<int64_t>(1, chunks / (2 * kWarps)));
-  splits = std::min(splits, std::max<int64_t>(1, K / (8 * M)));
-  while (splits > 1 && static_cast<size_t>(splits * M * N) * sizeof(float) > kSkinnyPartialBytes) {
-    --splits;
-  }
-  if (row_tiles * plan.grid_z > kSkinnyMaxCounters) splits = 1;
-  plan.splits = static_cast<int>(std::max<int64_t>(splits, 1));
-  plan.grid_y = plan.splits;
-  return plan;
-}
-
-void launch_skinny_gemm(const void* x, const void* w, void* out, bool out_f32, int64_t M,
-                        int64_t N, int64_t K, void* workspace, cudaStream_t stream) {
-  PAGELLM_CHECK(skinny_gemm_supported(x, w, out, M, N, K))
-      << "skinny gemm: unsupported product x[" << M << ", " << K << "] w[" << N << ", " << K
-      << "]^T (needs K a multiple of 8, 16-byte aligned x and w, 4-byte aligned out)";
-  const SkinnyPlan plan = skinny_gemm_plan(M, N, K, current_sm_count());
-  PAGELLM_CHECK(plan.splits == 1 || workspace != nullptr)
-      << "skinny gemm: a split-K plan needs the workspace";
+void launch(const void* x, const void* w, void* out, bool out_f32, int64_t M, int64_t N,
+            int64_t K, int64_t inter, cudaStream_t stream, int splits) {
+  int sms = 0;
+  current_device_info(&sms);
+  const SkinnyPlan plan = skinny_gemm_plan(M, N, K, sms, splits);
   prepare_skinny_gemm();
-
   Params p;
-  p.x = static_cast<const __nv_bfloat16*>(x);
-  p.w = static_cast<const __nv_bfloat16*>(w);
+  p.w_map = tensor_map(w, N, K, kHalf);
+  p.x_map = tensor_map(x, M, K, plan.tokens_per_tile);
   p.out = out;
-  p.partials = static_cast<float*>(workspace);
-  p.counters = workspace ? reinterpret_cast<int*>(static_cast<char*>(workspace) +
-                                                  kSkinnyPartialBytes)
-                         : nullptr;
   p.M = static_cast<int>(M);
   p.N = static_cast<int>(N);
   p.K = static_cast<int>(K);
-  p.row_warps = plan.row_warps;
-  p.k_warps = kWarps / plan.row_warps;
-  p.splits = plan.splits;
   p.chunks = static_cast<int>((K + kChunk - 1) / kChunk);
+  p.splits = plan.splits;
+  p.inter = static_cast<int>(inter);
   const dim3 grid(plan.grid_x, plan.grid_y, plan.grid_z);
   switch (plan.tokens_per_tile) {
     case 8: launch_for_tokens<8>(p, out_f32, grid, stream); break;
@@ -424,7 +513,70 @@ void launch_skinny_gemm(const void* x, const void* w, void* out, bool out_f32, i
     case 32: launch_for_tokens<32>(p, out_f32, grid, stream); break;
     default: launch_for_tokens<64>(p, out_f32, grid, stream); break;
   }
-  PAGELLM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void prepare_skinny_gemm() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    set_smem_limits<8>();
+    set_smem_limits<16>();
+    set_smem_limits<32>();
+    set_smem_limits<64>();
+  });
+}
+
+bool skinny_gemm_supported(const void* x, const void* w, const void* out, int64_t M, int64_t N,
+                           int64_t K) {
+  const auto addr = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr); };
+  // TMA: 16-byte aligned bases and row strides (K % 8), dims under 2^32; sizes travel as
+  // int, grid.z (M / 64 tiles) stays under 65,536. wgmma: sm_90 (this binary's sm_90a code).
+  return M > 0 && N > 0 && K > 0 && K % 8 == 0 && addr(x) % 16 == 0 && addr(w) % 16 == 0 &&
+         addr(out) % 4 == 0 && M <= (int64_t{1} << 22) && N < (int64_t{1} << 30) &&
+         K < (int64_t{1} << 30) && current_device_info(nullptr) == 90;
+}
+
+SkinnyPlan skinny_gemm_plan(int64_t M, int64_t N, int64_t K, int num_sms, int splits) {
+  SkinnyPlan plan;
+  plan.tokens_per_tile = M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : kSkinnyMaxTokensPerTile;
+  plan.grid_z = static_cast<int>((M + plan.tokens_per_tile - 1) / plan.tokens_per_tile);
+  const int64_t row_tiles = (N + kRows - 1) / kRows;
+  const int64_t chunks = (K + kChunk - 1) / kChunk;
+  const int64_t tiles = row_tiles * plan.grid_z;
+  int64_t s = splits;
+  if (s <= 0) {
+    // The largest power-of-two split up to kSkinnyAutoMaxSplits that keeps the grid within
+    // two CTAs per SM, with at least two chunks per split.
+    const int64_t slots = 2 * static_cast<int64_t>(std::max(num_sms, 1));
+    s = 1;
+    while (s * 2 <= kSkinnyAutoMaxSplits && tiles * s * 2 <= slots && chunks / (s * 2) >= 2) {
+      s *= 2;
+    }
+  }
+  s = std::clamp<int64_t>(s, 1, std::min<int64_t>(kSkinnyMaxSplits, chunks));
+  plan.splits = static_cast<int>(s);
+  plan.grid_x = static_cast<int>(row_tiles);
+  plan.grid_y = plan.splits;
+  return plan;
+}
+
+void launch_skinny_gemm(const void* x, const void* w, void* out, bool out_f32, int64_t M,
+                        int64_t N, int64_t K, cudaStream_t stream, int splits) {
+  PAGELLM_CHECK(skinny_gemm_supported(x, w, out, M, N, K))
+      << "skinny gemm: unsupported product x[" << M << ", " << K << "] w[" << N << ", " << K
+      << "]^T (needs an sm_90 GPU, K a multiple of 8, 16-byte aligned x and w, 4-byte "
+         "aligned out)";
+  launch(x, w, out, out_f32, M, N, K, 0, stream, splits);
+}
+
+void launch_skinny_gemm_silu_mul(const void* x, const void* w_gate_up, void* out, int64_t M,
+                                 int64_t inter, int64_t K, cudaStream_t stream, int splits) {
+  PAGELLM_CHECK(inter > 0 && skinny_gemm_supported(x, w_gate_up, out, M, 2 * inter, K))
+      << "skinny gemm: unsupported gated product x[" << M << ", " << K << "] w[2 x " << inter
+      << ", " << K << "]^T (needs an sm_90 GPU, K a multiple of 8, 16-byte aligned x and w, "
+         "4-byte aligned out)";
+  launch(x, w_gate_up, out, false, M, 2 * inter, K, inter, stream, splits);
 }
 
 }  // namespace pagellm::cuda

@@ -145,8 +145,7 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
     backend_.attention(q, kv[l], shape, batch, attn);
     backend_.matmul(attn, w.o_proj, proj);
     backend_.add_rms_norm(residual, proj, w.post_norm, eps, hidden);
-    backend_.matmul(hidden, w.gate_up, gate_up);
-    backend_.silu_mul(gate_up, act);
+    backend_.matmul_silu_mul(hidden, w.gate_up, gate_up, act);
     backend_.matmul(act, w.down, proj);
   }
   backend_.add_rms_norm(residual, proj, final_norm_, eps, hidden);
