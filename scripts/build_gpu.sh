@@ -19,6 +19,9 @@ for bin in "$B/pagellm" "$B/tests/test_cuda"; do
     esac
   done
 done
+# CUPTI, which `pagellm bench --trace-steps` loads at run time (so ldd does not list it).
+cupti=$(find /usr/local/cuda/lib64/ /usr/local/cuda/extras/CUPTI/lib64/ -name 'libcupti.so.*' 2>/dev/null | sort | head -1 || true)
+[ -n "$cupti" ] && cp -uL "$cupti" "$B/lib/libcupti.so.13"
 # One compressed bundle of what the GPU machine runs (the device tool carries at most
 # 64 MiB, and the statically linked binaries are about 30 MB each).
 rm -rf gpu-bundle && mkdir -p gpu-bundle/stage/bin

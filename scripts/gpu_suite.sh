@@ -3,7 +3,8 @@
 # compiler or package needed there beyond the CUDA toolkit, python3 with torch and
 # transformers). Usage: scripts/gpu_suite.sh BUNDLE_DIR LOG_DIR [steps...]
 # BUNDLE_DIR holds bundle.tar.xz (bin/ and lib/) as scripts/build_gpu.sh leaves it.
-# Steps (default: all but ablate): tests e2e bench ablate attn gemm calib hf
+# Steps (default: all but ablate): tests e2e bench trace ablate attn gemm calib hf
+# "trace" records 8 mid-decode W1 steps' kernels (CUPTI) and prints where the time goes.
 # "ablate" re-runs W1 with one optimisation off at a time (ABLATIONS: VAR=VALUE items).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,7 @@ LOG=${2:-gpu-logs}
 shift 2 || true
 B=/tmp/pagellm-gpu
 rm -rf "$B" && mkdir -p "$B" && xz -dc "$BUNDLE/bundle.tar.xz" | tar -C "$B" -xf - || exit 1
-STEPS=${*:-tests e2e bench attn gemm calib hf}
+STEPS=${*:-tests e2e bench trace attn gemm calib hf}
 mkdir -p "$LOG"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONUNBUFFERED=1
@@ -49,6 +50,11 @@ if has bench; then
   for batch in ${BENCH_BATCHES:-1 8 64 128 256}; do
     "$B/bin/pagellm" bench --batch "$batch" --output-len 128 --json-out "$LOG/bench.jsonl" 2>&1 | tee -a "$LOG/bench_sweep.log"
   done
+fi
+
+if has trace; then
+  step "W1 kernel trace: where a decode step's time goes"
+  "$B/bin/pagellm" bench --trace-steps 8 --trace-out "$LOG/trace_w1.csv" 2>&1 | grep -v building | tee "$LOG/trace_w1.log"
 fi
 
 if has ablate; then

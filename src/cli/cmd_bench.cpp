@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include "cli/commands.h"
@@ -25,6 +26,8 @@ struct BenchArgs {
   int output_len = 512;
   uint64_t seed = 0;
   std::string json_out;
+  int trace_steps = 0;
+  std::string trace_out;
   EngineSettings engine;
 };
 
@@ -32,6 +35,77 @@ using Clock = std::chrono::steady_clock;
 
 double seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+/// Prints where the traced decode steps' device time went (common/kernel_timeline.h) and,
+/// with a path, writes every span as CSV (name, start and end in us from the first start).
+void report_trace(const std::vector<KernelSpan>& spans, int steps, const std::string& csv) {
+  const KernelTimeline t = summarize_kernel_timeline(spans);
+  if (t.kernels == 0 || steps <= 0) {
+    std::printf("  kernel trace: no kernels recorded\n");
+    return;
+  }
+  const double per_step = 1e-3 / steps;  // ns over all steps -> us per step
+  std::printf("  kernel trace over %d decode steps: %lld kernels and copies (%.1f per step), %.1f us per "
+              "step, of which the device is busy %.1f us and idle %.1f us (%.1f %%; tracing "
+              "slows graph launches, so idle time between steps is larger than untraced)\n",
+              steps, static_cast<long long>(t.kernels), static_cast<double>(t.kernels) / steps,
+              t.wall_ns * per_step, (t.wall_ns - t.idle_ns) * per_step, t.idle_ns * per_step,
+              100.0 * t.idle_ns / t.wall_ns);
+  std::printf("    %-44s %9s %12s %7s %12s\n", "kernel (attributed: instants it is the oldest "
+              "running)", "per step", "us/step", "share", "mean us");
+  for (const TimelineRow& r : t.by_name) {
+    std::printf("    %-44s %9.1f %12.1f %6.1f%% %12.2f\n", r.label.c_str(),
+                static_cast<double>(r.count) / steps, r.attributed_ns * per_step,
+                100.0 * r.attributed_ns / t.wall_ns, r.duration_ns / r.count * 1e-3);
+  }
+  if (t.period > 0 && t.period_repeats > 0) {
+    std::printf("    repeating unit (a layer): %d kernels, %lld repeats; per repeat:\n", t.period,
+                static_cast<long long>(t.period_repeats));
+    double total = 0;
+    for (const TimelineRow& r : t.by_position) total += r.attributed_ns;
+    for (size_t j = 0; j < t.by_position.size(); ++j) {
+      const TimelineRow& r = t.by_position[j];
+      std::printf("    %2zu %-41s attributed %8.2f us   duration %8.2f us\n", j, r.label.c_str(),
+                  r.attributed_ns / t.period_repeats * 1e-3, r.duration_ns / t.period_repeats * 1e-3);
+    }
+    std::printf("       %-41s attributed %8.2f us\n", "unit total", total / t.period_repeats * 1e-3);
+  }
+  // The host's runtime calls: what the host thread was doing (waiting in a synchronise,
+  // launching the graph) while the device idled.
+  std::map<std::string, TimelineRow> calls;
+  for (const KernelSpan& s : spans) {
+    if (s.kind != KernelSpan::Kind::kHostCall) continue;
+    TimelineRow& r = calls[s.name];
+    r.label = s.name;
+    ++r.count;
+    r.duration_ns += static_cast<double>(s.end_ns - s.start_ns);
+  }
+  if (!calls.empty()) {
+    std::vector<TimelineRow> sorted;
+    for (const auto& [name, r] : calls) sorted.push_back(r);
+    std::sort(sorted.begin(), sorted.end(), [](const TimelineRow& a, const TimelineRow& b) {
+      return a.duration_ns > b.duration_ns;
+    });
+    std::printf("    host runtime calls %32s %9s %12s\n", "", "per step", "us/step");
+    for (const TimelineRow& r : sorted) {
+      std::printf("    %-51s %9.1f %12.1f\n", r.label.c_str(), static_cast<double>(r.count) / steps,
+                  r.duration_ns * per_step);
+    }
+  }
+  if (!csv.empty()) {
+    std::ofstream out(csv);
+    out << "kind,name,start_us,end_us\n";
+    uint64_t t0 = UINT64_MAX;
+    for (const KernelSpan& s : spans) t0 = std::min(t0, s.start_ns);
+    for (const KernelSpan& s : spans) {
+      const char* kind = s.kind == KernelSpan::Kind::kKernel ? "kernel"
+                         : s.kind == KernelSpan::Kind::kCopy ? "copy"
+                                                             : "host";
+      out << kind << ",\"" << s.name << "\"," << (static_cast<double>(s.start_ns) - t0) * 1e-3
+          << ',' << (static_cast<double>(s.end_ns) - t0) * 1e-3 << '\n';
+    }
+  }
 }
 
 void run_bench(BenchArgs args) {
@@ -106,11 +180,29 @@ void run_bench(BenchArgs args) {
   const int64_t graph_before = engine->stats().graph_steps;
   const double gap_before = engine->stats().host_gap_seconds;
   std::vector<double> step_times;
+  // The trace covers trace_steps decode steps in the middle of the decode, where the
+  // context is the run's average.
+  const int64_t trace_from =
+      args.trace_steps > 0 ? std::max(0, (args.output_len - 1 - args.trace_steps) / 2) : -1;
+  bool tracing = false;
+  std::vector<KernelSpan> trace;
+  int traced_steps = 0;
   while (engine->has_unfinished()) {
+    const int64_t index = static_cast<int64_t>(step_times.size());
+    if (index == trace_from) {
+      const std::string why = backend.begin_kernel_trace();
+      tracing = why.empty();
+      if (!tracing) std::printf("  kernel trace unavailable: %s\n", why.c_str());
+    }
     const auto s0 = Clock::now();
     engine->step();
     step_times.push_back(seconds(s0, Clock::now()));
+    if (tracing && ++traced_steps == args.trace_steps) {
+      trace = backend.end_kernel_trace();
+      tracing = false;
+    }
   }
+  if (tracing) trace = backend.end_kernel_trace();
   backend.synchronize();
   const auto t2 = Clock::now();
 
@@ -163,6 +255,10 @@ void run_bench(BenchArgs args) {
               "measured copy bandwidth = %.1f %% (limit %.0f tok/s)\n",
               weight_read / 1e9, kv_read / 1e9, achieved / 1e9, bandwidth / 1e9,
               100.0 * achieved / bandwidth, limit_tok_s);
+  if (args.trace_steps > 0 && traced_steps > 0) {
+    std::printf("  (the decode figures above include the %d traced steps)\n", traced_steps);
+    report_trace(trace, traced_steps, args.trace_out);
+  }
   if (!args.json_out.empty()) {
     nlohmann::json j = {{"model", model_name}, {"backend", backend.name()},
                         {"batch", args.batch}, {"prompt_len", args.prompt_len},
@@ -192,6 +288,10 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--output-len", a->output_len, "generated tokens")->capture_default_str();
   cmd->add_option("--seed", a->seed, "weights and prompts seed")->capture_default_str();
   cmd->add_option("--json-out", a->json_out, "append a JSON line with the figures");
+  cmd->add_option("--trace-steps", a->trace_steps,
+                  "record this many decode steps' kernels (CUPTI) and print where the time goes")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--trace-out", a->trace_out, "with --trace-steps: write the kernels as CSV");
   add_engine_options(cmd, a->engine);
   cmd->callback([a] { run_bench(*a); });
 }

@@ -36,3 +36,8 @@ add_test(NAME cli_generate_few_pages COMMAND ${_pl} generate --model ${_dir} --p
   --num-pages 3 --page-size 1 --max-tokens 8)
 set_tests_properties(cli_generate_few_pages PROPERTIES FIXTURES_REQUIRED cli_model
   PASS_REGULAR_EXPRESSION "needs up to 10 KV-cache pages .* but the KV cache has only 2 pages")
+# The bench's kernel trace needs CUPTI and a GPU: elsewhere it says so and the bench goes on.
+add_test(NAME cli_bench_trace_unavailable COMMAND ${_pl} bench --preset tiny --backend cpu
+  --batch 2 --prompt-len 4 --output-len 8 --trace-steps 2)
+set_tests_properties(cli_bench_trace_unavailable PROPERTIES
+  PASS_REGULAR_EXPRESSION "kernel trace unavailable: cpu backend has no kernel trace.*decode ")

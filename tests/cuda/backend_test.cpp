@@ -286,6 +286,42 @@ TEST_F(CudaOpTest, CapturedGraphReplaysOnNewInputs) {
   }
 }
 
+TEST_F(CudaOpTest, KernelTraceRecordsKernelsInLaunchOrder) {
+  // The GPU suite's bundle carries CUPTI; elsewhere a missing library is a skip, any other
+  // failure to start a trace is a failure.
+  const std::string why = gpu().begin_kernel_trace();
+  if (why.find("cannot load CUPTI") != std::string::npos) GTEST_SKIP() << why;
+  ASSERT_EQ(why, "");
+  EXPECT_NE(gpu().begin_kernel_trace(), "") << "a second trace started while one runs";
+  const int64_t rows = 4, inter = 256;
+  Tensor gate_up = alloc(gpu(), DType::BF16, {rows, 2 * inter});
+  Tensor act = alloc(gpu(), DType::BF16, {rows, inter});
+  gpu().fill(gate_up, 0.5f);
+  gpu().silu_mul(gate_up, act);
+  gpu().fill(gate_up, 0.25f);
+  const std::vector<KernelSpan> spans = gpu().end_kernel_trace();
+  std::vector<std::string> kernels;
+  for (const KernelSpan& s : spans) {
+    EXPECT_LE(s.start_ns, s.end_ns) << s.name;
+    if (s.kind == KernelSpan::Kind::kKernel) kernels.push_back(s.name);
+  }
+  ASSERT_EQ(kernels.size(), 3u) << "kernels recorded: " << kernels.size();
+  EXPECT_NE(kernels[0].find("fill_kernel"), std::string::npos) << kernels[0];
+  EXPECT_NE(kernels[1].find("silu_mul_kernel"), std::string::npos) << kernels[1];
+  EXPECT_NE(kernels[2].find("fill_kernel"), std::string::npos) << kernels[2];
+  const KernelTimeline t = summarize_kernel_timeline(spans);
+  EXPECT_EQ(t.kernels, 3);
+  EXPECT_GT(t.wall_ns, 0.0);
+  // Stopped: nothing more is recorded, and a new trace starts afresh.
+  gpu().fill(gate_up, 1.0f);
+  EXPECT_TRUE(gpu().end_kernel_trace().empty());
+  ASSERT_EQ(gpu().begin_kernel_trace(), "");
+  gpu().fill(act, 1.0f);
+  size_t fills = 0;
+  for (const KernelSpan& s : gpu().end_kernel_trace()) fills += s.kind == KernelSpan::Kind::kKernel;
+  EXPECT_EQ(fills, 1u);
+}
+
 TEST_F(CudaOpTest, UploadBatchDuringCaptureIsRefusedClearly) {
   const ForwardBatch b = small_batch(2, 2, 0);
   gpu().begin_capture();

@@ -6,12 +6,14 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "pagellm/attention/provider.h"
 #include "pagellm/backend/forward_batch.h"
+#include "pagellm/common/kernel_timeline.h"
 #include "pagellm/common/tensor.h"
 #include "pagellm/engine/sampling_params.h"
 
@@ -126,6 +128,14 @@ class Backend {
   /// Measures device memory bandwidth with a large copy: (bytes read + bytes written) per
   /// second. The limit that bandwidth-bound work (decode) is measured against.
   virtual double measure_copy_bandwidth();
+
+  // ---- kernel trace (optional, for benchmarks) ---------------------------------------
+  /// Starts recording every kernel and copy the device runs (graphs included) and the
+  /// host's calls into the device runtime. Returns an empty string, or why this backend
+  /// cannot trace.
+  virtual std::string begin_kernel_trace() { return name() + " backend has no kernel trace"; }
+  /// Stops recording; the spans since begin_kernel_trace(), in start order.
+  virtual std::vector<KernelSpan> end_kernel_trace() { return {}; }
 
   // ---- graphs (optional) --------------------------------------------------------------
   virtual bool supports_graphs() const { return false; }

@@ -21,6 +21,7 @@
 #if PAGELLM_HAVE_CUDNN
 #include "pagellm/cuda/cudnn_attention.h"
 #endif
+#include "pagellm/cuda/kernel_trace.h"
 #include "pagellm/cuda/kernels.h"
 #include "pagellm/cuda/matmul.h"
 #include "pagellm/cuda/sampling.h"
@@ -394,6 +395,13 @@ std::vector<float> CudaBackend::download_f32(const Tensor& src) {
 void CudaBackend::fill(Tensor& t, float value) {
   expect_data(t, "fill", "target");
   launch_fill(t.data, t.dtype, t.numel(), value, as_stream(stream_));
+}
+
+std::string CudaBackend::begin_kernel_trace() { return cuda::begin_kernel_trace(); }
+
+std::vector<KernelSpan> CudaBackend::end_kernel_trace() {
+  synchronize();  // every traced kernel has finished and its record can be flushed
+  return cuda::end_kernel_trace();
 }
 
 double CudaBackend::measure_copy_bandwidth() {

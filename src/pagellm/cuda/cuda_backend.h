@@ -116,6 +116,10 @@ class CudaBackend final : public Backend {
   /// with events, median of 5: (bytes read + bytes written) per second.
   double measure_copy_bandwidth() override;
 
+  /// Through CUPTI's activity API (libcupti.so.13, loaded at run time; kernel_trace.h).
+  std::string begin_kernel_trace() override;
+  std::vector<KernelSpan> end_kernel_trace() override;
+
   // ---- graphs --------------------------------------------------------------------------
   bool supports_graphs() const override { return true; }
   /// Sizes the batch metadata regions so that batches within these capacities never grow

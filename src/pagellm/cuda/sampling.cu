@@ -7,7 +7,7 @@
 // just written by the lm_head matmul), ~3-5 µs per pass.
 //
 // Passes, for a typical Qwen3 request (temperature 0.6, top_k 20, top_p 0.95):
-//   1-2. raw max/argmax and sum of exp (raw log-probabilities);
+//   1.   raw max/argmax and sum of exp (raw log-probabilities), one pass;
 //   3.   processed max x_max (x = logit / temperature, computed on the fly);
 //   4.   histogram of token counts by distance below x_max (1/8-nat bins);
 //   5.   gather the few bins holding the top k into shared memory, bitonic-sort them
@@ -186,6 +186,59 @@ __device__ ArgMaxD block_argmax(ArgMaxD a, SharedState& s) {
   return best;
 }
 
+// ---- raw statistics of a row ----------------------------------------------------------------
+
+// One pass over a row of logits: this thread's (max, lowest argmax) of the sanitised values
+// and, in `sum`, the sum of exp(v - max) over its elements (online: rescaled when the max
+// rises). The pass is latency-bound at one CTA per row (32 rows use 32 SMs), so it loads
+// 16 bytes at a time, four loads in flight per thread. The sum only feeds the reported
+// log-probability, never a token decision, so it uses the fast exponential; block_argmax
+// is order-independent (value, then id).
+__device__ ArgMax thread_raw_stats(const float* __restrict__ row, int32_t vocab, float& sum) {
+  ArgMax best{-INFINITY, INT32_MAX};
+  sum = 0.0f;
+  auto visit = [&](float logit, int32_t i) {
+    const float v = sanitize(logit);
+    if (v > best.value) {
+      sum = (best.value > -INFINITY ? sum * __expf(best.value - v) : 0.0f) + 1.0f;
+      best = {v, i};
+    } else {
+      if (v == best.value && i < best.id) best.id = i;
+      if (v > -INFINITY) sum += __expf(v - best.value);
+    }
+  };
+  int32_t scalar_from = 0;
+  if (vocab % 4 == 0 && reinterpret_cast<uintptr_t>(row) % 16 == 0) {
+    const auto* row4 = reinterpret_cast<const float4*>(row);
+    const int32_t n4 = vocab / 4;
+    constexpr int kInFlight = 4;  // 16-byte loads per thread per iteration
+    int32_t i = threadIdx.x;
+    for (; i + (kInFlight - 1) * kThreads < n4; i += kInFlight * kThreads) {
+      float4 v[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) v[u] = row4[i + u * kThreads];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int32_t j = 4 * (i + u * kThreads);
+        visit(v[u].x, j);
+        visit(v[u].y, j + 1);
+        visit(v[u].z, j + 2);
+        visit(v[u].w, j + 3);
+      }
+    }
+    for (; i < n4; i += kThreads) {
+      const float4 a = row4[i];
+      visit(a.x, 4 * i);
+      visit(a.y, 4 * i + 1);
+      visit(a.z, 4 * i + 2);
+      visit(a.w, 4 * i + 3);
+    }
+    scalar_from = vocab;
+  }
+  for (int32_t i = scalar_from + threadIdx.x; i < vocab; i += kThreads) visit(row[i], i);
+  return best;
+}
+
 // ---- the processed row x[V] ----------------------------------------------------------------
 
 // x[i]: the penalised, sanitised, tempered logit. Rows with penalties read their scratch
@@ -351,12 +404,9 @@ __global__ void __launch_bounds__(kThreads)
   GpuSampledToken result;
 
   // ---- raw statistics: max, lowest argmax, log-sum-exp of the unmodified logits --------
-  ArgMax raw{-INFINITY, INT32_MAX};
-  for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
-    const float v = sanitize(row_logits[i]);
-    if (before(v, i, raw.value, raw.id)) raw = {v, i};
-  }
-  raw = block_argmax(raw, s);
+  float thread_sum = 0.0f;
+  const ArgMax mine = thread_raw_stats(row_logits, vocab, thread_sum);
+  const ArgMax raw = block_argmax(mine, s);
   if (!(raw.value > -INFINITY)) {
     if (threadIdx.x == 0) {
       result.status = kSampleNoFiniteLogit;
@@ -364,11 +414,9 @@ __global__ void __launch_bounds__(kThreads)
     }
     return;
   }
-  double raw_sum = 0.0;
-  for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
-    raw_sum += exp_nonpositive(sanitize(row_logits[i]) - raw.value);
-  }
-  const double raw_log_sum = log(block_sum(raw_sum, s));
+  const double raw_log_sum = log(block_sum(
+      mine.value > -INFINITY ? double(thread_sum) * exp(double(mine.value) - double(raw.value)) : 0.0,
+      s));
   auto raw_logprob = [&](int32_t token) {
     return static_cast<float>(double(sanitize(row_logits[token])) - raw.value - raw_log_sum);
   };
