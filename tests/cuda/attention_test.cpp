@@ -447,6 +447,39 @@ class PagedAttention : public ::testing::Test {
     rng_.seed(test_seed() ^ std::hash<std::string>{}(
                                 ::testing::UnitTest::GetInstance()->current_test_info()->name()));
   }
+
+  /// Runs `launch` once on `stream` (outside capture: kernel attributes), captures it into a
+  /// graph, then `replays` times: takes next(replay) (the same problem with new lengths),
+  /// uploads its query_start and kv_lens into dev's arrays, poisons the output, replays the
+  /// graph and checks the output against the reference.
+  void check_graph_replays(DeviceProblem& dev, cudaStream_t stream, float scale,
+                           const std::function<void(cudaStream_t)>& launch, int replays,
+                           const std::function<Problem(int)>& next) {
+    launch(stream);
+    PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    PAGELLM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    launch(stream);
+    PAGELLM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    PAGELLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < replays; ++replay) {
+      Problem pr = next(replay);
+      pr.c.kv_lens.assign(pr.kv_lens.begin(), pr.kv_lens.end());
+      dev.kv_lens.upload(pr.kv_lens);
+      dev.query_start.upload(pr.query_start);
+      dev.out.fill_bytes(0xff);
+      PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
+      PAGELLM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      pr.c.name += " " + std::to_string(replay);
+      const CheckResult r = check_output(pr, dev.out.download(), scale, rng_);
+      EXPECT_TRUE(r.ok) << r.report;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+
   std::mt19937_64 rng_;
 };
 
@@ -571,30 +604,15 @@ TEST_F(PagedAttention, DecodeGraphReplaysWithNewLengths) {
   p.max_kv_len = kCapacity;
   cudaStream_t stream;  // blocking: ordered after the uploads on the legacy stream
   PAGELLM_CUDA_CHECK(cudaStreamCreate(&stream));
-  paged_decode_attention(p, stream);  // warm-up outside capture (sets kernel attributes)
-  PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  PAGELLM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  paged_decode_attention(p, stream);
-  PAGELLM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  PAGELLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 3; ++replay) {
-    Problem pr = full;
-    for (int b = 0; b < kBatch; ++b) pr.kv_lens[b] = log_uniform(rng_, 1, kCapacity);
-    pr.kv_lens[0] = replay == 0 ? 0 : pr.kv_lens[0];  // a padding row in the first replay
-    pr.c.kv_lens.assign(pr.kv_lens.begin(), pr.kv_lens.end());
-    dev.kv_lens.upload(pr.kv_lens);
-    dev.out.fill_bytes(0xff);
-    PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
-    PAGELLM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
-    pr.c.name = "decode graph replay " + std::to_string(replay);
-    const CheckResult r = check_output(pr, dev.out.download(), p.scale, rng_);
-    EXPECT_TRUE(r.ok) << r.report;
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  check_graph_replays(
+      dev, stream, p.scale, [&](cudaStream_t s) { paged_decode_attention(p, s); }, 3,
+      [&](int replay) {
+        Problem pr = full;
+        for (int b = 0; b < kBatch; ++b) pr.kv_lens[b] = log_uniform(rng_, 1, kCapacity);
+        pr.kv_lens[0] = replay == 0 ? 0 : pr.kv_lens[0];  // a padding row in the first replay
+        pr.c.name = "decode graph replay";
+        return pr;
+      });
   cudaStreamDestroy(stream);
 }
 
@@ -696,35 +714,18 @@ TEST_F(PagedAttention, PrefillGraphReplaysWithNewLengths) {
   PAGELLM_CUDA_CHECK(cudaStreamCreate(&stream));
   for (PrefillKernel kernel : kPrefillKernels) {
     const PagedAttentionParams p = dev.params(full);
-    paged_prefill_attention_with(p, kernel, stream);  // warm-up outside capture
-    PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    PAGELLM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    paged_prefill_attention_with(p, kernel, stream);
-    PAGELLM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    PAGELLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int replay = 0; replay < 2; ++replay) {
-      Problem pr = full;
-      for (int b = 0; b < 3; ++b) {
-        pr.kv_lens[b] = log_uniform(rng_, 1, 900);
-        const int q = std::min(pr.kv_lens[b], log_uniform(rng_, 1, 600));
-        pr.query_start[b + 1] = pr.query_start[b] + q;
-      }
-      pr.c.kv_lens.assign(pr.kv_lens.begin(), pr.kv_lens.end());
-      dev.kv_lens.upload(pr.kv_lens);
-      dev.query_start.upload(pr.query_start);
-      dev.out.fill_bytes(0xff);
-      PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
-      PAGELLM_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-      PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
-      pr.c.name = std::string("prefill graph replay ") + prefill_kernel_name(kernel) + " " +
-                  std::to_string(replay);
-      const CheckResult r = check_output(pr, dev.out.download(), p.scale, rng_);
-      EXPECT_TRUE(r.ok) << r.report;
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    check_graph_replays(
+        dev, stream, p.scale, [&](cudaStream_t s) { paged_prefill_attention_with(p, kernel, s); },
+        2, [&](int) {
+          Problem pr = full;
+          for (int b = 0; b < 3; ++b) {
+            pr.kv_lens[b] = log_uniform(rng_, 1, 900);
+            const int q = std::min(pr.kv_lens[b], log_uniform(rng_, 1, 600));
+            pr.query_start[b + 1] = pr.query_start[b] + q;
+          }
+          pr.c.name = std::string("prefill graph replay ") + prefill_kernel_name(kernel);
+          return pr;
+        });
   }
   cudaStreamDestroy(stream);
 }

@@ -240,6 +240,63 @@ AttentionDomain domain_of(const Route& r) {
   return d;
 }
 
+/// The batch the planner sees for these inputs.
+ForwardBatch batch_of(const Inputs& in) {
+  ForwardBatch batch;
+  batch.page_size = in.r.page;
+  batch.max_pages_per_seq = in.table;
+  batch.query_start = in.query_start;
+  batch.kv_lens = in.r.kv;
+  batch.page_table = in.page_table;
+  batch.token_ids.assign(in.tokens, 0);
+  return batch;
+}
+
+/// The inputs on the device, and the kernels' parameters over them (out left unset).
+struct DeviceInputs {
+  explicit DeviceInputs(const Inputs& in)
+      : q(in.q), k(in.k), v(in.v), qs(in.query_start), kvl(in.r.kv), pt(in.page_table) {}
+  PagedAttentionParams params(const Inputs& in, float scale) const {
+    const Route& r = in.r;
+    PagedAttentionParams p;
+    p.q = q.get();
+    p.k_pool = k.get();
+    p.v_pool = v.get();
+    p.query_start = qs.get();
+    p.kv_lens = kvl.get();
+    p.page_table = pt.get();
+    p.num_seqs = static_cast<int32_t>(r.q.size());
+    p.num_tokens = in.tokens;
+    p.num_q_heads = r.hq;
+    p.num_kv_heads = r.hkv;
+    p.head_dim = r.d;
+    p.page_size = r.page;
+    p.max_pages_per_seq = in.table;
+    p.max_query_len = *std::max_element(r.q.begin(), r.q.end());
+    p.max_kv_len = *std::max_element(r.kv.begin(), r.kv.end());
+    p.scale = scale;
+    return p;
+  }
+  Buffer<uint16_t> q, k, v;
+  Buffer<int32_t> qs, kvl, pt;
+};
+
+/// A planner with cuDNN forced (`--attention-backend cudnn`) over its own plan cache.
+struct ForcedCudnnPlanner {
+  ForcedCudnnPlanner() = default;
+  ForcedCudnnPlanner(const ForcedCudnnPlanner&) = delete;  // the planner points at cache
+  ForcedCudnnPlanner& operator=(const ForcedCudnnPlanner&) = delete;
+  static AttentionPlannerConfig config_for(CudnnPlanCache& plans) {
+    AttentionPlannerConfig config;
+    config.choice = AttentionBackendChoice::kCudnn;
+    config.device = cuda_device_profile(0);
+    config.registry = &plans;
+    return config;
+  }
+  CudnnPlanCache cache{0};
+  AttentionPlanner planner{config_for(cache)};
+};
+
 class CudnnAttention : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -263,48 +320,21 @@ class CudnnAttention : public ::testing::Test {
   void check_route(const Route& r) {
     SCOPED_TRACE(r.describe());
     const Inputs in = make_inputs(r, rng_);
-    Buffer<uint16_t> q(in.q), k(in.k), v(in.v), out_cudnn(in.q.size()), out_native(in.q.size());
-    Buffer<int32_t> qs(in.query_start), kvl(r.kv), pt(in.page_table);
+    const DeviceInputs dev(in);
+    Buffer<uint16_t> out_cudnn(in.q.size()), out_native(in.q.size());
     const bool decode = std::all_of(r.q.begin(), r.q.end(), [](int32_t x) { return x == 1; });
     const AttentionDomain dom = domain_of(r);
 
-    AttentionPlannerConfig config;
-    config.choice = AttentionBackendChoice::kCudnn;
-    config.device = cuda_device_profile(0);
-    CudnnPlanCache cache(0);
-    config.registry = &cache;
-    AttentionPlanner planner(config);
-    ForwardBatch batch;
-    batch.page_size = r.page;
-    batch.max_pages_per_seq = in.table;
-    batch.query_start = in.query_start;
-    batch.kv_lens = r.kv;
-    batch.page_table = in.page_table;
-    batch.token_ids.assign(in.tokens, 0);
-    const AttentionPlan& plan = planner.plan(dom, batch_view(batch));
+    ForcedCudnnPlanner forced;
+    CudnnPlanCache& cache = forced.cache;
+    const ForwardBatch batch = batch_of(in);
+    const AttentionPlan& plan = forced.planner.plan(dom, batch_view(batch));
     ASSERT_EQ(plan.provider, AttentionProvider::kCudnn) << plan.summary();
     EXPECT_EQ(plan.phase, decode ? AttentionPhase::kDecode : AttentionPhase::kPrefill);
     // cuDNN's paged loads need ceil(s_kv / page) == the row length: s_kv is the row.
     EXPECT_EQ(plan.cudnn_key.max_kv_len, in.table * r.page);
 
-    PagedAttentionParams p;
-    p.q = q.get();
-    p.k_pool = k.get();
-    p.v_pool = v.get();
-    p.query_start = qs.get();
-    p.kv_lens = kvl.get();
-    p.page_table = pt.get();
-    p.num_seqs = static_cast<int32_t>(r.q.size());
-    p.num_tokens = in.tokens;
-    p.num_q_heads = r.hq;
-    p.num_kv_heads = r.hkv;
-    p.head_dim = r.d;
-    p.page_size = r.page;
-    p.max_pages_per_seq = in.table;
-    p.max_query_len = *std::max_element(r.q.begin(), r.q.end());
-    p.max_kv_len = *std::max_element(r.kv.begin(), r.kv.end());
-    p.scale = dom.scale;
-
+    PagedAttentionParams p = dev.params(in, dom.scale);
     cache.set_num_pages(in.pages);
     cache.build(plan.cudnn_key);
     out_cudnn.poison();
@@ -403,22 +433,13 @@ void check_decode_graph(std::mt19937_64& rng, int table_tokens, int capacity,
           table_tokens};
   SCOPED_TRACE(r.describe());
   const Inputs in = make_inputs(r, rng);
-  Buffer<uint16_t> q(in.q), k(in.k), v(in.v), out(in.q.size()), eager(in.q.size());
-  Buffer<int32_t> qs(in.query_start), kvl(r.kv), pt(in.page_table);
+  DeviceInputs dev(in);
+  Buffer<uint16_t> out(in.q.size()), eager(in.q.size());
   const AttentionDomain dom = domain_of(r);
-  AttentionPlannerConfig config;
-  config.choice = AttentionBackendChoice::kCudnn;
-  config.device = cuda_device_profile(0);
-  CudnnPlanCache cache(0);
-  config.registry = &cache;
-  AttentionPlanner planner(config);
-  ForwardBatch batch;
-  batch.page_size = r.page;
-  batch.max_pages_per_seq = in.table;
-  batch.query_start = in.query_start;
-  batch.kv_lens = r.kv;
-  batch.page_table = in.page_table;
-  batch.token_ids.assign(in.tokens, 0);
+  ForcedCudnnPlanner forced;
+  CudnnPlanCache& cache = forced.cache;
+  AttentionPlanner& planner = forced.planner;
+  ForwardBatch batch = batch_of(in);
   batch.kv_len_capacity = capacity;
   GraphCapacity cap;
   cap.num_seqs = 8;
@@ -429,24 +450,8 @@ void check_decode_graph(std::mt19937_64& rng, int table_tokens, int capacity,
   const AttentionPlan& plan = planner.bind_to_graph(dom, cap, batch_view(batch));
   ASSERT_EQ(plan.provider, AttentionProvider::kCudnn);
   EXPECT_EQ(plan.cudnn_key.max_kv_len, in.table * r.page);  // the row, not the capacity
-  PagedAttentionParams p;
-  p.q = q.get();
-  p.k_pool = k.get();
-  p.v_pool = v.get();
+  PagedAttentionParams p = dev.params(in, dom.scale);  // max_kv_len: capacity, every row's
   p.out = out.get();
-  p.query_start = qs.get();
-  p.kv_lens = kvl.get();
-  p.page_table = pt.get();
-  p.num_seqs = 8;
-  p.num_tokens = 8;
-  p.num_q_heads = r.hq;
-  p.num_kv_heads = r.hkv;
-  p.head_dim = r.d;
-  p.page_size = r.page;
-  p.max_pages_per_seq = in.table;
-  p.max_query_len = 1;
-  p.max_kv_len = capacity;
-  p.scale = dom.scale;
   cache.set_num_pages(in.pages);
   cache.build(plan.cudnn_key);
 
@@ -462,7 +467,7 @@ void check_decode_graph(std::mt19937_64& rng, int table_tokens, int capacity,
   PAGELLM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
 
   for (const std::vector<int32_t>& lens : replays) {
-    kvl.upload(lens);
+    dev.kvl.upload(lens);
     // The planner, still bound, accepts the new lengths with the same plan.
     ForwardBatch next = batch;
     next.kv_lens = lens;
@@ -542,13 +547,7 @@ TEST_F(CudnnAttention, AutoRequestsPlansAndNeverBuildsDuringCapture) {
   config.tables = &tables;
   config.registry = &cache;
   AttentionPlanner planner(config);
-  ForwardBatch batch;
-  batch.page_size = r.page;
-  batch.max_pages_per_seq = in.table;
-  batch.query_start = in.query_start;
-  batch.kv_lens = r.kv;
-  batch.page_table = in.page_table;
-  batch.token_ids.assign(in.tokens, 0);
+  const ForwardBatch batch = batch_of(in);
   const AttentionDomain dom = domain_of(r);
   EXPECT_EQ(planner.plan(dom, batch_view(batch)).provider, AttentionProvider::kNative);
   EXPECT_EQ(cache.num_requested(), 1u);

@@ -134,53 +134,42 @@ __device__ int32_t block_sum(int32_t v, SharedState& s) {
   return total;
 }
 
-// (largest value, lowest id among equals). Threads with nothing pass (-inf, INT32_MAX).
-struct ArgMax {
-  float value;
+// (largest value, lowest id among equals) in float (logits) or double (race scores).
+// Threads with nothing pass (-inf, INT32_MAX).
+template <class T>
+struct Best {
+  T value;
   int32_t id;
 };
+using ArgMax = Best<float>;
+using ArgMaxD = Best<double>;
 
-__device__ ArgMax block_argmax(ArgMax a, SharedState& s) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const float v = __shfl_xor_sync(kFullMask, a.value, o);
-    const int32_t i = __shfl_xor_sync(kFullMask, a.id, o);
-    if (before(v, i, a.value, a.id)) a = {v, i};
+template <class T>
+__device__ __forceinline__ T* reduce_values(SharedState& s) {
+  if constexpr (sizeof(T) == sizeof(double)) {
+    return s.reduce_d;
+  } else {
+    return s.reduce_f;
   }
-  if (threadIdx.x % 32 == 0) {
-    s.reduce_f[threadIdx.x / 32] = a.value;
-    s.reduce_i[threadIdx.x / 32] = a.id;
-  }
-  __syncthreads();
-  ArgMax best{s.reduce_f[0], s.reduce_i[0]};
-  for (int w = 1; w < kWarps; ++w) {
-    if (before(s.reduce_f[w], s.reduce_i[w], best.value, best.id)) best = {s.reduce_f[w], s.reduce_i[w]};
-  }
-  __syncthreads();
-  return best;
 }
 
-struct ArgMaxD {
-  double score;
-  int32_t id;
-};
-
-__device__ ArgMaxD block_argmax(ArgMaxD a, SharedState& s) {
-  auto better = [](double sv, int32_t si, double bv, int32_t bi) {
-    return sv > bv || (sv == bv && si < bi);
-  };
+template <class T>
+__device__ Best<T> block_argmax(Best<T> a, SharedState& s) {
+  auto better = [](T v, int32_t i, const Best<T>& b) { return v > b.value || (v == b.value && i < b.id); };
   for (int o = 16; o > 0; o >>= 1) {
-    const double v = __shfl_xor_sync(kFullMask, a.score, o);
+    const T v = __shfl_xor_sync(kFullMask, a.value, o);
     const int32_t i = __shfl_xor_sync(kFullMask, a.id, o);
-    if (better(v, i, a.score, a.id)) a = {v, i};
+    if (better(v, i, a)) a = {v, i};
   }
+  T* values = reduce_values<T>(s);
   if (threadIdx.x % 32 == 0) {
-    s.reduce_d[threadIdx.x / 32] = a.score;
+    values[threadIdx.x / 32] = a.value;
     s.reduce_i[threadIdx.x / 32] = a.id;
   }
   __syncthreads();
-  ArgMaxD best{s.reduce_d[0], s.reduce_i[0]};
+  Best<T> best{values[0], s.reduce_i[0]};
   for (int w = 1; w < kWarps; ++w) {
-    if (better(s.reduce_d[w], s.reduce_i[w], best.score, best.id)) best = {s.reduce_d[w], s.reduce_i[w]};
+    if (better(values[w], s.reduce_i[w], best)) best = {values[w], s.reduce_i[w]};
   }
   __syncthreads();
   return best;
@@ -387,7 +376,7 @@ __device__ float bisect_top_p(const RowView& x, float m, float lower, double tar
 }
 
 __device__ __forceinline__ void consider(double score, int32_t id, ArgMaxD& best) {
-  if (score > best.score || (score == best.score && id < best.id)) best = {score, id};
+  if (score > best.value || (score == best.value && id < best.id)) best = {score, id};
 }
 
 __global__ void __launch_bounds__(kThreads)
