@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <map>
 #include <random>
 
 #include "cli/commands.h"
@@ -73,22 +72,9 @@ void report_trace(const std::vector<KernelSpan>& spans, int steps, const std::st
   }
   // The host's runtime calls: what the host thread was doing (waiting in a synchronise,
   // launching the graph) while the device idled.
-  std::map<std::string, TimelineRow> calls;
-  for (const KernelSpan& s : spans) {
-    if (s.kind != KernelSpan::Kind::kHostCall) continue;
-    TimelineRow& r = calls[s.name];
-    r.label = s.name;
-    ++r.count;
-    r.duration_ns += static_cast<double>(s.end_ns - s.start_ns);
-  }
-  if (!calls.empty()) {
-    std::vector<TimelineRow> sorted;
-    for (const auto& [name, r] : calls) sorted.push_back(r);
-    std::sort(sorted.begin(), sorted.end(), [](const TimelineRow& a, const TimelineRow& b) {
-      return a.duration_ns > b.duration_ns;
-    });
+  if (!t.host_calls.empty()) {
     std::printf("    host runtime calls %32s %9s %12s\n", "", "per step", "us/step");
-    for (const TimelineRow& r : sorted) {
+    for (const TimelineRow& r : t.host_calls) {
       std::printf("    %-51s %9.1f %12.1f\n", r.label.c_str(), static_cast<double>(r.count) / steps,
                   r.duration_ns * per_step);
     }

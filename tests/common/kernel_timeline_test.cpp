@@ -88,9 +88,19 @@ TEST(KernelTimeline, NoRepeatingUnitAndBadSpans) {
   // Host calls are not device time.
   KernelSpan call = span("cudaGraphLaunch", 0, 100);
   call.kind = KernelSpan::Kind::kHostCall;
-  const KernelTimeline with_call = summarize_kernel_timeline({call, span("a", 50, 60)});
+  KernelSpan short_call = span("cudaMemcpyAsync", 70, 75);
+  short_call.kind = KernelSpan::Kind::kHostCall;
+  const KernelTimeline with_call =
+      summarize_kernel_timeline({short_call, call, span("a", 50, 60), short_call});
   EXPECT_EQ(with_call.kernels, 1);
   EXPECT_DOUBLE_EQ(with_call.wall_ns, 10);
+  // ... but are listed by name, most time first.
+  ASSERT_EQ(with_call.host_calls.size(), 2u);
+  EXPECT_EQ(with_call.host_calls[0].label, "cudaGraphLaunch");
+  EXPECT_DOUBLE_EQ(with_call.host_calls[0].duration_ns, 100);
+  EXPECT_EQ(with_call.host_calls[1].label, "cudaMemcpyAsync");
+  EXPECT_EQ(with_call.host_calls[1].count, 2);
+  EXPECT_DOUBLE_EQ(with_call.host_calls[1].duration_ns, 10);
   try {
     summarize_kernel_timeline({span("bad", 10, 5)});
     FAIL() << "a span ending before it starts was accepted";

@@ -25,6 +25,27 @@ int find_period(const std::vector<std::string>& names) {
   return 0;
 }
 
+/// Rows by name (count, duration and attribution summed), most attributed time first, or
+/// without attribution (host calls) most duration first.
+std::vector<TimelineRow> rows_by_name(const std::vector<KernelSpan>& spans,
+                                      const std::vector<double>& attributed) {
+  std::map<std::string, TimelineRow> rows;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    TimelineRow& r = rows[spans[i].name];
+    r.label = spans[i].name;
+    ++r.count;
+    r.attributed_ns += attributed.empty() ? 0.0 : attributed[i];
+    r.duration_ns += static_cast<double>(spans[i].end_ns - spans[i].start_ns);
+  }
+  std::vector<TimelineRow> sorted;
+  for (auto& [name, row] : rows) sorted.push_back(row);
+  const bool by_attribution = !attributed.empty();
+  std::stable_sort(sorted.begin(), sorted.end(), [&](const TimelineRow& a, const TimelineRow& b) {
+    return by_attribution ? a.attributed_ns > b.attributed_ns : a.duration_ns > b.duration_ns;
+  });
+  return sorted;
+}
+
 }  // namespace
 
 std::string short_kernel_name(const std::string& demangled) {
@@ -58,15 +79,17 @@ std::string short_kernel_name(const std::string& demangled) {
 
 KernelTimeline summarize_kernel_timeline(std::vector<KernelSpan> spans) {
   KernelTimeline t;
-  spans.erase(std::remove_if(spans.begin(), spans.end(),
-                             [](const KernelSpan& s) { return s.kind == KernelSpan::Kind::kHostCall; }),
-              spans.end());
-  if (spans.empty()) return t;
   for (const KernelSpan& s : spans) {
     PAGELLM_CHECK(s.end_ns >= s.start_ns)
         << "kernel timeline: span '" << s.name << "' ends (" << s.end_ns << " ns) before it starts ("
         << s.start_ns << " ns)";
   }
+  const auto host = std::stable_partition(spans.begin(), spans.end(), [](const KernelSpan& s) {
+    return s.kind != KernelSpan::Kind::kHostCall;
+  });
+  t.host_calls = rows_by_name(std::vector<KernelSpan>(host, spans.end()), {});
+  spans.erase(host, spans.end());
+  if (spans.empty()) return t;
   std::stable_sort(spans.begin(), spans.end(),
                    [](const KernelSpan& a, const KernelSpan& b) { return a.start_ns < b.start_ns; });
   t.kernels = static_cast<int64_t>(spans.size());
@@ -86,18 +109,7 @@ KernelTimeline summarize_kernel_timeline(std::vector<KernelSpan> spans) {
   }
   t.wall_ns = static_cast<double>(last_end - spans.front().start_ns);
 
-  std::map<std::string, TimelineRow> rows;
-  for (size_t i = 0; i < spans.size(); ++i) {
-    TimelineRow& r = rows[spans[i].name];
-    r.label = spans[i].name;
-    ++r.count;
-    r.attributed_ns += attributed[i];
-    r.duration_ns += static_cast<double>(spans[i].end_ns - spans[i].start_ns);
-  }
-  for (auto& [name, row] : rows) t.by_name.push_back(row);
-  std::stable_sort(t.by_name.begin(), t.by_name.end(), [](const TimelineRow& a, const TimelineRow& b) {
-    return a.attributed_ns > b.attributed_ns;
-  });
+  t.by_name = rows_by_name(spans, attributed);
 
   // The repeating unit: every maximal stretch in which names repeat with the period, at
   // least kMinRepeats periods long, aligned to the first such stretch's phase.

@@ -41,6 +41,9 @@ struct KernelTimeline {
   int period = 0;
   int64_t period_repeats = 0;
   std::vector<TimelineRow> by_position;
+  /// The host's runtime calls by name, most time first (duration_ns only: they are not
+  /// device time and take no part in the attribution above).
+  std::vector<TimelineRow> host_calls;
 };
 
 /// A demangled kernel name shortened for tables: "void ns::(anonymous namespace)::k<32,
@@ -48,8 +51,9 @@ struct KernelTimeline {
 /// characters).
 std::string short_kernel_name(const std::string& demangled);
 
-/// Summarises the device spans (kernels and copies; host calls are left out), in any
-/// order. Spans with end < start are an error (throws Error).
+/// Summarises the spans, in any order: the device spans (kernels and copies) into the
+/// attribution, the host calls into host_calls. Spans with end < start are an error
+/// (throws Error).
 KernelTimeline summarize_kernel_timeline(std::vector<KernelSpan> spans);
 
 }  // namespace pagellm

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "pagellm/backend/backend.h"
+#include "pagellm/common/kernel_timeline.h"
 
 namespace pagellm::cuda {
 
