@@ -13,42 +13,26 @@
 #include <cmath>
 #include <vector>
 
+#include "pagellm/attention/attention_call.h"
 #include "pagellm/attention/planner.h"
+#include "pagellm/backend/forward_batch.h"
 
 namespace pagellm {
 namespace {
 
-struct Batch {
-  std::vector<int32_t> query_start{0}, kv_lens, page_table;
-  int32_t max_pages = 0;
-  AttentionBatchView view(int32_t kv_capacity = 0) const {
-    AttentionBatchView v;
-    v.query_start = query_start.data();
-    v.query_start_size = query_start.size();
-    v.kv_lens = kv_lens.data();
-    v.kv_lens_size = kv_lens.size();
-    v.page_table_size = page_table.size();
-    v.max_pages_per_seq = max_pages;
-    v.num_seqs = static_cast<int32_t>(kv_lens.size());
-    v.num_tokens = query_start.back();
-    int32_t mq = 0, mk = 0;
-    for (size_t b = 0; b + 1 < query_start.size(); ++b) mq = std::max(mq, query_start[b + 1] - query_start[b]);
-    for (int32_t k : kv_lens) mk = std::max(mk, k);
-    v.max_query_len = mq;
-    v.max_kv_len = mk;
-    v.kv_len_capacity = kv_capacity;
-    return v;
-  }
-};
-
-Batch make(int n, int32_t q, int32_t kv, int32_t table_tokens) {
-  Batch b;
+/// n sequences of about q new tokens after about kv cached ones, in page-table rows of
+/// table_tokens (pages of 16).
+ForwardBatch make(int n, int32_t q, int32_t kv, int32_t table_tokens) {
+  ForwardBatch b;
+  b.page_size = 16;
+  b.query_start = {0};
   for (int i = 0; i < n; ++i) {
     b.query_start.push_back(b.query_start.back() + q + (i % 3));
     b.kv_lens.push_back(kv + (i % 7) * 16 + q + (i % 3));
   }
-  b.max_pages = (table_tokens + 15) / 16;
-  b.page_table.assign(static_cast<size_t>(n) * b.max_pages, 1);
+  b.token_ids.assign(static_cast<size_t>(b.query_start.back()), 0);
+  b.max_pages_per_seq = (table_tokens + 15) / 16;
+  b.page_table.assign(static_cast<size_t>(n) * b.max_pages_per_seq, 1);
   return b;
 }
 
@@ -102,8 +86,8 @@ void run_plan(benchmark::State& state, AttentionBackendChoice choice) {
   c.device = device();
   c.tables = &ts;
   AttentionPlanner planner(c);
-  const Batch b = make(n, 64, 2048, 4096);
-  const AttentionBatchView v = b.view();
+  const ForwardBatch b = make(n, 64, 2048, 4096);
+  const AttentionBatchView v = batch_view(b);
   const AttentionDomain d = domain();
   for (auto _ : state) {
     const AttentionPlan& p = planner.plan(d, v);
@@ -125,23 +109,27 @@ void BM_PlanBoundDecode(benchmark::State& state) {
   c.tables = &ts;
   AttentionPlanner planner(c);
   const int32_t capacity = 32768;
-  Batch rep;
+  ForwardBatch rep;  // the representative batch: one token, one key per sequence
+  rep.page_size = 16;
+  rep.query_start = {0};
   for (int i = 0; i < n; ++i) {
     rep.query_start.push_back(i + 1);
     rep.kv_lens.push_back(1);
   }
-  rep.max_pages = capacity / 16;
-  rep.page_table.assign(static_cast<size_t>(n) * rep.max_pages, 0);
+  rep.token_ids.assign(static_cast<size_t>(n), 0);
+  rep.max_pages_per_seq = capacity / 16;
+  rep.page_table.assign(static_cast<size_t>(n) * rep.max_pages_per_seq, 0);
+  rep.kv_len_capacity = capacity;
   GraphCapacity cap;
   cap.num_seqs = n;
   cap.max_num_tokens = n;
   cap.max_query_len = 1;
-  cap.max_pages_per_seq = rep.max_pages;
+  cap.max_pages_per_seq = rep.max_pages_per_seq;
   cap.kv_len_capacity = capacity;
-  planner.bind_to_graph(domain(), cap, rep.view(capacity));
-  Batch live = rep;
+  planner.bind_to_graph(domain(), cap, batch_view(rep));
+  ForwardBatch live = rep;
   for (int i = 0; i < n; ++i) live.kv_lens[i] = 1 + (i * 977) % capacity;
-  const AttentionBatchView v = live.view(capacity);
+  const AttentionBatchView v = batch_view(live);
   const AttentionDomain d = domain();
   for (auto _ : state) {
     const AttentionPlan& p = planner.plan(d, v);
