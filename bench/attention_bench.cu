@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "pagellm/cuda/attention.h"
+#include "pagellm/cuda/attention_decode_variants.h"
 #include "pagellm/cuda/attention_prefill_variants.h"
 
 #include "cuda_bench_util.cuh"
@@ -120,6 +121,7 @@ struct Batch {
     p.head_dim = pool.head_dim;
     p.page_size = pool.page_size;
     p.max_pages_per_seq = max_pages;
+    p.num_pages = static_cast<int32_t>(pool.num_pages);
     p.max_query_len = q_len;
     p.max_kv_len = kv_len;
     p.scale = 1.0f / std::sqrt(static_cast<float>(pool.head_dim));
@@ -134,12 +136,13 @@ struct Batch {
 double time_calls(const Pool& pool, const Batch& batch, int num_q_heads, bool decode, int launches,
                   int reps, cudaStream_t stream,
                   pagellm::cuda::PrefillKernel prefill = pagellm::cuda::kDefaultPrefillKernel,
-                  int decode_splits = 0) {
+                  int decode_splits = 0,
+                  pagellm::cuda::DecodeKernel decode_kernel = pagellm::cuda::kDefaultDecodeKernel) {
   auto call = [&](int copy) {
     auto p = batch.params(pool, num_q_heads, copy % batch.copies);
     p.num_splits = decode_splits;
     if (decode) {
-      pagellm::cuda::paged_decode_attention(p, stream);
+      pagellm::cuda::paged_decode_attention_with(p, decode_kernel, stream);
     } else {
       pagellm::cuda::paged_prefill_attention_with(p, prefill, stream);
     }
@@ -226,10 +229,13 @@ int run(int argc, char** argv) {
       }
     }
     Pool pool(max_tokens + page, hkv, d, page);
-    std::printf("\ndecode: Hq %d, Hkv %d, D %d, page %d (bytes = K/V + q + out)\n", hq, hkv, d,
-                page);
-    std::printf("%8s %6s %6s %10s %9s %8s\n", "context", "batch", "splits", "time_us", "GB/s",
-                "of_copy");
+    std::printf("\ndecode: Hq %d, Hkv %d, D %d, page %d (bytes = K/V + q + out); kernels tma "
+                "(the default) and cpasync\n",
+                hq, hkv, d, page);
+    std::printf("%8s %6s %6s | %10s %9s %8s | %10s %8s\n", "context", "batch", "splits", "tma_us",
+                "GB/s", "of_copy", "cpasync_us", "of_copy");
+    const pagellm::cuda::DecodeKernel kernels[] = {pagellm::cuda::DecodeKernel::kTma,
+                                                   pagellm::cuda::DecodeKernel::kCpAsync};
     for (int c : contexts) {
       for (int b : batches) {
         const double kv_bytes = double(c) * b * hkv * d * 2 * 2;
@@ -238,14 +244,24 @@ int run(int argc, char** argv) {
             static_cast<int>(std::max<double>(1, std::ceil(l2_rotation_bytes / kv_bytes)));
         Batch batch(pool, hq, b, 1, c, std::min(copies, 1024), rng);
         const int launches = std::max(batch.copies, 8);
-        const double ms = time_calls(pool, batch, hq, true, launches, quick ? 5 : 9, stream);
-        const size_t bad = nonfinite(batch.out, size_t(b) * hq * d);
         const int splits = pagellm::cuda::plan_decode_splits(batch.params(pool, hq, 0));
-        const double gbs = (kv_bytes + qo_bytes) / (ms * 1e-3) / 1e9;
-        rows.push_back(
-            {"decode", d, hq, hkv, page, b, 1, c, splits, ms * 1e3, gbs, gbs / copy_gbs, 0.0});
-        std::printf("%8d %6d %6d %10.2f %9.0f %7.1f%%%s\n", c, b, splits, ms * 1e3, gbs,
-                    100.0 * gbs / copy_gbs, bad ? "  NON-FINITE OUTPUT" : "");
+        std::printf("%8d %6d %6d", c, b, splits);
+        for (const pagellm::cuda::DecodeKernel kernel : kernels) {
+          CHECK_CUDA(cudaMemset(batch.out, 0xff, size_t(b) * hq * d * 2));
+          const double ms = time_calls(pool, batch, hq, true, launches, quick ? 5 : 9, stream,
+                                       pagellm::cuda::kDefaultPrefillKernel, 0, kernel);
+          const size_t bad = nonfinite(batch.out, size_t(b) * hq * d);
+          const double gbs = (kv_bytes + qo_bytes) / (ms * 1e-3) / 1e9;
+          rows.push_back({std::string("decode-") + pagellm::cuda::decode_kernel_name(kernel), d,
+                          hq, hkv, page, b, 1, c, splits, ms * 1e3, gbs, gbs / copy_gbs, 0.0});
+          if (kernel == pagellm::cuda::DecodeKernel::kTma) {
+            std::printf(" | %10.2f %9.0f %7.1f%%", ms * 1e3, gbs, 100.0 * gbs / copy_gbs);
+          } else {
+            std::printf(" | %10.2f %7.1f%%", ms * 1e3, 100.0 * gbs / copy_gbs);
+          }
+          if (bad) std::printf("  NON-FINITE OUTPUT (%s)", pagellm::cuda::decode_kernel_name(kernel));
+        }
+        std::printf("\n");
       }
     }
     // Forced split counts at the short contexts of a decode batch (the W1 regime): the

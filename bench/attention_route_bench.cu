@@ -240,6 +240,7 @@ class Bench {
     p.head_dim = point_.d;
     p.page_size = point_.page;
     p.max_pages_per_seq = host_.max_pages_per_seq;
+    p.num_pages = static_cast<int32_t>(num_pages_);  // lets native decode run its TMA kernel
     p.max_query_len = host_.max_query_len();
     p.max_kv_len = std::max(host_.kv_len_capacity, host_.max_kv_len());
     p.scale = 1.0f / std::sqrt(static_cast<float>(point_.d));

@@ -32,6 +32,7 @@
 
 #include "pagellm/common/check.h"
 #include "pagellm/common/dtype.h"
+#include "pagellm/cuda/attention_decode_variants.h"
 #include "pagellm/cuda/attention_prefill_variants.h"
 #include "pagellm/cuda/cuda_check.h"
 
@@ -224,6 +225,7 @@ struct DeviceProblem {
     p.head_dim = pr.c.head_dim;
     p.page_size = pr.c.page_size;
     p.max_pages_per_seq = pr.max_pages_per_seq;
+    p.num_pages = pr.num_pages;
     int max_q = 0, max_kv = 0;
     for (size_t b = 0; b < pr.kv_lens.size(); ++b) {
       max_q = std::max(max_q, pr.query_start[b + 1] - pr.query_start[b]);
@@ -397,20 +399,28 @@ CheckResult check_output(const Problem& pr, const std::vector<uint16_t>& out, fl
 enum class Kernel { kDecode, kPrefill };
 
 constexpr PrefillKernel kPrefillKernels[] = {PrefillKernel::kV2, PrefillKernel::kV3};
+constexpr DecodeKernel kDecodeKernels[] = {DecodeKernel::kTma, DecodeKernel::kCpAsync};
 
-/// Runs one case through one kernel (output poisoned first) and checks it. Prefill cases
-/// run through every prefill variant, each on a freshly poisoned output.
+/// Runs one case through one kernel (output poisoned first) and checks it. Decode and
+/// prefill cases run through every variant of their kernel, each on a freshly poisoned
+/// output (the TMA decode variant runs the cp.async one where it does not apply: head_dim
+/// 64, page sizes that are not multiples of 16).
 void run_case(const Case& c, Kernel kernel, std::mt19937_64& rng) {
   SCOPED_TRACE(c.describe());
   const Problem pr = make_problem(c, rng);
   DeviceProblem dev(pr);
   const PagedAttentionParams p = dev.params(pr);
-  const int runs = kernel == Kernel::kDecode ? 1 : static_cast<int>(std::size(kPrefillKernels));
+  const int runs = static_cast<int>(kernel == Kernel::kDecode ? std::size(kDecodeKernels)
+                                                                : std::size(kPrefillKernels));
   for (int run = 0; run < runs; ++run) {
     dev.out.fill_bytes(0xff);  // bf16 0xffff is NaN
-    std::string what = "decode ";
+    std::string what;
     if (kernel == Kernel::kDecode) {
-      paged_decode_attention(p, nullptr);
+      paged_decode_attention_with(p, kDecodeKernels[run], nullptr);
+      what = std::string("decode ") + decode_kernel_name(kDecodeKernels[run]) +
+             (kDecodeKernels[run] == DecodeKernel::kTma && !decode_tma_supported(p)
+                  ? " (runs cpasync) "
+                  : " ");
     } else {
       paged_prefill_attention_with(p, kPrefillKernels[run], nullptr);
       what = std::string("prefill ") + prefill_kernel_name(kPrefillKernels[run]) + " ";
@@ -604,8 +614,10 @@ TEST_F(PagedAttention, DecodeGraphReplaysWithNewLengths) {
   p.max_kv_len = kCapacity;
   cudaStream_t stream;  // blocking: ordered after the uploads on the legacy stream
   PAGELLM_CUDA_CHECK(cudaStreamCreate(&stream));
-  check_graph_replays(
-      dev, stream, p.scale, [&](cudaStream_t s) { paged_decode_attention(p, s); }, 3,
+  for (const DecodeKernel kernel : kDecodeKernels) {
+    SCOPED_TRACE(decode_kernel_name(kernel));
+    check_graph_replays(
+        dev, stream, p.scale, [&](cudaStream_t s) { paged_decode_attention_with(p, kernel, s); }, 3,
       [&](int replay) {
         Problem pr = full;
         for (int b = 0; b < kBatch; ++b) pr.kv_lens[b] = log_uniform(rng_, 1, kCapacity);
@@ -613,7 +625,94 @@ TEST_F(PagedAttention, DecodeGraphReplaysWithNewLengths) {
         pr.c.name = "decode graph replay";
         return pr;
       });
+  }
   cudaStreamDestroy(stream);
+}
+
+TEST_F(PagedAttention, DecodeTmaKernelOnQwen3ShapesAndStalePages) {
+  // The TMA kernel's own cases: Qwen3 heads (32/8, D 128), pages of 16, 32 and 64 whose
+  // unused rows hold NaN (the kernel must zero V past the last key), lengths at and around
+  // tile and page edges, split counts that cut inside pages, and rows of several tokens.
+  int cc_major = 0, device = 0;
+  PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
+  PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
+  for (int page : {16, 32, 64}) {
+    for (int splits : {0, 1, 3}) {
+      Case c;
+      c.name = "decode tma qwen3";
+      c.num_q_heads = 32;
+      c.num_kv_heads = 8;
+      c.page_size = page;
+      c.num_splits = splits;
+      for (int kv : {1, 15, 16, 17, 63, 64, 65, 511, 512, 513, 1000}) {
+        c.q_lens.push_back(1);
+        c.kv_lens.push_back(kv);
+      }
+      c.q_lens.push_back(3);  // a row of several query tokens
+      c.kv_lens.push_back(log_uniform(rng_, 3, 3000));
+      const Problem pr = make_problem(c, rng_);
+      DeviceProblem dev(pr);
+      if (cc_major >= 9) {
+        EXPECT_TRUE(decode_tma_supported(dev.params(pr))) << c.describe();
+      }
+      run_case(c, Kernel::kDecode, rng_);
+    }
+  }
+}
+
+TEST(PagedAttentionDecodeKernel, EnvironmentPicksTheVariant) {
+  const char* old = std::getenv("PAGELLM_DECODE_KERNEL");
+  const std::string saved = old ? old : "";
+  ::unsetenv("PAGELLM_DECODE_KERNEL");
+  EXPECT_EQ(decode_kernel_from_env(), kDefaultDecodeKernel);
+  ::setenv("PAGELLM_DECODE_KERNEL", "", 1);
+  EXPECT_EQ(decode_kernel_from_env(), kDefaultDecodeKernel);
+  for (DecodeKernel k : kDecodeKernels) {
+    ::setenv("PAGELLM_DECODE_KERNEL", decode_kernel_name(k), 1);
+    EXPECT_EQ(decode_kernel_from_env(), k);
+  }
+  ::setenv("PAGELLM_DECODE_KERNEL", "wgmma", 1);
+  try {
+    decode_kernel_from_env();
+    ADD_FAILURE() << "PAGELLM_DECODE_KERNEL=wgmma was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tma or cpasync"), std::string::npos) << e.what();
+  }
+  if (old) {
+    ::setenv("PAGELLM_DECODE_KERNEL", saved.c_str(), 1);
+  } else {
+    ::unsetenv("PAGELLM_DECODE_KERNEL");
+  }
+}
+
+TEST(PagedAttentionDecodeKernel, TmaNeedsHeadDim128PagesOf16AndThePoolExtent) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    GTEST_SKIP() << "no CUDA device";
+  }
+  int cc_major = 0, device = 0;
+  PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
+  PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
+  PagedAttentionParams p;
+  p.num_q_heads = 32;
+  p.num_kv_heads = 8;
+  p.head_dim = 128;
+  p.page_size = 16;
+  p.num_pages = 1000;
+  EXPECT_EQ(decode_tma_supported(p), cc_major >= 9);
+  PagedAttentionParams q = p;
+  q.head_dim = 64;
+  EXPECT_FALSE(decode_tma_supported(q));
+  q = p;
+  q.page_size = 24;
+  EXPECT_FALSE(decode_tma_supported(q));
+  q = p;
+  q.num_pages = 0;
+  EXPECT_FALSE(decode_tma_supported(q)) << "without the pool's extent there is no tensor map";
+  q = p;
+  q.num_pages = 1 << 24;  // 2^24 pages x 8 heads x 16 rows = 2^31 rows: past int32
+  EXPECT_FALSE(decode_tma_supported(q));
 }
 
 // ---- prefill ------------------------------------------------------------------------------
@@ -811,6 +910,9 @@ TEST_F(PagedAttention, RejectsUnsupportedArguments) {
   p = good;
   p.scale = 0.0f;
   expect_error(p, "scale");
+  p = good;
+  p.num_pages = -1;
+  expect_error(p, "num_pages");
 
   p = good;
   p.num_splits = 8;

@@ -481,7 +481,23 @@ void check_decode_graph(std::mt19937_64& rng, int table_tokens, int capacity,
     cache.run(p, plan, stream);
     PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
     p.out = out.get();
-    EXPECT_EQ(replayed, eager.download()) << "graph replay differs from an eager run";
+    const std::vector<uint16_t> eager_out = eager.download();
+    if (replayed != eager_out) {
+      // What differs, so that a failure says whether it is poison (0xffff: a write that
+      // never happened) or a different value (another kernel or reduction order).
+      size_t differ = 0, poison_replayed = 0, poison_eager = 0, first = replayed.size();
+      for (size_t i = 0; i < replayed.size(); ++i) {
+        if (replayed[i] == eager_out[i]) continue;
+        if (differ++ == 0) first = i;
+        poison_replayed += replayed[i] == 0xffff;
+        poison_eager += eager_out[i] == 0xffff;
+      }
+      ADD_FAILURE() << "graph replay differs from an eager run in " << differ << " of "
+                    << replayed.size() << " values (first at " << first << ": replay 0x"
+                    << std::hex << replayed[first] << ", eager 0x" << eager_out[first]
+                    << std::dec << "); unwritten (0xffff) in the replay " << poison_replayed
+                    << ", in the eager run " << poison_eager;
+    }
     Inputs shrunk = in;
     shrunk.r.kv = lens;
     const Errors e = compare(

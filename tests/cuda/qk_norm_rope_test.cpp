@@ -7,9 +7,14 @@
 // copy; q and k within relative L2 1e-2, one bf16 rounding after float32 math); and that
 // every other slot outside page 0 still holds the NaN poison (the kernel wrote nowhere
 // else). Page 0 is not compared: several padding tokens may write the same slot there.
+//
+// The same checks cover matmul_qk_norm_rope_store_kv, the qkv product fused with this op
+// (the CUDA backend's decode path: one skinny-GEMM kernel whose epilogue normalises,
+// rotates and stores), against the CPU backend's product + op in float32.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -77,7 +82,9 @@ class QkNormRopeTest : public test::CudaOpTest {
     return b;
   }
 
-  void check(const Config& c) {
+  /// fused_hidden > 0: run matmul_qk_norm_rope_store_kv on x [T, fused_hidden] and random
+  /// qkv weights instead of qk_norm_rope_store_kv on a random qkv.
+  void check(const Config& c, int64_t fused_hidden = 0) {
     int32_t num_pages = 0;
     const ForwardBatch batch = make_batch(c, &num_pages);
     const int64_t T = batch.num_tokens(), Hq = c.num_q_heads, Hkv = c.num_kv_heads;
@@ -99,7 +106,8 @@ class QkNormRopeTest : public test::CudaOpTest {
     RopeParams rope{1000000.0, D};
     const float eps = 1e-6f;
 
-    const std::vector<float> qkv = randn_bf16(static_cast<size_t>(T * (Hq + 2 * Hkv) * D), 2.0f);
+    const int64_t N = (Hq + 2 * Hkv) * D;
+    const std::vector<float> qkv = randn_bf16(static_cast<size_t>(T * N), 2.0f);
     const std::vector<float> qn = randn_bf16(static_cast<size_t>(D), 0.3f, 1.0f);
     const std::vector<float> kn = randn_bf16(static_cast<size_t>(D), 0.3f, 1.0f);
 
@@ -117,8 +125,23 @@ class QkNormRopeTest : public test::CudaOpTest {
 
     const BatchTensors g_batch = gpu().upload_batch(batch);
     const BatchTensors c_batch = cpu().upload_batch(batch);
-    gpu().qk_norm_rope_store_kv(g_qkv, g_qn, g_kn, eps, rope, shape, g_batch, g_q, g_kv);
-    cpu().qk_norm_rope_store_kv(c_qkv, c_qn, c_kn, eps, rope, shape, c_batch, c_q, c_kv);
+    if (fused_hidden == 0) {
+      gpu().qk_norm_rope_store_kv(g_qkv, g_qn, g_kn, eps, rope, shape, g_batch, g_q, g_kv);
+      cpu().qk_norm_rope_store_kv(c_qkv, c_qn, c_kn, eps, rope, shape, c_batch, c_q, c_kv);
+    } else {
+      // x · wᵀ with entries of ~N(0, 1/hidden) weights: qkv entries of about unit size.
+      const int64_t H = fused_hidden;
+      const std::vector<float> x = randn_bf16(static_cast<size_t>(T * H), 1.0f);
+      const std::vector<float> w =
+          randn_bf16(static_cast<size_t>(N * H), 1.0f / std::sqrt(static_cast<float>(H)));
+      Tensor g_x = put(gpu(), DType::BF16, {T, H}, x), c_x = put(cpu(), DType::F32, {T, H}, x);
+      Tensor g_w = put(gpu(), DType::BF16, {N, H}, w), c_w = put(cpu(), DType::F32, {N, H}, w);
+      poison(gpu(), g_qkv);
+      gpu().matmul_qk_norm_rope_store_kv(g_x, g_w, g_qkv, g_qn, g_kn, eps, rope, shape, g_batch,
+                                         g_q, g_kv);
+      cpu().matmul_qk_norm_rope_store_kv(c_x, c_w, c_qkv, c_qn, c_kn, eps, rope, shape, c_batch,
+                                         c_q, c_kv);
+    }
 
     ASSERT_TRUE(relative_close(gpu().download_f32(g_q), cpu().download_f32(c_q), 1e-2,
                                what + ": q", seed_note()));
@@ -141,7 +164,10 @@ class QkNormRopeTest : public test::CudaOpTest {
       }
     }
     ASSERT_TRUE(relative_close(got_k, ref_k, 1e-2, what + ": K pool", seed_note()));
-    ASSERT_TRUE(relative_close(got_v, ref_v, 0.0, what + ": V pool", seed_note()));
+    // Unfused, V is a copy of the bf16 qkv; fused, it is the product rounded once to bf16
+    // against the CPU's float32 product.
+    ASSERT_TRUE(relative_close(got_v, ref_v, fused_hidden == 0 ? 0.0 : 1e-2, what + ": V pool",
+                               seed_note()));
     size_t stray = 0;
     int64_t first_stray = -1;
     for (int64_t slot = P; slot < num_pages * P; ++slot) {
@@ -181,6 +207,46 @@ TEST_F(QkNormRopeTest, PrefillAndMixedBatchesMatchCpu) {
       check({33, 64, 4096, page_size, kv_heads * group, kv_heads, 64, 1});
     }
   }
+}
+
+TEST_F(QkNormRopeTest, FusedWithTheQkvProductMatchesCpu) {
+  // Decode batches (the fused kernel's domain: up to 32 tokens per tile, head_dim 128),
+  // padding tokens in page 0, and the shapes it must hand back to the two ops: head_dim 64
+  // and a prefill batch (more tokens than the skinny kernel takes under auto).
+  for (int32_t page_size : {16, 64}) {
+    for (int64_t group : {1, 4, 8}) {
+      const int64_t kv_heads = group == 8 ? 4 : 8;
+      for (int32_t seqs : {1, 5, 27, 32}) {
+        check({seqs, 1, 2048, page_size, kv_heads * group, kv_heads, 128, seqs == 27 ? 5 : 0},
+              seqs == 5 ? 1024 : 2560);
+      }
+    }
+  }
+  check({3, 1, 300, 16, 8, 2, 64, 1}, 512);
+  check({4, 200, 600, 16, 16, 4, 128, 2}, 512);
+}
+
+TEST_F(QkNormRopeTest, FusedDecodeProductRunsAsOneKernel) {
+  // On a GPU where the skinny kernel runs (sm_90), a decode batch's qkv product and the
+  // norm/RoPE/store are one kernel: no qk_norm_rope_store_kv_kernel is launched.
+  const std::string why = gpu().begin_kernel_trace();
+  if (why.find("cannot load CUPTI") != std::string::npos) GTEST_SKIP() << why;
+  ASSERT_EQ(why, "");
+  check({8, 1, 512, 16, 32, 8, 128, 0}, 2560);
+  std::vector<std::string> names;
+  for (const KernelSpan& span : gpu().end_kernel_trace()) {
+    if (span.kind == KernelSpan::Kind::kKernel) names.push_back(span.name);
+  }
+  int major = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  const auto count = [&](const char* what) {
+    return std::count_if(names.begin(), names.end(), [&](const std::string& n) {
+      return n.find(what) != std::string::npos;
+    });
+  };
+  if (major != 9) GTEST_SKIP() << "the skinny kernel runs on sm_90 only";
+  EXPECT_EQ(count("qk_norm_rope_store_kv_kernel"), 0) << "the op ran unfused";
+  EXPECT_GE(count("skinny_gemm_kernel"), 1) << "no skinny product ran";
 }
 
 TEST_F(QkNormRopeTest, RejectsUnsupportedHeadDimClearly) {

@@ -34,6 +34,15 @@ void Backend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& 
   silu_mul(gate_up, out);
 }
 
+void Backend::matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv, Tensor& qkv,
+                                           const Tensor& q_norm, const Tensor& k_norm, float eps,
+                                           const RopeParams& rope, const AttentionShape& shape,
+                                           const BatchTensors& batch, Tensor& q_out,
+                                           LayerKv& kv) {
+  matmul(x, w_qkv, qkv);
+  qk_norm_rope_store_kv(qkv, q_norm, k_norm, eps, rope, shape, batch, q_out, kv);
+}
+
 double Backend::measure_copy_bandwidth() {
   // Generic: device-to-device copies through copy_to_device of a host staging buffer
   // would measure the wrong thing, so backends with device memory override this. Here

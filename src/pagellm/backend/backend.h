@@ -99,6 +99,15 @@ class Backend {
                                      const Tensor& k_norm, float eps, const RopeParams& rope,
                                      const AttentionShape& shape, const BatchTensors& batch,
                                      Tensor& q_out, LayerKv& kv) = 0;
+  /// The attention block's first half: qkv = x · w_qkvᵀ into `qkv` (scratch the backend may
+  /// skip), then qk_norm_rope_store_kv on it. The default runs the two operations; the
+  /// CUDA backend fuses them into one kernel for decode batches.
+  virtual void matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv, Tensor& qkv,
+                                            const Tensor& q_norm, const Tensor& k_norm,
+                                            float eps, const RopeParams& rope,
+                                            const AttentionShape& shape,
+                                            const BatchTensors& batch, Tensor& q_out,
+                                            LayerKv& kv);
   /// Causal (bottom-right aligned) grouped-query attention of q [T, Hq, D] over the paged
   /// cache, reading only positions < kv_lens[b]; out is [T, Hq·D].
   virtual void attention(const Tensor& q, const LayerKv& kv, const AttentionShape& shape,

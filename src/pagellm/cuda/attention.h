@@ -53,6 +53,9 @@ struct PagedAttentionParams {
   int32_t head_dim = 0;   // 64 or 128
   int32_t page_size = 0;  // any value in 1..kMaxPageSize; 16, 32 and 64 are the fast ones
   int32_t max_pages_per_seq = 0;
+  /// Pages in each pool. 0 = not given; decode then runs its cp.async kernel (the TMA
+  /// kernel needs the pools' extent for its tensor maps; attention_decode_variants.h).
+  int32_t num_pages = 0;
   int32_t max_query_len = 0;  // upper bound of every q (prefill picks its tile height by it)
   int32_t max_kv_len = 0;     // upper bound of every kv (decode picks its split count by it)
   float scale = 0.0f;         // softmax scale, usually 1/sqrt(head_dim)

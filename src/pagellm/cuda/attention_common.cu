@@ -32,6 +32,7 @@ void validate_params(const PagedAttentionParams& p, const char* what) {
   PAGELLM_CHECK(p.num_splits >= 0 && p.num_splits <= kMaxDecodeSplits)
       << what << ": num_splits " << p.num_splits << " is outside 0.." << kMaxDecodeSplits
       << " (0 = automatic)";
+  PAGELLM_CHECK(p.num_pages >= 0) << what << ": num_pages must be >= 0, got " << p.num_pages;
   if (p.num_seqs == 0 || p.num_tokens == 0) return;  // nothing will be launched
   PAGELLM_CHECK(p.max_pages_per_seq >= 1)
       << what << ": max_pages_per_seq must be >= 1, got " << p.max_pages_per_seq;

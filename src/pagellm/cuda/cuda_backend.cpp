@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
@@ -25,6 +26,7 @@
 #include "pagellm/cuda/kernels.h"
 #include "pagellm/cuda/matmul.h"
 #include "pagellm/cuda/sampling.h"
+#include "pagellm/cuda/skinny_gemm.h"
 #include "pagellm/engine/sampler.h"
 
 namespace pagellm {
@@ -638,6 +640,36 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, Tensor& out) {
                N, K, as_stream(stream_));
 }
 
+namespace {
+
+/// The kernel arguments of qk_norm_rope_store_kv (qkv may be null for the fused product,
+/// which never writes it); the caller has checked the operands.
+QkNormRopeArgs qk_norm_rope_args(const void* qkv, const Tensor& q_norm, const Tensor& k_norm,
+                                 float eps, const RopeParams& rope, const AttentionShape& shape,
+                                 const BatchTensors& batch, int64_t tokens, Tensor& q_out,
+                                 LayerKv& kv) {
+  QkNormRopeArgs a;
+  a.qkv = qkv;
+  a.q_norm = q_norm.data;
+  a.k_norm = k_norm.data;
+  a.positions = batch.positions.ptr<int32_t>();
+  a.slot_mapping = batch.slot_mapping.ptr<int32_t>();
+  a.q_out = q_out.data;
+  a.k_pool = kv.k.data;
+  a.v_pool = kv.v.data;
+  a.num_tokens = static_cast<int32_t>(tokens);
+  a.num_q_heads = static_cast<int32_t>(shape.num_q_heads);
+  a.num_kv_heads = static_cast<int32_t>(shape.num_kv_heads);
+  a.head_dim = static_cast<int32_t>(shape.head_dim);
+  a.page_size = static_cast<int32_t>(shape.page_size);
+  a.num_pages = kv.k.size(0);
+  a.eps = eps;
+  a.rope_theta = static_cast<float>(rope.theta);
+  return a;
+}
+
+}  // namespace
+
 void CudaBackend::qk_norm_rope_store_kv(const Tensor& qkv, const Tensor& q_norm,
                                         const Tensor& k_norm, float eps, const RopeParams& rope,
                                         const AttentionShape& shape, const BatchTensors& batch,
@@ -673,23 +705,8 @@ void CudaBackend::qk_norm_rope_store_kv(const Tensor& qkv, const Tensor& q_norm,
       << "cuda backend: " << op << ": " << T << " tokens but the batch has "
       << batch.positions.numel() << " positions and " << batch.slot_mapping.numel() << " slots";
   if (T == 0) return;
-  QkNormRopeArgs a;
-  a.qkv = qkv.data;
-  a.q_norm = q_norm.data;
-  a.k_norm = k_norm.data;
-  a.positions = batch.positions.ptr<int32_t>();
-  a.slot_mapping = batch.slot_mapping.ptr<int32_t>();
-  a.q_out = q_out.data;
-  a.k_pool = kv.k.data;
-  a.v_pool = kv.v.data;
-  a.num_tokens = static_cast<int32_t>(T);
-  a.num_q_heads = static_cast<int32_t>(Hq);
-  a.num_kv_heads = static_cast<int32_t>(Hkv);
-  a.head_dim = static_cast<int32_t>(D);
-  a.page_size = static_cast<int32_t>(P);
-  a.num_pages = kv.k.size(0);
-  a.eps = eps;
-  a.rope_theta = static_cast<float>(rope.theta);
+  const QkNormRopeArgs a =
+      qk_norm_rope_args(qkv.data, q_norm, k_norm, eps, rope, shape, batch, T, q_out, kv);
   launch_qk_norm_rope_store_kv(a, as_stream(stream_));
 }
 
@@ -732,6 +749,7 @@ void CudaBackend::attention(const Tensor& q, const LayerKv& kv, const AttentionS
   p.head_dim = static_cast<int32_t>(D);
   p.page_size = static_cast<int32_t>(shape.page_size);
   p.max_pages_per_seq = static_cast<int32_t>(batch.page_table.size(1));
+  p.num_pages = static_cast<int32_t>(kv.k.size(0));
   const int32_t max_query_len = host.num_seqs() > 0 ? host.max_query_len() : 0;
   p.max_query_len = max_query_len;
   p.max_kv_len = std::max(host.kv_len_capacity, host.num_seqs() > 0 ? host.max_kv_len() : 0);
@@ -931,6 +949,46 @@ void CudaBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
       << "cuda backend: silu_mul: gate_up " << gate_up.shape_string() << " is not [" << rows
       << ", 2 x " << inter << "] for output " << out.shape_string();
   launch_silu_mul(gate_up.data, out.data, rows, inter, as_stream(stream_));
+}
+
+void CudaBackend::matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv, Tensor& qkv,
+                                               const Tensor& q_norm, const Tensor& k_norm,
+                                               float eps, const RopeParams& rope,
+                                               const AttentionShape& shape,
+                                               const BatchTensors& batch, Tensor& q_out,
+                                               LayerKv& kv) {
+  // Fused when the product would take the skinny kernel (decode batches), heads are the
+  // kernel's 128-row tiles and every operand has the shape and type the fused kernel
+  // writes; otherwise the two ops, which check their operands and name what is wrong.
+  // PAGELLM_DISABLE_QKV_FUSION=1 keeps them apart (an ablation switch).
+  static const bool fusion_off = [] {
+    const char* env = std::getenv("PAGELLM_DISABLE_QKV_FUSION");
+    return env != nullptr && env[0] != '\0' && std::strcmp(env, "0") != 0;
+  }();
+  const int64_t Hq = shape.num_q_heads, Hkv = shape.num_kv_heads, D = shape.head_dim;
+  const int64_t T = x.ndim == 0 ? 0 : x.size(0);
+  const int64_t N = (Hq + 2 * Hkv) * D;
+  const auto bf16 = [](const Tensor& t) { return t.dtype == DType::BF16; };
+  const bool fusable =
+      !fusion_off && D == kSkinnyQkHeadDim && (rope.head_dim == 0 || rope.head_dim == D) &&
+      Hq > 0 && Hkv > 0 && Hq % Hkv == 0 && shape.page_size > 0 && bf16(x) && bf16(w_qkv) &&
+      bf16(q_norm) && bf16(k_norm) && bf16(q_out) && bf16(kv.k) && bf16(kv.v) && x.ndim >= 1 &&
+      T > 0 && w_qkv.ndim == 2 && w_qkv.size(0) == N && w_qkv.size(1) == x.row_elems() &&
+      x.row_elems() > 0 && q_norm.numel() == D && k_norm.numel() == D &&
+      q_out.numel() == T * Hq * D && batch.positions.numel() == T &&
+      batch.slot_mapping.numel() == T && kv.k.ndim == 4 && kv.k.size(0) > 0 &&
+      kv.k.size(1) == Hkv && kv.k.size(2) == shape.page_size && kv.k.size(3) == D &&
+      kv.v.numel() == kv.k.numel() && kv.v.size(0) == kv.k.size(0) &&
+      matmul_->path_for(x.data, w_qkv.data, q_out.data, CUDA_R_16BF, T, N, x.row_elems()) ==
+          MatmulPath::kSkinny;
+  if (!fusable) {
+    Backend::matmul_qk_norm_rope_store_kv(x, w_qkv, qkv, q_norm, k_norm, eps, rope, shape, batch,
+                                          q_out, kv);
+    return;
+  }
+  const QkNormRopeArgs e =
+      qk_norm_rope_args(nullptr, q_norm, k_norm, eps, rope, shape, batch, T, q_out, kv);
+  launch_skinny_gemm_qk_norm_rope(x.data, w_qkv.data, T, x.row_elems(), e, as_stream(stream_));
 }
 
 void CudaBackend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up,

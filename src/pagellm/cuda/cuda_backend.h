@@ -102,6 +102,11 @@ class CudaBackend final : public Backend {
   /// no cuDNN route), naming what was tried. Not while capturing.
   void set_attention_backend(const std::string& choice) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
+  void matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv, Tensor& qkv,
+                                    const Tensor& q_norm, const Tensor& k_norm, float eps,
+                                    const RopeParams& rope, const AttentionShape& shape,
+                                    const BatchTensors& batch, Tensor& q_out,
+                                    LayerKv& kv) override;
   void matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up,
                        Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) override;

@@ -143,7 +143,8 @@ constexpr int kCachedWeightVecs = 4;
 
 // One block of kNormThreads per row. With kAdd, `x` is the residual, updated in place with
 // delta and rounded to bf16 before the norm. Pass 1 accumulates the sum of squares, pass 2
-// rereads the (just written, same-thread) row and writes the normalised output.
+// writes the normalised output from the values pass 1 kept in registers (up to 8192
+// elements; the rest of a longer row is reread).
 // PDL: the weight is a model parameter that no kernel of the step writes, so the vectorised
 // variant loads (its share of) it while the kernel before is still running; x and delta
 // are read only after pdl_wait().
@@ -169,17 +170,56 @@ __global__ void __launch_bounds__(kNormThreads)
   bf16* orow = out + row * hidden;
   float sum_sq = 0.0f;
   if constexpr (kVectorised) {
+    // The first kCachedWeightVecs vectors of this thread stay in registers between the two
+    // passes (the whole row for hidden <= 8192): pass 2 needs no second round trip to
+    // memory. All their loads go out before any is used.
     const int64_t nvec = hidden / kVec;
-    for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) {
-      Vec8 a = load_vec8(xr + i * kVec);
+    Vec8 cached[kCachedWeightVecs];
+    uint4 raw_x[kCachedWeightVecs], raw_d[kCachedWeightVecs] = {};
+#pragma unroll
+    for (int k = 0; k < kCachedWeightVecs; ++k) {
+      const int64_t i = threadIdx.x + int64_t{k} * kNormThreads;
+      raw_x[k] = i < nvec ? *reinterpret_cast<const uint4*>(xr + i * kVec) : make_uint4(0, 0, 0, 0);
       if constexpr (kAdd) {
-        Vec8 d = load_vec8(delta + row * hidden + i * kVec);
+        raw_d[k] = i < nvec ? *reinterpret_cast<const uint4*>(delta + row * hidden + i * kVec)
+                            : make_uint4(0, 0, 0, 0);
+      }
+    }
+    auto add_and_square = [&](int64_t i, Vec8& a, const Vec8& d) {
+      if constexpr (kAdd) {
 #pragma unroll
         for (int j = 0; j < kVec; ++j) a.v[j] = __bfloat162float(__float2bfloat16(a.v[j] + d.v[j]));
         store_vec8(xr + i * kVec, a);
       }
 #pragma unroll
       for (int j = 0; j < kVec; ++j) sum_sq += a.v[j] * a.v[j];
+    };
+#pragma unroll
+    for (int k = 0; k < kCachedWeightVecs; ++k) {
+      const int64_t i = threadIdx.x + int64_t{k} * kNormThreads;
+      cached[k] = unpack_vec8(raw_x[k]);
+      if (i < nvec) add_and_square(i, cached[k], kAdd ? unpack_vec8(raw_d[k]) : cached[k]);
+    }
+    for (int64_t i = threadIdx.x + int64_t{kCachedWeightVecs} * kNormThreads; i < nvec;
+         i += kNormThreads) {
+      Vec8 a = load_vec8(xr + i * kVec);
+      add_and_square(i, a, kAdd ? load_vec8(delta + row * hidden + i * kVec) : a);
+    }
+    const float total = block_sum(sum_sq, scratch);
+    const float inv = 1.0f / sqrtf(total / static_cast<float>(hidden) + eps);
+    auto normalise = [&](int64_t i, Vec8 a, const Vec8& w) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) a.v[j] = w.v[j] * (a.v[j] * inv);
+      store_vec8(orow + i * kVec, a);
+    };
+#pragma unroll
+    for (int k = 0; k < kCachedWeightVecs; ++k) {
+      const int64_t i = threadIdx.x + int64_t{k} * kNormThreads;
+      if (i < nvec) normalise(i, cached[k], unpack_vec8(weight_cache[k]));
+    }
+    for (int64_t i = threadIdx.x + int64_t{kCachedWeightVecs} * kNormThreads; i < nvec;
+         i += kNormThreads) {
+      normalise(i, load_vec8(xr + i * kVec), load_vec8(weight + i * kVec));
     }
   } else {
     for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
@@ -191,27 +231,8 @@ __global__ void __launch_bounds__(kNormThreads)
       }
       sum_sq += a * a;
     }
-  }
-  const float total = block_sum(sum_sq, scratch);
-  const float inv = 1.0f / sqrtf(total / static_cast<float>(hidden) + eps);
-  if constexpr (kVectorised) {
-    const int64_t nvec = hidden / kVec;
-    auto normalise = [&](int64_t i, const Vec8& w) {
-      Vec8 a = load_vec8(xr + i * kVec);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) a.v[j] = w.v[j] * (a.v[j] * inv);
-      store_vec8(orow + i * kVec, a);
-    };
-#pragma unroll
-    for (int k = 0; k < kCachedWeightVecs; ++k) {
-      const int64_t i = threadIdx.x + int64_t{k} * kNormThreads;
-      if (i < nvec) normalise(i, unpack_vec8(weight_cache[k]));
-    }
-    for (int64_t i = threadIdx.x + int64_t{kCachedWeightVecs} * kNormThreads; i < nvec;
-         i += kNormThreads) {
-      normalise(i, load_vec8(weight + i * kVec));
-    }
-  } else {
+    const float total = block_sum(sum_sq, scratch);
+    const float inv = 1.0f / sqrtf(total / static_cast<float>(hidden) + eps);
     for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
       orow[i] = __float2bfloat16(__bfloat162float(weight[i]) * (__bfloat162float(xr[i]) * inv));
     }

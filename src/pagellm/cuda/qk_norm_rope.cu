@@ -25,6 +25,7 @@
 #include "pagellm/cuda/cuda_check.h"
 #include "pagellm/cuda/kernels.h"
 #include "pagellm/cuda/pdl.cuh"
+#include "pagellm/cuda/qk_norm_rope.cuh"
 
 namespace pagellm::cuda {
 namespace {
@@ -95,18 +96,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     }
   }
 
-  bf16* out;
-  if (is_q) {
-    out = static_cast<bf16*>(a.q_out) + (t * a.num_q_heads + h) * kHeadDim;
-  } else {
-    const int32_t slot = a.slot_mapping[t];
-    if (slot < 0) return;  // padding token: nothing to cache
-    const int64_t page = slot / a.page_size, offset = slot % a.page_size;
-    if (page >= a.num_pages) return;  // never write outside the pool
-    const int kv_head = is_v ? h - a.num_q_heads - a.num_kv_heads : h - a.num_q_heads;
-    bf16* pool = static_cast<bf16*>(is_v ? a.v_pool : a.k_pool);
-    out = pool + ((page * a.num_kv_heads + kv_head) * a.page_size + offset) * kHeadDim;
-  }
+  bf16* out = qk_destination(a, t, h, kHeadDim);
+  if (out == nullptr) return;
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     out[lane * kPerLane + j] = __float2bfloat16(lo[j]);

@@ -40,7 +40,10 @@
 // order never depends on timing, and there is no workspace or counter to reset.
 //
 // The gated variant (launch_skinny_gemm_silu_mul) gives a CTA 64 gate rows and the 64 up
-// rows that pair with them (one weight box each) and writes silu(gate) · up.
+// rows that pair with them (one weight box each) and writes silu(gate) · up. The qkv
+// variant (launch_skinny_gemm_qk_norm_rope) treats a CTA's 128 rows as one head: its
+// reduction gives each warp whole token rows, which it normalises (q_norm / k_norm),
+// rotates (RoPE) and stores into q_out or the paged K/V pools instead of writing qkv.
 //
 // wgmma and the TMA tensor maps need sm_90a; the compute_90 PTX of this file (the portable
 // target) carries a kernel that traps, and skinny_gemm_supported() is false off sm_90.
@@ -48,16 +51,16 @@
 
 #include <cooperative_groups.h>
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <mutex>
-#include <tuple>
-#include <unordered_map>
 
 #include "pagellm/cuda/cuda_check.h"
 #include "pagellm/cuda/pdl.cuh"
+#include "pagellm/cuda/qk_norm_rope.cuh"
+#include "pagellm/cuda/tma.cuh"
+#include "pagellm/cuda/tma.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PAGELLM_SKINNY_WGMMA 1
@@ -88,62 +91,28 @@ constexpr int smem_bytes(int tokens) {
   return (pipeline > parked ? pipeline : parked) + kSmemAlign;
 }
 
+/// What the reduction writes.
+enum class Epi : int {
+  kBf16,       // out [M, N] bf16
+  kF32,        // out [M, N] float32
+  kGated,      // w = [gate; up] (2 I rows), out [M, I] = silu(gate·x) · (up·x), bf16
+  kQkNormRope  // w = qkv weights, tile = one head of 128: q/k-norm, RoPE, q_out and K/V pools
+};
+
 struct Params {
   CUtensorMap w_map;  // bf16 [N, K]: box 64 k x 64 rows, 128-byte swizzle
   CUtensorMap x_map;  // bf16 [M, K]: box 64 k x tokens-per-tile rows, 128-byte swizzle
-  void* out;          // [M, N] (or [M, inter] gated), bf16 or f32
+  void* out;          // [M, N] (or [M, inter] gated), bf16 or f32; unused by kQkNormRope
   int M, N, K;
   int chunks;  // ceil(K / kChunk)
   int splits;  // cluster size along grid.y
   int inter;   // gated products only: I, with w = [gate; up], N = 2 I
+  QkNormRopeArgs qk;  // kQkNormRope only (qkv unused)
 };
 
 #ifdef PAGELLM_SKINNY_WGMMA
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// ---- mbarrier and TMA ----------------------------------------------------------------------
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-/// A 2-D box of `map` at (k, row) into shared memory at dst; completes bytes on `bar`.
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int k, int row,
-                                         uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
-      "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ void tma_load_hint(uint32_t dst, const CUtensorMap* map, int k,
-                                              int row, uint32_t bar, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
-      "[%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(bar), "l"(policy)
-      : "memory");
-}
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return tma_smem_addr(p); }
 
 // ---- wgmma ---------------------------------------------------------------------------------
 
@@ -218,16 +187,79 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[kTokens / 2], uint64_t a, 
 
 #endif  // PAGELLM_SKINNY_WGMMA
 
-/// kGated: w is [gate; up] (2 I rows) and out[m, i] = silu(gate·x) · (up·x), bf16.
-template <int kTokens, bool kOutF32, bool kGated>
+/// The fused epilogue of the qkv product (Epi::kQkNormRope): the CTA's 128-row tile is head
+/// blockIdx.x of [q heads | k heads | v heads], and each warp finishes whole token rows of
+/// it, lane l holding columns 4 l .. 4 l + 3. The sums are rounded to bf16 first (what the
+/// unfused product writes), q and k heads get RMSNorm with their weight and rotate-half
+/// RoPE (column i pairs with i + 64, i.e. lane l with lane l ^ 16), exactly the operations
+/// of qk_norm_rope_store_kv; q goes to q_out, k and v to their page slots.
+#ifdef PAGELLM_SKINNY_WGMMA
+struct QkLane {
+  float w[4];         // norm weight of the lane's columns (q or k heads)
+  float inv_freq[4];  // RoPE inverse frequency of the lane's columns
+};
+
+__device__ __forceinline__ QkLane qk_lane_constants(const QkNormRopeArgs& e, int head,
+                                                    int lane) {
+  QkLane c{};
+  if (head >= e.num_q_heads + e.num_kv_heads) return c;  // v heads: neither
+  const auto* w = static_cast<const __nv_bfloat16*>(head < e.num_q_heads ? e.q_norm : e.k_norm);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int col = 4 * lane + j;
+    const int i = col & (kSkinnyQkHeadDim / 2 - 1);
+    c.w[j] = __bfloat162float(w[col]);
+    c.inv_freq[j] = 1.0f / powf(e.rope_theta, static_cast<float>(2 * i) /
+                                                  static_cast<float>(kSkinnyQkHeadDim));
+  }
+  return c;
+}
+
+__device__ __forceinline__ void qk_finish_row(const QkNormRopeArgs& e, int head, int token,
+                                              float4 sum, const QkLane& c, int lane) {
+  float v[4] = {__bfloat162float(__float2bfloat16_rn(sum.x)),
+                __bfloat162float(__float2bfloat16_rn(sum.y)),
+                __bfloat162float(__float2bfloat16_rn(sum.z)),
+                __bfloat162float(__float2bfloat16_rn(sum.w))};
+  if (head < e.num_q_heads + e.num_kv_heads) {  // q and k heads; v heads are stored as is
+    float sum_sq = v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
+    }
+    const float inv = 1.0f / sqrtf(sum_sq / static_cast<float>(kSkinnyQkHeadDim) + e.eps);
+    const float position = static_cast<float>(e.positions[token]);
+    const bool first_half = lane < 16;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float x = c.w[j] * (v[j] * inv);
+      const float partner = __shfl_xor_sync(0xffffffffu, x, 16);
+      float sn, cs;
+      sincosf(position * c.inv_freq[j], &sn, &cs);
+      // rotate-half: lo' = lo c - hi s, hi' = hi c + lo s
+      v[j] = first_half ? x * cs - partner * sn : x * cs + partner * sn;
+    }
+  }
+  __nv_bfloat16* dst = qk_destination(e, token, head, kSkinnyQkHeadDim);
+  if (dst == nullptr) return;
+  uint2 packed;
+  __nv_bfloat162 lo2 = __floats2bfloat162_rn(v[0], v[1]);
+  __nv_bfloat162 hi2 = __floats2bfloat162_rn(v[2], v[3]);
+  packed.x = *reinterpret_cast<uint32_t*>(&lo2);
+  packed.y = *reinterpret_cast<uint32_t*>(&hi2);
+  *reinterpret_cast<uint2*>(dst + 4 * lane) = packed;
+}
+#endif  // PAGELLM_SKINNY_WGMMA
+
+template <int kTokens, Epi kEpi>
 __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_constant__ Params p) {
 #ifdef PAGELLM_SKINNY_WGMMA
-  static_assert(!(kGated && kOutF32), "the gated product writes bf16");
-  constexpr int kStageBytes = stage_bytes(kTokens);
   constexpr int kStages = num_stages(kTokens);
+  constexpr bool kGated = kEpi == Epi::kGated;
+  constexpr bool kOutF32 = kEpi == Epi::kF32;
+  constexpr int kStageBytes = stage_bytes(kTokens);
   constexpr uint32_t kStageTx = kStageBytes;  // bytes TMA delivers per stage (boxes are full)
   extern __shared__ uint8_t smem_raw[];
-  __shared__ __align__(8) uint64_t full_bar[num_stages(kTokens)];
+  __shared__ __align__(8) uint64_t full_bar[kStages];
 
   const int tid = threadIdx.x;
   const int wg = tid >> 7;              // warpgroup: weight rows [64 wg, 64 wg + 64) of the tile
@@ -248,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(smem_addr(&full_bar[s]), 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
 
@@ -271,6 +303,9 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   if (tid == 0) {
     for (int s = 0; s < kStages && s < num_chunks; ++s) issue_weights(s, s);
   }
+  // The fused qkv epilogue's per-lane constants come from model weights: read them now.
+  [[maybe_unused]] QkLane qk_lane{};
+  if constexpr (kEpi == Epi::kQkNormRope) qk_lane = qk_lane_constants(p.qk, blockIdx.x, lane);
   pdl_wait();
   if (tid == 0) {
     for (int s = 0; s < kStages && s < num_chunks; ++s) issue_x(s, s);
@@ -345,6 +380,16 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     }
     return sum;
   };
+  if constexpr (kEpi == Epi::kQkNormRope) {
+    // The cluster's CTAs share the tile's token rows: rank r takes [lo, hi), a warp a row.
+    const int lo = rank * valid_tokens / splits, hi = (rank + 1) * valid_tokens / splits;
+    for (int m_local = lo + (tid >> 5); m_local < hi; m_local += kThreads / 32) {
+      qk_finish_row(p.qk, blockIdx.x, m0 + m_local, cluster_sum4(m_local * kPartialStride + 4 * lane),
+                    qk_lane, lane);
+    }
+    if (splits > 1) cluster.sync();
+    return;
+  }
   // The cluster's CTAs share the tile's groups of 4 columns: rank r takes [lo, hi).
   constexpr int kGroupsPerToken = (kGated ? kHalf : kRows) / 4;
   const int groups = valid_tokens * kGroupsPerToken;
@@ -414,89 +459,45 @@ int current_device_info(int* sms) {
   return cached_cc;
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult status{};
-    PAGELLM_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000,
-                                                        cudaEnableDefault, &status));
-    PAGELLM_CHECK(status == cudaDriverEntryPointSuccess && ptr != nullptr)
-        << "skinny gemm: the CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12+)";
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
-  }();
-  return fn;
-}
-
-/// The TMA map of a row-major bf16 [rows, K] matrix read in boxes of 64 k x box_rows rows,
-/// 128-byte swizzle, zero fill out of bounds. Maps are cached by (address, rows, K,
-/// box_rows): the engine's weights and activation buffers never move, so after the first
-/// step every lookup hits.
+/// The TMA map of a row-major bf16 [rows, K] operand read in boxes of 64 k x box_rows rows.
 const CUtensorMap& tensor_map(const void* data, int64_t rows, int64_t K, int box_rows) {
-  using Key = std::tuple<uintptr_t, int64_t, int64_t, int>;
-  struct KeyHash {
-    size_t operator()(const Key& k) const {
-      size_t h = std::hash<uintptr_t>()(std::get<0>(k));
-      h ^= std::hash<int64_t>()(std::get<1>(k)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-      h ^= std::hash<int64_t>()(std::get<2>(k)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-      h ^= static_cast<size_t>(std::get<3>(k)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-      return h;
-    }
-  };
-  static std::mutex mutex;
-  static std::unordered_map<Key, CUtensorMap, KeyHash> cache;
-  const Key key{reinterpret_cast<uintptr_t>(data), rows, K, box_rows};
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K) * 2};
-  const cuuint32_t box[2] = {kChunk, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = tensor_map_encoder()(
-      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(data), dims, strides, box,
-      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  PAGELLM_CHECK(r == CUDA_SUCCESS) << "skinny gemm: cuTensorMapEncodeTiled failed (CUresult "
-                                   << static_cast<int>(r) << ") for a [" << rows << ", " << K
-                                   << "] bf16 matrix";
-  return cache.emplace(key, map).first->second;
+  return bf16_tensor_map(data, rows, K, kChunk, box_rows, "skinny gemm");
 }
 
 template <int kTokens>
 void set_smem_limits() {
   const int bytes = smem_bytes(kTokens);
   for (const void* kernel :
-       {reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, false, false>),
-        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, true, false>),
-        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, false, true>)}) {
+       {reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kBf16>),
+        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kF32>),
+        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kGated>),
+        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kQkNormRope>)}) {
     PAGELLM_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   }
 }
 
 template <int kTokens>
-void launch_for_tokens(const Params& p, bool out_f32, dim3 grid, cudaStream_t stream) {
+void launch_for_tokens(const Params& p, Epi epi, dim3 grid, cudaStream_t stream) {
   const size_t smem = smem_bytes(kTokens);
-  if (p.inter > 0) {
-    launch_kernel(skinny_gemm_kernel<kTokens, false, true>, grid, dim3(kThreads), smem, stream,
-                  p.splits, p);
-  } else if (out_f32) {
-    launch_kernel(skinny_gemm_kernel<kTokens, true, false>, grid, dim3(kThreads), smem, stream,
-                  p.splits, p);
-  } else {
-    launch_kernel(skinny_gemm_kernel<kTokens, false, false>, grid, dim3(kThreads), smem, stream,
-                  p.splits, p);
+  auto go = [&](auto kernel) {
+    launch_kernel(kernel, grid, dim3(kThreads), smem, stream, p.splits, p);
+  };
+  switch (epi) {
+    case Epi::kGated: go(skinny_gemm_kernel<kTokens, Epi::kGated>); break;
+    case Epi::kF32: go(skinny_gemm_kernel<kTokens, Epi::kF32>); break;
+    case Epi::kQkNormRope: go(skinny_gemm_kernel<kTokens, Epi::kQkNormRope>); break;
+    default: go(skinny_gemm_kernel<kTokens, Epi::kBf16>); break;
   }
 }
 
-void launch(const void* x, const void* w, void* out, bool out_f32, int64_t M, int64_t N,
-            int64_t K, int64_t inter, cudaStream_t stream, int splits) {
+void launch(const void* x, const void* w, void* out, Epi epi, int64_t M, int64_t N, int64_t K,
+            int64_t inter, cudaStream_t stream, int splits, const QkNormRopeArgs* qk = nullptr) {
   int sms = 0;
   current_device_info(&sms);
   const SkinnyPlan plan = skinny_gemm_plan(M, N, K, sms, splits);
   prepare_skinny_gemm();
-  Params p;
+  Params p{};
   p.w_map = tensor_map(w, N, K, kHalf);
   p.x_map = tensor_map(x, M, K, plan.tokens_per_tile);
   p.out = out;
@@ -506,12 +507,13 @@ void launch(const void* x, const void* w, void* out, bool out_f32, int64_t M, in
   p.chunks = static_cast<int>((K + kChunk - 1) / kChunk);
   p.splits = plan.splits;
   p.inter = static_cast<int>(inter);
+  if (qk) p.qk = *qk;
   const dim3 grid(plan.grid_x, plan.grid_y, plan.grid_z);
   switch (plan.tokens_per_tile) {
-    case 8: launch_for_tokens<8>(p, out_f32, grid, stream); break;
-    case 16: launch_for_tokens<16>(p, out_f32, grid, stream); break;
-    case 32: launch_for_tokens<32>(p, out_f32, grid, stream); break;
-    default: launch_for_tokens<64>(p, out_f32, grid, stream); break;
+    case 8: launch_for_tokens<8>(p, epi, grid, stream); break;
+    case 16: launch_for_tokens<16>(p, epi, grid, stream); break;
+    case 32: launch_for_tokens<32>(p, epi, grid, stream); break;
+    default: launch_for_tokens<64>(p, epi, grid, stream); break;
   }
 }
 
@@ -567,7 +569,7 @@ void launch_skinny_gemm(const void* x, const void* w, void* out, bool out_f32, i
       << "skinny gemm: unsupported product x[" << M << ", " << K << "] w[" << N << ", " << K
       << "]^T (needs an sm_90 GPU, K a multiple of 8, 16-byte aligned x and w, 4-byte "
          "aligned out)";
-  launch(x, w, out, out_f32, M, N, K, 0, stream, splits);
+  launch(x, w, out, out_f32 ? Epi::kF32 : Epi::kBf16, M, N, K, 0, stream, splits);
 }
 
 void launch_skinny_gemm_silu_mul(const void* x, const void* w_gate_up, void* out, int64_t M,
@@ -576,7 +578,27 @@ void launch_skinny_gemm_silu_mul(const void* x, const void* w_gate_up, void* out
       << "skinny gemm: unsupported gated product x[" << M << ", " << K << "] w[2 x " << inter
       << ", " << K << "]^T (needs an sm_90 GPU, K a multiple of 8, 16-byte aligned x and w, "
          "4-byte aligned out)";
-  launch(x, w_gate_up, out, false, M, 2 * inter, K, inter, stream, splits);
+  launch(x, w_gate_up, out, Epi::kGated, M, 2 * inter, K, inter, stream, splits);
+}
+
+void launch_skinny_gemm_qk_norm_rope(const void* x, const void* w_qkv, int64_t M, int64_t K,
+                                     const QkNormRopeArgs& e, cudaStream_t stream, int splits) {
+  const int64_t heads = int64_t{e.num_q_heads} + 2 * int64_t{e.num_kv_heads};
+  const int64_t N = heads * kSkinnyQkHeadDim;
+  const auto aligned8 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 8 == 0; };
+  PAGELLM_CHECK(e.num_tokens == M && e.head_dim == kSkinnyQkHeadDim && e.num_q_heads > 0 &&
+                e.num_kv_heads > 0 && e.num_q_heads % e.num_kv_heads == 0 &&
+                e.page_size > 0 && e.num_pages > 0 && e.q_norm && e.k_norm && e.positions &&
+                e.slot_mapping && aligned8(e.q_out) && aligned8(e.k_pool) && aligned8(e.v_pool) &&
+                skinny_gemm_supported(x, w_qkv, e.q_out, M, N, K))
+      << "skinny gemm: unsupported fused qkv product x[" << M << ", " << K << "] w[" << N << ", "
+      << K << "]^T with " << e.num_tokens << " tokens, " << e.num_q_heads << " q and "
+      << e.num_kv_heads << " kv heads of " << e.head_dim << " (needs " << kSkinnyQkHeadDim
+      << "), page size " << e.page_size << ", " << e.num_pages
+      << " pages (needs an sm_90 GPU, K a multiple of 8, 16-byte aligned x and w, 8-byte "
+         "aligned q_out and pools, every pointer set)";
+  if (M == 0) return;
+  launch(x, w_qkv, nullptr, Epi::kQkNormRope, M, N, K, 0, stream, splits, &e);
 }
 
 }  // namespace pagellm::cuda

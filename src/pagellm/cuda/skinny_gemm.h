@@ -20,6 +20,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "pagellm/cuda/kernels.h"
+
 namespace pagellm::cuda {
 
 /// Largest token count one CTA handles; M above it is covered by more CTAs along grid.z,
@@ -76,5 +78,20 @@ void launch_skinny_gemm(const void* x, const void* w, void* out, bool out_f32, i
 /// requirements and `splits` as launch_skinny_gemm (for N = 2 I).
 void launch_skinny_gemm_silu_mul(const void* x, const void* w_gate_up, void* out, int64_t M,
                                  int64_t inter, int64_t K, cudaStream_t stream, int splits = 0);
+
+/// Head size of the fused qkv product: one head per 128-row tile.
+constexpr int kSkinnyQkHeadDim = kSkinnyRowsPerCta;
+
+/// The attention block's first half in one kernel: qkv = x · w_qkvᵀ ([M, (Hq + 2 Hkv) · 128],
+/// never written out), then what launch_qk_norm_rope_store_kv(e) does to it: per-head
+/// RMSNorm (q_norm, k_norm) and RoPE of q and k at `positions`, q to q_out, k and v into the
+/// pools at `slot_mapping` (e.qkv is not read; e.num_tokens must be M and e.head_dim 128). Each product is rounded to bf16 first, so the result equals the two
+/// launches up to the float order of the norm's sum of squares. The reduction gives each
+/// warp whole 128-column head rows, which is why the head size must be the tile height.
+/// Same requirements and `splits` as launch_skinny_gemm; throws Error naming what does not
+/// fit.
+void launch_skinny_gemm_qk_norm_rope(const void* x, const void* w_qkv, int64_t M, int64_t K,
+                                     const QkNormRopeArgs& e, cudaStream_t stream,
+                                     int splits = 0);
 
 }  // namespace pagellm::cuda

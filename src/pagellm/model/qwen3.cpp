@@ -140,8 +140,8 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
     } else {
       backend_.add_rms_norm(residual, proj, w.input_norm, eps, hidden);
     }
-    backend_.matmul(hidden, w.qkv, qkv);
-    backend_.qk_norm_rope_store_kv(qkv, w.q_norm, w.k_norm, eps, rope, shape, batch, q, kv[l]);
+    backend_.matmul_qk_norm_rope_store_kv(hidden, w.qkv, qkv, w.q_norm, w.k_norm, eps, rope, shape,
+                                          batch, q, kv[l]);
     backend_.attention(q, kv[l], shape, batch, attn);
     backend_.matmul(attn, w.o_proj, proj);
     backend_.add_rms_norm(residual, proj, w.post_norm, eps, hidden);
