@@ -1,5 +1,6 @@
-// Paged attention on the GPU: decode (one query token per sequence, split-KV on CUDA cores)
-// and prefill (ragged, causal, cached prefixes, FlashAttention-2 style on tensor cores).
+// Paged attention on the GPU: decode (one query token per sequence, split-KV, K/V tiles
+// loaded by TMA where the shape allows; attention_decode_variants.h) and prefill (ragged,
+// causal, cached prefixes, FlashAttention-2 style on tensor cores).
 //
 // Both read K/V from the paged pools the KV cache owns and know nothing of requests or
 // schedulers: they take raw device pointers and sizes, so they can be tested and

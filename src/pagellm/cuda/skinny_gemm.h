@@ -4,12 +4,13 @@
 // At decode M is 1..64 and the product reads every weight byte once for 2·M flops per
 // weight: it is bound by HBM bandwidth, not by the tensor cores. The kernel (skinny_gemm.cu,
 // whose top comment has the details) streams 128-row weight tiles with TMA through a
-// 4-stage mbarrier pipeline, multiplies with warpgroup MMA (wgmma, operands read straight
+// 4- or 5-stage mbarrier pipeline, multiplies with warpgroup MMA (wgmma, operands read straight
 // from shared memory, the weights as the 64-row operand), splits K over a thread-block
 // cluster for narrow N and reduces the split partial sums through distributed shared memory
 // in a fixed order (deterministic, no workspace, nothing to reset between graph replays). It
 // is launched with programmatic dependent launch (pdl.cuh): its weight prefetch overlaps the
-// tail of the kernel before it. sm_90 only (wgmma).
+// tail of the kernel before it. sm_90 only (wgmma). Its reduction can finish the next op
+// too: SiLU-and-multiply for the gate|up product, q/k-norm + RoPE + KV store for qkv.
 //
 // The launcher is graph-safe: the grid is a function of (M, N, K, SM count) only, no
 // allocation, no synchronisation.
