@@ -94,7 +94,10 @@ struct Batch {
     CHECK_CUDA(cudaMalloc(&out, qo * 2));
     fill_random(q, qo, 4);
     workspace_bytes = pagellm::cuda::paged_decode_workspace_bytes(num_q_heads, pool.head_dim);
-    if (workspace_bytes) CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
+    if (workspace_bytes) {
+      CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
+      CHECK_CUDA(cudaMemset(workspace, 0, workspace_bytes));  // split counters start at zero
+    }
     CHECK_CUDA(cudaDeviceSynchronize());  // uploads done before work on other streams
   }
   ~Batch() {

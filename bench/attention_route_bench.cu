@@ -174,6 +174,7 @@ class Bench {
     // Native decode's split-KV partials for up to 1024 decode rows of 64 heads.
     ws_bytes_ = paged_attention_workspace_bytes(1024, 64, d, 8);
     PAGELLM_CUDA_CHECK(cudaMalloc(&ws_, std::max<size_t>(ws_bytes_, 256)));
+    PAGELLM_CUDA_CHECK(cudaMemset(ws_, 0, std::max<size_t>(ws_bytes_, 256)));  // split counters
     pool_tokens_ = pool_tokens;
     PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
   }

@@ -207,7 +207,9 @@ struct DeviceProblem {
         kv_lens(pr.kv_lens),
         page_table(pr.page_table),
         workspace(paged_attention_workspace_bytes(pr.num_tokens, pr.c.num_q_heads, pr.c.head_dim,
-                                                  kMaxDecodeSplits)) {}
+                                                  kMaxDecodeSplits)) {
+    workspace.fill_bytes(0);  // the split counters start at zero
+  }
 
   PagedAttentionParams params(const Problem& pr) const {
     PagedAttentionParams p;

@@ -345,6 +345,7 @@ class CudnnAttention : public ::testing::Test {
 
     const size_t ws_bytes = paged_attention_workspace_bytes(in.tokens, r.hq, r.d, 8);
     Buffer<char> ws(std::max<size_t>(ws_bytes, 256));
+    PAGELLM_CUDA_CHECK(cudaMemset(ws.get(), 0, std::max<size_t>(ws_bytes, 256)));  // counters
     p.workspace = ws.get();
     p.workspace_bytes = ws_bytes;
     p.out = out_native.get();
@@ -482,22 +483,28 @@ void check_decode_graph(std::mt19937_64& rng, int table_tokens, int capacity,
     PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
     p.out = out.get();
     const std::vector<uint16_t> eager_out = eager.download();
-    if (replayed != eager_out) {
-      // What differs, so that a failure says whether it is poison (0xffff: a write that
-      // never happened) or a different value (another kernel or reduction order).
-      size_t differ = 0, poison_replayed = 0, poison_eager = 0, first = replayed.size();
-      for (size_t i = 0; i < replayed.size(); ++i) {
-        if (replayed[i] == eager_out[i]) continue;
-        if (differ++ == 0) first = i;
-        poison_replayed += replayed[i] == 0xffff;
-        poison_eager += eager_out[i] == 0xffff;
+    // cuDNN's decode kernel is not bitwise deterministic from run to run: on the H200
+    // (cuDNN 9.14, 2026-11-29) a replay and an eager run of the same plan differed in two
+    // of about 20 runs of this test, the second time in 1 of 32,768 values by one bf16 ulp. So the replay must
+    // equal the eager run to within one ulp in every value, with none left unwritten; a
+    // replay that read stale lengths or buffers differs by far more.
+    auto ulps = [](uint16_t a, uint16_t b) {
+      if ((a ^ b) & 0x8000u) return static_cast<int>(a & 0x7fffu) + static_cast<int>(b & 0x7fffu);
+      return std::abs(static_cast<int>(a) - static_cast<int>(b));
+    };
+    size_t differ = 0, beyond_ulp = 0, unwritten = 0, first = replayed.size();
+    for (size_t i = 0; i < replayed.size(); ++i) {
+      unwritten += replayed[i] == 0xffff || eager_out[i] == 0xffff;
+      if (replayed[i] == eager_out[i]) continue;
+      ++differ;
+      if (ulps(replayed[i], eager_out[i]) > 1) {
+        if (beyond_ulp++ == 0) first = i;
       }
-      ADD_FAILURE() << "graph replay differs from an eager run in " << differ << " of "
-                    << replayed.size() << " values (first at " << first << ": replay 0x"
-                    << std::hex << replayed[first] << ", eager 0x" << eager_out[first]
-                    << std::dec << "); unwritten (0xffff) in the replay " << poison_replayed
-                    << ", in the eager run " << poison_eager;
     }
+    EXPECT_EQ(unwritten, 0u) << "values left unwritten (0xffff) by the replay or the eager run";
+    EXPECT_EQ(beyond_ulp, 0u) << "graph replay differs from an eager run by more than one ulp in "
+                              << beyond_ulp << " of " << replayed.size() << " values (first at "
+                              << first << "; " << differ << " differ at all)";
     Inputs shrunk = in;
     shrunk.r.kv = lens;
     const Errors e = compare(

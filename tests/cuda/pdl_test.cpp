@@ -16,7 +16,7 @@
 //    every round's output is kept and compared as well.
 //  - DecodeStepChain: qk_norm_rope_store_kv of a prefill, a long prefill attention (the
 //    slow kernel), then 24 decode steps of qk_norm_rope_store_kv -> paged decode attention
-//    (8 splits with the merge kernel, or 1 split) -> rms_norm of its output (a fast kernel
+//    (8 splits merged by the last split CTA, or 1 split) -> rms_norm of its output (a fast kernel
 //    right after the slow merge). The decode q buffer overlays the rows of the prefill q,
 //    so the first decode step's writes race the prefill attention's reads if it goes early.
 //  - SlowFillThenFastGather: a 256 MB fill (many waves) followed by a one-wave gather of
@@ -496,6 +496,7 @@ TEST_F(PdlChainTest, DecodeStepChainMatchesCpuEagerAndInGraph) {
       g_normed(dec_elems);
   const int max_splits = 8;
   DeviceArray<unsigned char> g_workspace(paged_attention_workspace_bytes(B, Hq, D, max_splits));
+  PAGELLM_CUDA_CHECK(cudaMemset(g_workspace.get(), 0, g_workspace.bytes()));  // split counters
 
   auto rope_args = [&](const uint16_t* qkv, const int32_t* pos, const int32_t* slots, int tokens) {
     QkNormRopeArgs a;
@@ -562,7 +563,7 @@ TEST_F(PdlChainTest, DecodeStepChainMatchesCpuEagerAndInGraph) {
           attention_params(attn, g_qs_dec.get(), g_kv_dec.get() + s * B, B, 1, max_ctx + s + 1);
       p.workspace = g_workspace.get();
       p.workspace_bytes = g_workspace.bytes();
-      p.num_splits = s % 2 == 0 ? max_splits : 1;  // with and without the merge kernel
+      p.num_splits = s % 2 == 0 ? max_splits : 1;  // with and without the split merge
       paged_decode_attention(p, stream_);
       launch_rms_norm(attn, g_w_o.get(), g_normed.get() + s * step_elems, B, Hq * D, eps, stream_);
     }
@@ -788,6 +789,7 @@ TEST_F(PdlGraphTest, EveryLauncherCapturesProgrammaticEdges) {
   DeviceArray<uint64_t> g_prune(prune);
   DeviceArray<GpuSampledToken> tokens(static_cast<size_t>(B));
   DeviceArray<unsigned char> workspace(paged_attention_workspace_bytes(B, Hq, D, 4));
+  PAGELLM_CUDA_CHECK(cudaMemset(workspace.get(), 0, workspace.bytes()));  // split counters
   for (DeviceArray<uint16_t>* a : {&buf_a, &buf_b, &qkv, &norm_w, &q, &out, &k_pool, &v_pool}) {
     PAGELLM_CUDA_CHECK(cudaMemset(a->get(), 0, a->bytes()));
   }
@@ -854,7 +856,7 @@ TEST_F(PdlGraphTest, EveryLauncherCapturesProgrammaticEdges) {
          p.num_splits = 1;
          paged_decode_attention(p, stream_);
        }},
-      {"paged_decode_attention, 4 splits", 2,
+      {"paged_decode_attention, 4 splits", 1,  // the last split CTA merges: no merge kernel
        [&] {
          PagedAttentionParams p = attn;
          p.num_splits = 4;

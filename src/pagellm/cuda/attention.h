@@ -60,7 +60,10 @@ struct PagedAttentionParams {
   int32_t max_query_len = 0;  // upper bound of every q (prefill picks its tile height by it)
   int32_t max_kv_len = 0;     // upper bound of every kv (decode picks its split count by it)
   float scale = 0.0f;         // softmax scale, usually 1/sqrt(head_dim)
-  void* workspace = nullptr;  // decode's split-KV partial results; 256-byte aligned
+  /// Decode's split-KV partial results and split counters; 256-byte aligned. Zero-fill it
+  /// (cudaMemset) once before its first use: the counters must start at zero, and every
+  /// call leaves them so.
+  void* workspace = nullptr;
   size_t workspace_bytes = 0;
   /// Decode only: the number of KV splits per (sequence, KV head). 0 lets
   /// paged_decode_attention choose (plan_decode_splits). A fixed value must fit the
@@ -74,8 +77,9 @@ inline constexpr int32_t kMaxPageSize = 1024;
 inline constexpr int32_t kMaxDecodeSplits = 64;
 
 /// Bytes of workspace that decode needs to run `max_splits` KV splits over up to
-/// `max_tokens` query tokens: f32 partial outputs plus (max, sum) pairs per split and query
-/// head, (head_dim + 2) * 4 bytes per (token, split, head). Decode never plans more splits
+/// `max_tokens` query tokens: 256 KB of split counters (one per sequence and CTA row, up to
+/// 65,536) plus f32 partial outputs and (max, sum) pairs per split and query head,
+/// (head_dim + 2) * 4 bytes per (token, split, head). Decode never plans more splits
 /// than the workspace it is given holds, so a smaller workspace only costs parallelism at
 /// small batches (zero bytes means one split). 0 when max_splits <= 1.
 size_t paged_attention_workspace_bytes(int32_t max_tokens, int32_t num_q_heads, int32_t head_dim,
@@ -98,9 +102,9 @@ int32_t plan_decode_splits(const PagedAttentionParams& p);
 /// q == 0 rows are skipped). A row with q > 1 is still computed correctly, one token after
 /// the other, but slowly: use paged_prefill_attention for those.
 /// One CTA per (sequence, KV head, split) reads each K/V page once for up to 16 query
-/// heads of its GQA group, on tensor cores; with more than one split a second kernel merges
-/// the partial softmax states (log-sum-exp). Throws pagellm::Error for unsupported shapes or a
-/// workspace too small for p.num_splits.
+/// heads of its GQA group, on tensor cores; with more than one split the last split CTA of
+/// each sequence to finish merges the partial softmax states (log-sum-exp). Throws
+/// pagellm::Error for unsupported shapes or a workspace too small for p.num_splits.
 void paged_decode_attention(const PagedAttentionParams& p, cudaStream_t stream);
 
 /// Attention for ragged batches of any query lengths (prefill, chunked prefill with a

@@ -30,17 +30,17 @@
 //    keys are cut into num_splits chunks (a host-side constant, fixed within a CUDA graph);
 //    the chunk length comes from the device kv_len, so every split of a sequence gets an
 //    equal share of the real length and splits past it exit at once. Each split writes an
-//    unnormalised f32 partial output with its (max, sum) in the log2 domain; a second
-//    kernel merges them. A sequence that needs only one split is written directly.
+//    unnormalised f32 partial output with its (max, sum) in the log2 domain and counts
+//    itself done on a counter in the workspace; the last split of a (sequence, CTA row) to
+//    arrive merges them and resets the counter (merge_if_last_split), so there is no merge
+//    kernel and no second grid boundary. A sequence with one split is written directly.
 //  - Programmatic dependent launch (pdl.cuh): q and the newest K/V rows come from the kernel
 //    just before, so they are read after pdl_wait(); but the tiles of a sequence's history
 //    (positions before its query tokens, written by earlier steps) go out before the wait,
 //    so the first K/V bytes stream in while that kernel still runs. The split kernel lets
-//    its dependent (the merge, or the output projection) launch only once a CTA's key loop
-//    is done: at large batches its grid has several waves, and even for one wave, letting
-//    the output projection in early measured slower (W1 8,161 against 8,451 tok/s, H200,
-//    2026-11-29). The merge grid, one wave of one-warp CTAs, lets its dependent launch at
-//    once.
+//    its dependent (the output projection) launch only once a CTA's key loop is done: at
+//    large batches its grid has several waves, and even for one wave, letting the output
+//    projection in early measured slower (W1 8,161 against 8,451 tok/s, H200, 2026-11-29).
 // Roofline: Qwen3-8B (8 KV heads, D = 128) reads 4 KB of K/V per cached token, so a batch
 // of 64 sequences at 4k context moves 1.07 GB: 0.25 ms at the H200's ~4.3 TB/s copy rate.
 #include <cuda_bf16.h>
@@ -65,7 +65,6 @@ namespace {
 
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
-constexpr int kMergeThreads = 32;
 // Query heads per CTA: the rows of one m16 mma tile.
 constexpr int kHeadsPerCta = 16;
 // Planning: split until the CTAs fill (without exceeding) this many per SM, each split
@@ -107,6 +106,7 @@ __host__ __device__ __forceinline__ SplitPlan plan_split(int32_t kv_len, int32_t
 struct DecodeArgs {
   PagedAttentionParams p;
   float* partial_o;    // [num_splits, num_tokens, Hq, D] f32, unnormalised
+  int32_t* counters;   // [kSplitCounters]: splits done per (sequence, CTA row); zero when idle
   float2* partial_ml;  // [num_splits, num_tokens, Hq] (max, sum), log2 domain
   int32_t num_splits;
   int32_t subgroups;   // CTAs per KV head: ceil(group / kHeadsPerCta)
@@ -123,6 +123,11 @@ size_t partial_ml_bytes(int64_t tokens, int64_t heads, int64_t splits) {
   const size_t raw = static_cast<size_t>(splits * tokens * heads) * sizeof(float2);
   return (raw + 255) / 256 * 256;
 }
+/// The split counters sit at the start of the workspace, the same bytes for every call
+/// whatever its shape, so that the zeros each call leaves there are what the next finds.
+/// One counter per (sequence, CTA row of the grid) of a call with several splits.
+constexpr int64_t kSplitCounters = 65536;
+constexpr size_t kCounterBytes = kSplitCounters * sizeof(int32_t);
 
 /// Byte offset of 16-byte chunk `chunk` of row `row` in a 16-key K or V tile in shared
 /// memory. Two layouts, both XOR-swizzled by row % 8 so that the 8 rows an ldmatrix reads
@@ -420,6 +425,81 @@ struct DecodeCta {
   }
 };
 
+/// Merges the splits of one output row (query token, head): out = Σ w_s o_s / Σ w_s l_s
+/// with w_s = 2^(m_s - max m). One warp: lane s holds the (max, sum) of splits s and s + 32,
+/// and each lane owns 4 dims of the output. Reads the partials through L2 (__ldcg): other
+/// CTAs wrote them.
+template <int D>
+__device__ __forceinline__ void merge_split_row(const DecodeArgs& a, int n_active, int64_t row) {
+  static_assert(kMaxDecodeSplits <= 64, "two splits per lane");
+  const PagedAttentionParams& p = a.p;
+  const int lane = threadIdx.x % 32;
+  const int d = lane * 4;
+  const bool owns_dims = d < D;
+  auto* out = static_cast<__nv_bfloat16*>(p.out);
+  const int64_t split_stride = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
+  const float2 ml0 = lane < n_active ? __ldcg(&a.partial_ml[lane * split_stride + row])
+                                     : make_float2(-INFINITY, 0.0f);
+  const float2 ml1 = lane + 32 < n_active ? __ldcg(&a.partial_ml[(lane + 32) * split_stride + row])
+                                          : make_float2(-INFINITY, 0.0f);
+  float mx = fmaxf(ml0.x, ml1.x);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  const float base = mx == -INFINITY ? 0.0f : mx;
+  const float w0 = fast_exp2(ml0.x - base);
+  const float w1 = fast_exp2(ml1.x - base);
+  float sum = w0 * ml0.y + w1 * ml1.y;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+  for (int s = 0; s < n_active; ++s) {
+    const float w = __shfl_sync(0xffffffffu, s < 32 ? w0 : w1, s & 31);
+    if (owns_dims) {
+      const float4 v =
+          __ldcg(reinterpret_cast<const float4*>(a.partial_o + (s * split_stride + row) * D + d));
+      acc.x += w * v.x;
+      acc.y += w * v.y;
+      acc.z += w * v.z;
+      acc.w += w * v.w;
+    }
+  }
+  if (owns_dims) {
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    uint2 packed;
+    packed.x = pack_bf16x2(acc.x * inv, acc.y * inv);
+    packed.y = pack_bf16x2(acc.z * inv, acc.w * inv);
+    *reinterpret_cast<uint2*>(out + row * D + d) = packed;
+  }
+}
+
+/// End of a split CTA whose sequence has several active splits (call with all threads,
+/// after its partials are stored): the CTA counts itself done on its sequence's counter,
+/// and the last of the splits to arrive merges every split's partials into the output for
+/// the CTA's heads and tokens and resets the counter for the next call. So no merge kernel
+/// (and no second grid boundary) is needed; the order of the sum does not depend on which
+/// CTA merges.
+template <int D>
+__device__ __forceinline__ void merge_if_last_split(const DecodeArgs& a, const DecodeCta& c) {
+  __shared__ int last;
+  __threadfence();  // this CTA's partials are visible to the CTA that will merge them
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t* counter = a.counters + static_cast<int64_t>(c.b) * gridDim.y + blockIdx.y;
+    last = atomicAdd(counter, 1) == c.sp.n_active - 1;
+    if (last) atomicExch(counter, 0);  // every split has arrived: ready for the next call
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // the other splits' partials, published before their counts, are read after
+  const int rows = c.seq.q_len * c.n_heads;
+  for (int item = c.warp; item < rows; item += kDecodeWarps) {
+    const int i = item / c.n_heads, h = item % c.n_heads;
+    merge_split_row<D>(a, c.sp.n_active,
+                       static_cast<int64_t>(c.seq.q_begin + i) * a.p.num_q_heads + c.head0 + h);
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_split_kernel(const __grid_constant__ DecodeArgs a) {
@@ -520,6 +600,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     __syncthreads();  // every warp is done with q and its ring: reuse them below
     merge_warps_and_store<D>(a, smem, st, token, c.head0, c.n_heads, c.split, direct);
   }
+  if (!direct) merge_if_last_split<D>(a, c);
 }
 
 // ---- the TMA variant (D = 128, page_size a multiple of 16, sm_90) -------------------------
@@ -678,69 +759,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
   }
+  if (!direct) merge_if_last_split<D>(a, c);
 #else
   __trap();  // launched only on sm_90 and newer (decode_tma_supported)
 #endif
-}
-
-/// Merges the splits of one (sequence, query head): out = Σ w_s o_s / Σ w_s l_s with
-/// w_s = 2^(m_s - max m). One warp: lane s holds the (max, sum) of splits s and s + 32,
-/// and each lane owns 4 dims of the output.
-template <int D>
-__global__ void __launch_bounds__(kMergeThreads)
-    decode_merge_kernel(const __grid_constant__ DecodeArgs a) {
-  static_assert(kMaxDecodeSplits <= 64, "two splits per lane");
-  pdl_wait();  // the split kernel's partials are complete and visible
-  pdl_launch_dependents();
-  const PagedAttentionParams& p = a.p;
-  const int b = blockIdx.x;
-  const int head = blockIdx.y;
-  const SeqInfo seq = load_seq_info(p, b);
-  if (seq.q_len == 0) return;
-  const SplitPlan sp = plan_split(seq.kv_len, a.num_splits, DecodeShape<D>::kCtaKeys);
-  if (sp.n_active <= 1) return;  // written directly by the split kernel
-  const int lane = threadIdx.x;
-  const int d = lane * 4;
-  const bool owns_dims = d < D;
-  auto* out = static_cast<__nv_bfloat16*>(p.out);
-  const int64_t split_stride = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
-  for (int i = 0; i < seq.q_len; ++i) {
-    const int64_t row = static_cast<int64_t>(seq.q_begin + i) * p.num_q_heads + head;
-    const float2 ml0 = lane < sp.n_active ? __ldcg(&a.partial_ml[lane * split_stride + row])
-                                          : make_float2(-INFINITY, 0.0f);
-    const float2 ml1 = lane + 32 < sp.n_active
-                           ? __ldcg(&a.partial_ml[(lane + 32) * split_stride + row])
-                           : make_float2(-INFINITY, 0.0f);
-    float mx = fmaxf(ml0.x, ml1.x);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    const float base = mx == -INFINITY ? 0.0f : mx;
-    const float w0 = fast_exp2(ml0.x - base);
-    const float w1 = fast_exp2(ml1.x - base);
-    float sum = w0 * ml0.y + w1 * ml1.y;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
-    for (int s = 0; s < sp.n_active; ++s) {
-      const float w = __shfl_sync(0xffffffffu, s < 32 ? w0 : w1, s & 31);
-      if (owns_dims) {
-        const float4 v =
-            __ldcg(reinterpret_cast<const float4*>(a.partial_o + (s * split_stride + row) * D + d));
-        acc.x += w * v.x;
-        acc.y += w * v.y;
-        acc.z += w * v.z;
-        acc.w += w * v.w;
-      }
-    }
-    if (owns_dims) {
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      uint2 packed;
-      packed.x = pack_bf16x2(acc.x * inv, acc.y * inv);
-      packed.y = pack_bf16x2(acc.z * inv, acc.w * inv);
-      *reinterpret_cast<uint2*>(out + row * D + d) = packed;
-    }
-  }
 }
 
 int current_sm_count() {
@@ -807,13 +829,6 @@ void launch_decode_tma(const DecodeArgs& args, cudaStream_t stream) {
   launch_decode_tma_with<3>(args, stream);
 }
 
-template <int D>
-void launch_merge(const DecodeArgs& args, cudaStream_t stream) {
-  // With PDL the merge grid launches while the split grid drains, and waits for it.
-  const PagedAttentionParams& p = args.p;
-  launch_kernel(decode_merge_kernel<D>, dim3(p.num_seqs, p.num_q_heads, 1), dim3(kMergeThreads),
-                0, stream, 1, args);
-}
 
 }  // namespace
 }  // namespace attn
@@ -825,7 +840,7 @@ size_t paged_attention_workspace_bytes(int32_t max_tokens, int32_t num_q_heads, 
       << ", num_q_heads " << num_q_heads << ", head_dim " << head_dim << ", max_splits "
       << max_splits;
   if (max_splits <= 1) return 0;  // one split writes the output directly
-  return attn::partial_o_bytes(max_tokens, num_q_heads, head_dim, max_splits) +
+  return attn::kCounterBytes + attn::partial_o_bytes(max_tokens, num_q_heads, head_dim, max_splits) +
          attn::partial_ml_bytes(max_tokens, num_q_heads, max_splits);
 }
 
@@ -899,13 +914,20 @@ void paged_decode_attention_with(const PagedAttentionParams& p, DecodeKernel ker
         << " (size it with paged_attention_workspace_bytes, or pass num_splits = 0)";
     PAGELLM_CHECK((reinterpret_cast<uintptr_t>(p.workspace) & 255u) == 0)
         << "paged_decode_attention: the workspace must be 256-byte aligned";
-    args.partial_o = static_cast<float*>(p.workspace);
+    char* ws = static_cast<char*>(p.workspace);
+    args.counters = reinterpret_cast<int32_t*>(ws);
+    args.partial_o = reinterpret_cast<float*>(ws + attn::kCounterBytes);
     args.partial_ml = reinterpret_cast<float2*>(
-        static_cast<char*>(p.workspace) +
+        ws + attn::kCounterBytes +
         attn::partial_o_bytes(p.num_tokens, p.num_q_heads, p.head_dim, splits));
   }
   const int group = p.num_q_heads / p.num_kv_heads;
   args.subgroups = (group + attn::kHeadsPerCta - 1) / attn::kHeadsPerCta;
+  PAGELLM_CHECK(splits <= 1 || static_cast<int64_t>(p.num_seqs) * p.num_kv_heads * args.subgroups <=
+                                   attn::kSplitCounters)
+      << "paged_decode_attention: " << splits << " splits over " << p.num_seqs << " sequences x "
+      << p.num_kv_heads * args.subgroups << " CTA rows exceed the workspace's "
+      << attn::kSplitCounters << " split counters (fewer sequences per call, or one split)";
   PAGELLM_CHECK(static_cast<int64_t>(p.num_kv_heads) * args.subgroups <= 65535)
       << "paged_decode_attention: num_kv_heads " << p.num_kv_heads << " is too large";
   args.page_shift = attn::page_shift_of(p.page_size);
@@ -916,12 +938,6 @@ void paged_decode_attention_with(const PagedAttentionParams& p, DecodeKernel ker
     attn::launch_decode<128>(args, stream);
   } else {
     attn::launch_decode<64>(args, stream);
-  }
-  if (splits == 1) return;
-  if (p.head_dim == 128) {
-    attn::launch_merge<128>(args, stream);
-  } else {
-    attn::launch_merge<64>(args, stream);
   }
 }
 

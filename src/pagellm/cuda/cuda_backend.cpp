@@ -221,6 +221,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
         kAttentionWorkspaceTokens, kAttentionWorkspaceHeads, kAttentionWorkspaceHeadDim,
         kAttentionWorkspaceSplits);
     attention_workspace_ = allocate(attention_workspace_bytes_);
+    // Decode's split counters start at zero (attention.h); every call leaves them so.
+    PAGELLM_CUDA_CHECK(cudaMemset(attention_workspace_, 0, attention_workspace_bytes_));
     matmul_ = std::make_unique<LtMatmul>(matmul_workspace_, matmul_workspace_bytes_);
 
     uint64_t table[kPruneTableSize];
