@@ -1,7 +1,7 @@
 // Programmatic dependent launch (PDL, sm_90) and the one launch helper every kernel of the
 // decode step goes through.
 //
-// Why. A decode step is ~300 kernels; between two of them the GPU drains one grid, then
+// Why. A decode step is ~250-300 kernels; between two of them the GPU drains one grid, then
 // launches and ramps up the next (~2-4 µs each on the H200, measured as ~0.8 ms of a 4 ms
 // W1 step). With PDL a kernel launched with the programmatic-serialization attribute may
 // start while its predecessor is still running: it does the work that does not depend on the
