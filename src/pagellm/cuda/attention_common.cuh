@@ -115,13 +115,12 @@ __device__ __forceinline__ SeqInfo load_seq_info(const PagedAttentionParams& p, 
   return s;
 }
 
-/// Maps a key position to the element offset of its row in a pool
-/// [num_pages, num_kv_heads, page_size, head_dim]. `page_shift` >= 0 when page_size is a
-/// power of two (then the division is a shift).
-__device__ __forceinline__ int64_t kv_row_offset(const int32_t* page_row, int32_t pos,
-                                                 int32_t page_size, int32_t page_shift,
-                                                 int32_t num_kv_heads, int32_t kv_head,
-                                                 int32_t head_dim) {
+/// Maps a key position to the index of its row in a pool [num_pages, num_kv_heads,
+/// page_size, head_dim] seen as rows of head_dim elements. `page_shift` >= 0 when page_size
+/// is a power of two (then the division is a shift).
+__device__ __forceinline__ int64_t kv_row(const int32_t* page_row, int32_t pos, int32_t page_size,
+                                          int32_t page_shift, int32_t num_kv_heads,
+                                          int32_t kv_head) {
   int32_t block, slot;
   if (page_shift >= 0) {
     block = pos >> page_shift;
@@ -131,7 +130,15 @@ __device__ __forceinline__ int64_t kv_row_offset(const int32_t* page_row, int32_
     slot = pos - block * page_size;
   }
   const int64_t page = __ldg(page_row + block);
-  return ((page * num_kv_heads + kv_head) * page_size + slot) * head_dim;
+  return (page * num_kv_heads + kv_head) * page_size + slot;
+}
+
+/// The element offset of that row.
+__device__ __forceinline__ int64_t kv_row_offset(const int32_t* page_row, int32_t pos,
+                                                 int32_t page_size, int32_t page_shift,
+                                                 int32_t num_kv_heads, int32_t kv_head,
+                                                 int32_t head_dim) {
+  return kv_row(page_row, pos, page_size, page_shift, num_kv_heads, kv_head) * head_dim;
 }
 
 /// Element offset of 16-byte chunk `chunk` of row `row` in a [rows][D] bf16 tile in shared

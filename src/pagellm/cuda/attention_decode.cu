@@ -56,6 +56,7 @@
 #include "pagellm/cuda/attention_decode_variants.h"
 #include "pagellm/cuda/attention_common.cuh"
 #include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/device_info.h"
 #include "pagellm/cuda/tma.cuh"
 #include "pagellm/cuda/tma.h"
 
@@ -622,10 +623,12 @@ struct DecodeTmaArgs {
   DecodeArgs a;
 };
 
-template <int kStages_>
 struct DecodeTmaShape {
   static constexpr int D = 128;
-  static constexpr int kStages = kStages_;  // per-warp ring (kStages - 1 tiles in flight)
+  // Per-warp ring of 3 stages: 2 tiles in flight, 101 KB of shared memory per CTA. A
+  // 2-stage ring (69 KB, so that a product's CTA fits beside two of these) measured 9 %
+  // slower on W1 (H200, 2026-11-29).
+  static constexpr int kStages = 3;
   static constexpr int kTileBytes = 16 * D * 2;   // one K (or V) tile: 4 KB
   static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr int kRingBytes = kDecodeWarps * kStages * kStageBytes;
@@ -634,14 +637,12 @@ struct DecodeTmaShape {
   static constexpr int kAlign = 1024;  // 128-byte swizzle atoms
   static constexpr int kSmemBytes = kRingBytes + kQBytes + kBarBytes + kAlign;
   static_assert(DecodeShape<D>::kReduceBytes <= kRingBytes, "the merge reuses the ring");
-  static_assert(kStages >= 2, "a tile in flight while one is used");
 };
 
-template <int kRingStages>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_split_tma_kernel(const __grid_constant__ DecodeTmaArgs t) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using T = DecodeTmaShape<kRingStages>;
+  using T = DecodeTmaShape;
   constexpr int D = T::D;
   constexpr int kStages = T::kStages;
   using S = DecodeShape<D>;
@@ -675,18 +676,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
     if ((j >> 5) != row_batch) {
       row_batch = j >> 5;
       const int pos = key_begin + (warp + ((row_batch << 5) + lane) * kDecodeWarps) * 16;
-      my_row = 0;
-      if (pos < seq.kv_len) {
-        int32_t block, slot;
-        if (a.page_shift >= 0) {
-          block = pos >> a.page_shift;
-          slot = pos & (p.page_size - 1);
-        } else {
-          block = pos / p.page_size;
-          slot = pos - block * p.page_size;
-        }
-        my_row = (__ldg(c.page_row + block) * p.num_kv_heads + c.kv_head) * p.page_size + slot;
-      }
+      // Rows fit int32: decode_tma_supported checks the pool has fewer than 2^31.
+      my_row = pos < seq.kv_len ? static_cast<int32_t>(kv_row(c.page_row, pos, p.page_size,
+                                                                a.page_shift, p.num_kv_heads,
+                                                                c.kv_head))
+                                : 0;
     }
     return __shfl_sync(0xffffffffu, my_row, j & 31);
   };
@@ -765,27 +759,6 @@ __global__ void __launch_bounds__(kDecodeThreads)
 #endif
 }
 
-int current_sm_count() {
-  int device = 0;
-  PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
-  int sms = 0;
-  PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
-
-/// Compute capability major of the current device (cached per device).
-int current_cc_major() {
-  static int cached_device = -1, cached_major = 0;
-  int device = 0;
-  PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
-  if (device != cached_device) {
-    PAGELLM_CUDA_CHECK(
-        cudaDeviceGetAttribute(&cached_major, cudaDevAttrComputeCapabilityMajor, device));
-    cached_device = device;
-  }
-  return cached_major;
-}
-
 template <int D>
 void launch_decode(const DecodeArgs& args, cudaStream_t stream) {
   using S = DecodeShape<D>;
@@ -801,13 +774,11 @@ void launch_decode(const DecodeArgs& args, cudaStream_t stream) {
                 args);
 }
 
-template <int kStages>
-void launch_decode_tma_with(const DecodeArgs& args, cudaStream_t stream) {
-  using T = DecodeTmaShape<kStages>;
+void launch_decode_tma(const DecodeArgs& args, cudaStream_t stream) {
+  using T = DecodeTmaShape;
   static const bool smem_set = [] {
-    PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(decode_split_tma_kernel<kStages>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            T::kSmemBytes));
+    PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(
+        decode_split_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
     return true;
   }();
   (void)smem_set;
@@ -818,15 +789,7 @@ void launch_decode_tma_with(const DecodeArgs& args, cudaStream_t stream) {
   t.v_map = bf16_tensor_map(p.v_pool, rows, T::D, 64, 16, "paged_decode_attention");
   t.a = args;
   const dim3 grid(p.num_seqs, p.num_kv_heads * args.subgroups, args.num_splits);
-  launch_kernel(decode_split_tma_kernel<kStages>, grid, dim3(kDecodeThreads), T::kSmemBytes,
-                stream, 1, t);
-}
-
-/// The ring depth of the TMA kernel: 3 stages (two tiles in flight per warp, 101 KB of
-/// shared memory per CTA). A 2-stage ring (69 KB, so that a product's CTA fits beside two
-/// of these) measured 9 % slower on W1 (H200, 2026-11-29).
-void launch_decode_tma(const DecodeArgs& args, cudaStream_t stream) {
-  launch_decode_tma_with<3>(args, stream);
+  launch_kernel(decode_split_tma_kernel, grid, dim3(kDecodeThreads), T::kSmemBytes, stream, 1, t);
 }
 
 
@@ -857,7 +820,10 @@ int32_t plan_decode_splits(const PagedAttentionParams& p) {
   const int64_t ctas = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads * subgroups;
   // One wave: the largest split count whose CTAs still fit the device's CTA slots (a
   // partial second wave would leave SMs idle; fewer, fuller CTAs are cheaper than that).
-  const int64_t slots = static_cast<int64_t>(attn::kTargetCtasPerSm) * attn::current_sm_count();
+  int sms = 0;
+  current_device_info(&sms);
+  PAGELLM_CHECK(sms > 0) << "plan_decode_splits: no CUDA device is current";
+  const int64_t slots = static_cast<int64_t>(attn::kTargetCtasPerSm) * sms;
   int64_t splits = slots / ctas;
   splits = std::min<int64_t>(
       splits, (std::max(p.max_kv_len, 1) + attn::kMinKeysPerSplit - 1) / attn::kMinKeysPerSplit);
@@ -890,7 +856,7 @@ DecodeKernel decode_kernel_from_env() {
 bool decode_tma_supported(const PagedAttentionParams& p) {
   const int64_t rows = static_cast<int64_t>(p.num_pages) * p.num_kv_heads * p.page_size;
   return p.head_dim == 128 && p.page_size % 16 == 0 && p.num_pages > 0 &&
-         rows < (int64_t{1} << 31) && attn::current_cc_major() >= 9;
+         rows < (int64_t{1} << 31) && current_device_info(nullptr) >= 90;
 }
 
 void paged_decode_attention(const PagedAttentionParams& p, cudaStream_t stream) {

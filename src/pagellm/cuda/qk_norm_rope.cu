@@ -58,8 +58,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       const int i = lane * kPerLane + j;
       w_lo[j] = __bfloat162float(w[i]);
       w_hi[j] = __bfloat162float(w[kHalf + i]);
-      inv_freq[j] =
-          1.0f / powf(a.rope_theta, static_cast<float>(2 * i) / static_cast<float>(kHeadDim));
+      inv_freq[j] = rope_inv_freq(a.rope_theta, i, kHeadDim);
     }
   }
   pdl_wait();  // qkv comes from the matrix product before; the pools may still be read

@@ -1,4 +1,4 @@
-// Device helper shared by the two kernels that store normalised q/k and v rows:
+// Device helpers shared by the two kernels that store normalised q/k and v rows:
 // qk_norm_rope_store_kv_kernel (qk_norm_rope.cu) and the skinny GEMM's fused qkv epilogue
 // (skinny_gemm.cu).
 #pragma once
@@ -10,6 +10,12 @@
 #include "pagellm/cuda/kernels.h"
 
 namespace pagellm::cuda {
+
+/// RoPE inverse frequency of pair i (0 <= i < head_dim / 2) as transformers computes it
+/// for Qwen3, in float32: 1 / theta^(2i / head_dim).
+__device__ __forceinline__ float rope_inv_freq(float theta, int i, int head_dim) {
+  return 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+}
 
 /// Where head `head` (of the Hq + 2 Hkv heads of a qkv row) of token `token` is stored: its
 /// q_out row for q heads, its page slot in the K or V pool for k and v heads; nullptr for a

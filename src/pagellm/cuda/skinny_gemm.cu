@@ -57,6 +57,7 @@
 #include <mutex>
 
 #include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/device_info.h"
 #include "pagellm/cuda/pdl.cuh"
 #include "pagellm/cuda/qk_norm_rope.cuh"
 #include "pagellm/cuda/tma.cuh"
@@ -209,8 +210,7 @@ __device__ __forceinline__ QkLane qk_lane_constants(const QkNormRopeArgs& e, int
     const int col = 4 * lane + j;
     const int i = col & (kSkinnyQkHeadDim / 2 - 1);
     c.w[j] = __bfloat162float(w[col]);
-    c.inv_freq[j] = 1.0f / powf(e.rope_theta, static_cast<float>(2 * i) /
-                                                  static_cast<float>(kSkinnyQkHeadDim));
+    c.inv_freq[j] = rope_inv_freq(e.rope_theta, i, kSkinnyQkHeadDim);
   }
   return c;
 }
@@ -437,27 +437,6 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
 
 // ---- host ----------------------------------------------------------------------------------
 
-/// Compute capability (e.g. 90) of the current device and its SM count; 0 without a device.
-int current_device_info(int* sms) {
-  static int cached_device = -1, cached_sms = 0, cached_cc = 0;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();  // not sticky; clear it so the next launch check does not see it
-    if (sms) *sms = 0;
-    return 0;
-  }
-  if (device != cached_device) {
-    int major = 0, minor = 0;
-    PAGELLM_CUDA_CHECK(
-        cudaDeviceGetAttribute(&cached_sms, cudaDevAttrMultiProcessorCount, device));
-    PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    cached_cc = major * 10 + minor;
-    cached_device = device;
-  }
-  if (sms) *sms = cached_sms;
-  return cached_cc;
-}
 
 /// The TMA map of a row-major bf16 [rows, K] operand read in boxes of 64 k x box_rows rows.
 const CUtensorMap& tensor_map(const void* data, int64_t rows, int64_t K, int box_rows) {
