@@ -60,18 +60,6 @@ struct LayerArgs {
   int packed;              // weights as one contiguous 16 KiB block per stage (bulk copy)
 };
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-/// One contiguous block of `bytes` from global memory into shared memory at dst, completing
-/// on `bar`, with an L2 cache policy.
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
-                                          uint32_t bar, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
-      "[%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-      : "memory");
-}
-#endif
 
 /// Streams products [first, first + count) of `a`. Between two of them the CTAs meet at a
 /// grid barrier (count > 1) after issuing the next product's first weight boxes.
@@ -117,7 +105,7 @@ __global__ void __launch_bounds__(kThreads, 2) stream_kernel(const __grid_consta
     const int tile = unit / p.chunks, k = (unit % p.chunks) * kChunk;
     mbar_arrive_expect_tx(bar, kStageBytes);
     if (a.packed) {
-      bulk_load(base + stage * kStageBytes, p.packed + static_cast<size_t>(unit) * kWeightBytes,
+      bulk_load_hint(base + stage * kStageBytes, p.packed + static_cast<size_t>(unit) * kWeightBytes,
                 kWeightBytes, bar, policy);
     } else {
       tma_load_hint(base + stage * kStageBytes, &p.w, k, tile * 128, bar, policy);

@@ -15,7 +15,8 @@
 // difference of the tuned and skinny outputs from the heuristic one (a sanity check; the
 // tests check correctness). Last, "full decode step" lines: Qwen3-4B's four layer products
 // x 36 + lm_head at M = 32, summed per variant, against the copy bandwidth. In between, the
-// skinny kernel's time on the Qwen3-4B layer products for every forced split-K factor.
+// skinny kernel's time on the Qwen3-4B layer products for every forced split-K factor, and
+// on row-major against packed weights (pack_skinny_weights, an experiment).
 // Launches in a graph follow each other with programmatic dependent launch (as in the
 // decode step), so the skinny kernel's weight prefetch overlaps the previous launch.
 #include <cuda_bf16.h>
@@ -276,6 +277,82 @@ int main(int argc, char** argv) {
         CHECK_CUDA(cudaFree(x));
         CHECK_CUDA(cudaFree(out));
       }
+    }
+
+    // The skinny kernel on weights packed as its shared-memory stages (pack_skinny_weights:
+    // one contiguous 16 KiB block per stage instead of 128 bytes from each of 128 rows), on
+    // the Qwen3-4B products; the outputs must agree bit for bit.
+    {
+      std::printf("\nskinny kernel, row-major against packed weights (us per product, %% of copy "
+                  "bandwidth; step: 36 layers + lm_head at M = 32)\n");
+      double step_rows = 0, step_packed = 0, packed_step_bytes = 0;
+      for (const Shape& s : shapes) {
+        if (std::strcmp(s.model, "4B") != 0) continue;
+        const size_t weight_bytes = static_cast<size_t>(s.N * s.K) * 2;
+        const size_t packed_bytes = pagellm::cuda::skinny_packed_bytes(s.N, s.K);
+        const int copies = static_cast<int>(std::max<size_t>(
+            2, (4 * static_cast<size_t>(prop.l2CacheSize) + weight_bytes - 1) / weight_bytes));
+        const size_t out_elem = s.f32_out ? 4 : 2;
+        void *w = nullptr, *wp = nullptr, *x = nullptr, *out_a = nullptr, *out_b = nullptr;
+        CHECK_CUDA(cudaMalloc(&w, weight_bytes * copies));
+        CHECK_CUDA(cudaMalloc(&wp, packed_bytes * copies));
+        CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(32 * s.K) * 2));
+        CHECK_CUDA(cudaMalloc(&out_a, static_cast<size_t>(32 * s.N) * out_elem));
+        CHECK_CUDA(cudaMalloc(&out_b, static_cast<size_t>(32 * s.N) * out_elem));
+        fill_random(w, weight_bytes / 2 * copies, 7);
+        fill_random(x, static_cast<size_t>(32 * s.K), 11);
+        for (int i = 0; i < copies; ++i) {
+          pagellm::cuda::pack_skinny_weights(static_cast<char*>(w) + i * weight_bytes, s.N, s.K,
+                                             0, static_cast<char*>(wp) + i * packed_bytes, stream);
+        }
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        for (int64_t M : {int64_t{1}, int64_t{32}}) {
+          double us[2];
+          for (int packed = 0; packed < 2; ++packed) {
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+            for (int i = 0; i < launches; ++i) {
+              pagellm::cuda::launch_skinny_gemm(
+                  x, static_cast<char*>(w) + (i % copies) * weight_bytes, packed ? out_b : out_a,
+                  s.f32_out, M, s.N, s.K, stream, 0,
+                  packed ? static_cast<char*>(wp) + (i % copies) * packed_bytes : nullptr);
+            }
+            CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+            CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+            us[packed] = time_graph(exec, stream, reps) / launches * 1e3;
+            CHECK_CUDA(cudaGraphExecDestroy(exec));
+            CHECK_CUDA(cudaGraphDestroy(graph));
+          }
+          const size_t out_bytes = static_cast<size_t>(M * s.N) * out_elem;
+          std::vector<char> a(out_bytes), b(out_bytes);
+          CHECK_CUDA(cudaMemcpy(a.data(), out_a, out_bytes, cudaMemcpyDeviceToHost));
+          CHECK_CUDA(cudaMemcpy(b.data(), out_b, out_bytes, cudaMemcpyDeviceToHost));
+          const bool same = std::memcmp(a.data(), b.data(), out_bytes) == 0;
+          const double bytes = static_cast<double>(weight_bytes) + M * s.K * 2.0 +
+                               M * static_cast<double>(s.N) * out_elem;
+          std::printf("%-8s %4lld %7lld %6lld | row-major %7.1f us %5.1f%% | packed %7.1f us "
+                      "%5.1f%% | %s\n",
+                      s.name, static_cast<long long>(M), static_cast<long long>(s.N),
+                      static_cast<long long>(s.K), us[0], 100 * bytes / (us[0] * 1e3) / copy_gbs,
+                      us[1], 100 * bytes / (us[1] * 1e3) / copy_gbs,
+                      same ? "same bits" : "OUTPUTS DIFFER");
+          if (M == 32) {
+            const int times = s.f32_out ? 1 : 36;
+            step_rows += times * us[0];
+            step_packed += times * us[1];
+            packed_step_bytes += times * bytes;
+          }
+        }
+        CHECK_CUDA(cudaFree(w));
+        CHECK_CUDA(cudaFree(wp));
+        CHECK_CUDA(cudaFree(x));
+        CHECK_CUDA(cudaFree(out_a));
+        CHECK_CUDA(cudaFree(out_b));
+      }
+      const double floor_packed = packed_step_bytes / (copy_gbs * 1e9) * 1e6;
+      std::printf("  step: row-major %.0f us (%.1f%%), packed %.0f us (%.1f%%)\n", step_rows,
+                  100 * floor_packed / step_rows, step_packed, 100 * floor_packed / step_packed);
     }
 
     // Full decode step of Qwen3-4B at M = 32: 36 layers of the four products + lm_head.

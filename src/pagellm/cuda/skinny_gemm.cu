@@ -28,6 +28,12 @@
 // flight while one is multiplied. Rows past N, tokens past M and k past K are zero-filled
 // by TMA (out-of-bounds boxes), never read. Weights carry an L2 evict-first hint.
 //
+// Packed weights (pack_skinny_weights, an experiment the engine does not use yet): the
+// same stage bytes prepared in global memory, one contiguous 16 KiB block per (tile,
+// chunk), so a stage is one bulk copy instead of two boxes of 128 bytes from each of 128
+// rows. Shared memory ends up identical, hence the same output bits; HBM serves one long
+// run faster than 128 short ones (docs/PERFORMANCE.md).
+//
 // Programmatic dependent launch (pdl.cuh). The prologue issues the weight boxes of the first
 // kStages chunks, then waits for the previous kernel (which produced x), then issues their x
 // boxes: the weight stream starts while the previous kernel drains. The CTA lets its
@@ -109,6 +115,7 @@ struct Params {
   int splits;  // cluster size along grid.y
   int inter;   // gated products only: I, with w = [gate; up], N = 2 I
   QkNormRopeArgs qk;  // kQkNormRope only (qkv unused)
+  const uint8_t* w_packed;  // pack_skinny_weights' blocks, streamed instead of w_map; or null
 };
 
 #ifdef PAGELLM_SKINNY_WGMMA
@@ -290,8 +297,13 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     const uint32_t bar = smem_addr(&full_bar[stage]);
     const int k = (c_begin + it) * kChunk;
     mbar_arrive_expect_tx(bar, kStageTx);
-    tma_load_hint(dst, &p.w_map, k, box_row0, bar, policy);
-    tma_load_hint(dst + kWeightStageBytes / 2, &p.w_map, k, box_row1, bar, policy);
+    if (p.w_packed != nullptr) {
+      const size_t block = static_cast<size_t>(blockIdx.x) * p.chunks + c_begin + it;
+      bulk_load_hint(dst, p.w_packed + block * kWeightStageBytes, kWeightStageBytes, bar, policy);
+    } else {
+      tma_load_hint(dst, &p.w_map, k, box_row0, bar, policy);
+      tma_load_hint(dst + kWeightStageBytes / 2, &p.w_map, k, box_row1, bar, policy);
+    }
   };
   auto issue_x = [&](int it, int stage) {
     tma_load(base + stage * kStageBytes + kWeightStageBytes, &p.x_map, (c_begin + it) * kChunk,
@@ -435,6 +447,24 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
 #endif
 }
 
+/// One 16-byte unit per thread: unit u of row r of half h of block (tile, chunk), written
+/// where TMA's 128-byte swizzle puts it (pack_skinny_weights).
+__global__ void pack_kernel(const __nv_bfloat16* __restrict__ w, int64_t N, int64_t K,
+                            int64_t inter, int chunks, int64_t units, uint4* __restrict__ packed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < units;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int u = static_cast<int>(i % 8), r = static_cast<int>((i / 8) % 64);
+    const int h = static_cast<int>((i / 512) % 2);
+    const int64_t block = i / 1024, tile = block / chunks, chunk = block % chunks;
+    const int64_t row = inter > 0 ? (h == 0 ? tile * kHalf + r : inter + tile * kHalf + r)
+                                  : tile * kRows + h * kHalf + r;
+    const int64_t k = chunk * kChunk + u * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < N && k < K) v = *reinterpret_cast<const uint4*>(w + row * K + k);
+    packed[block * 1024 + h * 512 + r * 8 + (u ^ (r % 8))] = v;
+  }
+}
+
 // ---- host ----------------------------------------------------------------------------------
 
 
@@ -471,7 +501,8 @@ void launch_for_tokens(const Params& p, Epi epi, dim3 grid, cudaStream_t stream)
 }
 
 void launch(const void* x, const void* w, void* out, Epi epi, int64_t M, int64_t N, int64_t K,
-            int64_t inter, cudaStream_t stream, int splits, const QkNormRopeArgs* qk = nullptr) {
+            int64_t inter, cudaStream_t stream, int splits, const QkNormRopeArgs* qk = nullptr,
+            const void* w_packed = nullptr) {
   int sms = 0;
   current_device_info(&sms);
   const SkinnyPlan plan = skinny_gemm_plan(M, N, K, sms, splits);
@@ -487,6 +518,7 @@ void launch(const void* x, const void* w, void* out, Epi epi, int64_t M, int64_t
   p.splits = plan.splits;
   p.inter = static_cast<int>(inter);
   if (qk) p.qk = *qk;
+  p.w_packed = static_cast<const uint8_t*>(w_packed);
   const dim3 grid(plan.grid_x, plan.grid_y, plan.grid_z);
   switch (plan.tokens_per_tile) {
     case 8: launch_for_tokens<8>(p, epi, grid, stream); break;
@@ -543,21 +575,29 @@ SkinnyPlan skinny_gemm_plan(int64_t M, int64_t N, int64_t K, int num_sms, int sp
 }
 
 void launch_skinny_gemm(const void* x, const void* w, void* out, bool out_f32, int64_t M,
-                        int64_t N, int64_t K, cudaStream_t stream, int splits) {
+                        int64_t N, int64_t K, cudaStream_t stream, int splits,
+                        const void* w_packed) {
   PAGELLM_CHECK(skinny_gemm_supported(x, w, out, M, N, K))
       << "skinny gemm: unsupported product x[" << M << ", " << K << "] w[" << N << ", " << K
       << "]^T (needs an sm_90 GPU, K a multiple of 8, 16-byte aligned x and w, 4-byte "
          "aligned out)";
-  launch(x, w, out, out_f32 ? Epi::kF32 : Epi::kBf16, M, N, K, 0, stream, splits);
+  PAGELLM_CHECK(reinterpret_cast<uintptr_t>(w_packed) % 16 == 0)
+      << "skinny gemm: packed weights must be 16-byte aligned";
+  launch(x, w, out, out_f32 ? Epi::kF32 : Epi::kBf16, M, N, K, 0, stream, splits, nullptr,
+         w_packed);
 }
 
 void launch_skinny_gemm_silu_mul(const void* x, const void* w_gate_up, void* out, int64_t M,
-                                 int64_t inter, int64_t K, cudaStream_t stream, int splits) {
+                                 int64_t inter, int64_t K, cudaStream_t stream, int splits,
+                                 const void* w_packed) {
   PAGELLM_CHECK(inter > 0 && skinny_gemm_supported(x, w_gate_up, out, M, 2 * inter, K))
       << "skinny gemm: unsupported gated product x[" << M << ", " << K << "] w[2 x " << inter
       << ", " << K << "]^T (needs an sm_90 GPU, K a multiple of 8, 16-byte aligned x and w, "
          "4-byte aligned out)";
-  launch(x, w_gate_up, out, Epi::kGated, M, 2 * inter, K, inter, stream, splits);
+  PAGELLM_CHECK(reinterpret_cast<uintptr_t>(w_packed) % 16 == 0)
+      << "skinny gemm: packed weights must be 16-byte aligned";
+  launch(x, w_gate_up, out, Epi::kGated, M, 2 * inter, K, inter, stream, splits, nullptr,
+         w_packed);
 }
 
 void launch_skinny_gemm_qk_norm_rope(const void* x, const void* w_qkv, int64_t M, int64_t K,
@@ -578,6 +618,26 @@ void launch_skinny_gemm_qk_norm_rope(const void* x, const void* w_qkv, int64_t M
          "aligned q_out and pools, every pointer set)";
   if (M == 0) return;
   launch(x, w_qkv, nullptr, Epi::kQkNormRope, M, N, K, 0, stream, splits, &e);
+}
+
+size_t skinny_packed_bytes(int64_t N, int64_t K) {
+  return static_cast<size_t>((N + kRows - 1) / kRows) * static_cast<size_t>((K + kChunk - 1) / kChunk) *
+         kWeightStageBytes;
+}
+
+void pack_skinny_weights(const void* w, int64_t N, int64_t K, int64_t inter, void* packed,
+                         cudaStream_t stream) {
+  PAGELLM_CHECK(N > 0 && K > 0 && K % 8 == 0 && (inter == 0 || N == 2 * inter) &&
+                reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
+                reinterpret_cast<uintptr_t>(packed) % 16 == 0)
+      << "pack_skinny_weights: w [" << N << ", " << K << "] with inter " << inter
+      << " (needs K a multiple of 8, N = 2 inter for a gated product, 16-byte aligned buffers)";
+  const int chunks = static_cast<int>((K + kChunk - 1) / kChunk);
+  const int64_t units = static_cast<int64_t>(skinny_packed_bytes(N, K) / 16);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>((units + 255) / 256, 65535));
+  pack_kernel<<<grid, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(w), N, K, inter,
+                                        chunks, units, static_cast<uint4*>(packed));
+  PAGELLM_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace pagellm::cuda

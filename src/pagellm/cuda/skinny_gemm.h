@@ -66,19 +66,40 @@ SkinnyPlan skinny_gemm_plan(int64_t M, int64_t N, int64_t K, int num_sms, int sp
 /// free of any runtime call but the launch itself (LtMatmul's constructor does).
 void prepare_skinny_gemm();
 
+/// Bytes of a weight matrix [N, K] packed for the skinny kernel: one 16 KiB block per
+/// (128-row tile, 64-wide K chunk), N and K rounded up.
+size_t skinny_packed_bytes(int64_t N, int64_t K);
+
+/// Writes w [N, K] (bf16, row-major) into `packed` (skinny_packed_bytes(N, K), 16-byte
+/// aligned) as the kernel's weight stages look in shared memory. Block (tile, chunk) sits at
+/// (tile · chunks + chunk) · 16 KiB. Its two 8 KiB halves are the two 64-row boxes the kernel
+/// loads: rows tile · 128 + 64 h + r, or, for a gated product (inter = I > 0, w = [gate; up]),
+/// gate row tile · 64 + r and up row I + tile · 64 + r. Each holds 64 rows of 128 bytes in the
+/// tensor map's 128-byte swizzle (16-byte unit u of row r at u ^ (r mod 8)), zeros where
+/// the row or k lies outside w. A product given the packed copy reads one contiguous block
+/// per stage instead of 128 bytes from each of 128 rows, and computes the same bits.
+/// An experiment of session (e), measured by matmul_bench; the engine does not pack.
+void pack_skinny_weights(const void* w, int64_t N, int64_t K, int64_t inter, void* packed,
+                         cudaStream_t stream);
+
 /// out[M, N] = x[M, K] · w[N, K]ᵀ on `stream`. x, w: bf16, rows contiguous (row stride K);
 /// out: bf16 (out_f32 false) or float32, row stride N. `splits` as for skinny_gemm_plan.
+/// `w_packed`, when given, is w as pack_skinny_weights(w, N, K, 0) wrote it, and the
+/// kernel streams it instead of w.
 /// Requires skinny_gemm_supported(); throws Error otherwise or if the launch fails.
 void launch_skinny_gemm(const void* x, const void* w, void* out, bool out_f32, int64_t M,
-                        int64_t N, int64_t K, cudaStream_t stream, int splits = 0);
+                        int64_t N, int64_t K, cudaStream_t stream, int splits = 0,
+                        const void* w_packed = nullptr);
 
 /// out[M, I] = silu(x · gateᵀ) · (x · upᵀ) with w_gate_up = [gate; up] ([2 I, K], the fused
 /// layout the model loads), bf16 out. Each of the two products is rounded to bf16 before the
 /// activation, so the result equals launch_skinny_gemm into [M, 2 I] followed by
 /// launch_silu_mul, without the intermediate's round trip or the extra kernel. Same
 /// requirements and `splits` as launch_skinny_gemm (for N = 2 I).
+/// `w_packed`: w_gate_up as pack_skinny_weights(w_gate_up, 2 I, K, I) wrote it, or null.
 void launch_skinny_gemm_silu_mul(const void* x, const void* w_gate_up, void* out, int64_t M,
-                                 int64_t inter, int64_t K, cudaStream_t stream, int splits = 0);
+                                 int64_t inter, int64_t K, cudaStream_t stream, int splits = 0,
+                                 const void* w_packed = nullptr);
 
 /// Head size of the fused qkv product: one head per 128-row tile.
 constexpr int kSkinnyQkHeadDim = kSkinnyRowsPerCta;

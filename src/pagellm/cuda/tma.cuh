@@ -60,6 +60,17 @@ __device__ __forceinline__ void tma_load_hint(uint32_t dst, const CUtensorMap* m
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(bar), "l"(policy)
       : "memory");
 }
+/// `bytes` contiguous bytes from global memory (16-byte aligned, a multiple of 16) into
+/// shared memory at dst with one bulk copy; completes the bytes on `bar`; L2 policy as for
+/// tma_load_hint.
+__device__ __forceinline__ void bulk_load_hint(uint32_t dst, const void* src, uint32_t bytes,
+                                               uint32_t bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
+      "[%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+}
 /// An L2 policy that evicts the lines it loads first (data read once: weights, K/V).
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t policy;
