@@ -3,7 +3,7 @@
 # compiler or package needed there beyond the CUDA toolkit, python3 with torch and
 # transformers). Usage: scripts/gpu_suite.sh BUNDLE_DIR LOG_DIR [steps...]
 # BUNDLE_DIR holds bundle.tar.xz (bin/ and lib/) as scripts/build_gpu.sh leaves it.
-# Steps (default: all but ablate): tests e2e bench trace ablate attn gemm calib hf
+# Steps (default: all but ablate): tests e2e bench trace ablate attn gemm stream calib hf
 # "trace" records 8 mid-decode W1 steps' kernels (CUPTI) and prints where the time goes.
 # "ablate" re-runs W1 with one optimisation off at a time (ABLATIONS: VAR=VALUE items).
 set -uo pipefail
@@ -13,7 +13,7 @@ LOG=${2:-gpu-logs}
 shift 2 || true
 B=/tmp/pagellm-gpu
 rm -rf "$B" && mkdir -p "$B" && xz -dc "$BUNDLE/bundle.tar.xz" | tar -C "$B" -xf - || exit 1
-STEPS=${*:-tests e2e bench trace attn gemm calib hf}
+STEPS=${*:-tests e2e bench trace attn gemm stream calib hf}
 mkdir -p "$LOG"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONUNBUFFERED=1
@@ -73,6 +73,11 @@ fi
 if has gemm; then
   step "decode matrix products: cuBLASLt against the skinny kernel"
   "$B/bin/matmul_bench" ${GEMM_BENCH_ARGS:-} --out "$LOG/matmul_bench.csv" 2>&1 | tee "$LOG/matmul_bench.log" | tail -70
+fi
+
+if has stream; then
+  step "the weight stream's own ceiling: a layer's products as chained and as persistent kernels"
+  "$B/bin/layer_stream_bench" 2>&1 | tee "$LOG/layer_stream_bench.log"
 fi
 
 if has calib; then
