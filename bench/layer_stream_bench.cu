@@ -16,9 +16,10 @@
 // the boundaries cost. Each runs twice: on row-major weights read as the skinny kernel reads
 // them (two 64 x 64 boxes per stage: 128 bytes from each of 128 rows), and on weights laid
 // out as one contiguous 16 KiB block per (row tile, K chunk), read with one bulk copy per
-// stage (what packing the weights at load time would give). The eight layers' weights (1.6 GB) exceed the L2 many times over, so
-// every byte comes from HBM. Prints µs per layer and the fraction of the copy bandwidth it
-// measures itself.
+// stage (what packing the weights at load time would give; the skinny kernel can read such
+// a copy, pack_skinny_weights). The eight layers' weights (1.6 GB) exceed the L2 many times
+// over, so every byte comes from HBM. Prints µs per layer and the fraction of the copy
+// bandwidth it measures itself.
 #include <cuda.h>
 #include <cuda_runtime.h>
 

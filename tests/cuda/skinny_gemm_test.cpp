@@ -452,12 +452,13 @@ TEST_F(SkinnyGemmTest, PackedWeightsGiveTheSameBits) {
     int64_t N, K, inter;
     bool f32;
   };
-  for (const Case& c : {Case{"4B o_proj", 2560, 4096, 0, false}, Case{"4B qkv", 6144, 2560, 0, false},
-                        Case{"odd N, K tail", 1000, 1032, 0, false}, Case{"tiny", 8, 8, 0, true},
-                        Case{"lm_head-like f32", 3000, 1024, 0, true},
-                        Case{"4B gate_up", 19456, 2560, 9728, false},
-                        Case{"odd inter, K tail", 200, 264, 100, false}}) {
-    const auto w = random_bf16(static_cast<size_t>(c.N * c.K), 2.0f / std::sqrt(static_cast<float>(c.K)));
+  for (const Case& c :
+       {Case{"4B o_proj", 2560, 4096, 0, false}, Case{"4B qkv", 6144, 2560, 0, false},
+        Case{"odd N, K tail", 1000, 1032, 0, false}, Case{"tiny", 8, 8, 0, true},
+        Case{"lm_head-like f32", 3000, 1024, 0, true}, Case{"4B gate_up", 19456, 2560, 9728, false},
+        Case{"odd inter, K tail", 200, 264, 100, false}}) {
+    const auto w = random_bf16(static_cast<size_t>(c.N * c.K),
+                               2.0f / std::sqrt(static_cast<float>(c.K)));
     const size_t packed_bytes = skinny_packed_bytes(c.N, c.K);
     DeviceBytes dw(w.size() * 2), packed(packed_bytes);
     dw.upload(w);

@@ -503,6 +503,8 @@ void launch_for_tokens(const Params& p, Epi epi, dim3 grid, cudaStream_t stream)
 void launch(const void* x, const void* w, void* out, Epi epi, int64_t M, int64_t N, int64_t K,
             int64_t inter, cudaStream_t stream, int splits, const QkNormRopeArgs* qk = nullptr,
             const void* w_packed = nullptr) {
+  PAGELLM_CHECK(reinterpret_cast<uintptr_t>(w_packed) % 16 == 0)
+      << "skinny gemm: packed weights must be 16-byte aligned";
   int sms = 0;
   current_device_info(&sms);
   const SkinnyPlan plan = skinny_gemm_plan(M, N, K, sms, splits);
@@ -581,8 +583,6 @@ void launch_skinny_gemm(const void* x, const void* w, void* out, bool out_f32, i
       << "skinny gemm: unsupported product x[" << M << ", " << K << "] w[" << N << ", " << K
       << "]^T (needs an sm_90 GPU, K a multiple of 8, 16-byte aligned x and w, 4-byte "
          "aligned out)";
-  PAGELLM_CHECK(reinterpret_cast<uintptr_t>(w_packed) % 16 == 0)
-      << "skinny gemm: packed weights must be 16-byte aligned";
   launch(x, w, out, out_f32 ? Epi::kF32 : Epi::kBf16, M, N, K, 0, stream, splits, nullptr,
          w_packed);
 }
@@ -594,8 +594,6 @@ void launch_skinny_gemm_silu_mul(const void* x, const void* w_gate_up, void* out
       << "skinny gemm: unsupported gated product x[" << M << ", " << K << "] w[2 x " << inter
       << ", " << K << "]^T (needs an sm_90 GPU, K a multiple of 8, 16-byte aligned x and w, "
          "4-byte aligned out)";
-  PAGELLM_CHECK(reinterpret_cast<uintptr_t>(w_packed) % 16 == 0)
-      << "skinny gemm: packed weights must be 16-byte aligned";
   launch(x, w_gate_up, out, Epi::kGated, M, 2 * inter, K, inter, stream, splits, nullptr,
          w_packed);
 }
@@ -621,8 +619,9 @@ void launch_skinny_gemm_qk_norm_rope(const void* x, const void* w_qkv, int64_t M
 }
 
 size_t skinny_packed_bytes(int64_t N, int64_t K) {
-  return static_cast<size_t>((N + kRows - 1) / kRows) * static_cast<size_t>((K + kChunk - 1) / kChunk) *
-         kWeightStageBytes;
+  const auto tiles = static_cast<size_t>((N + kRows - 1) / kRows);
+  const auto chunks = static_cast<size_t>((K + kChunk - 1) / kChunk);
+  return tiles * chunks * kWeightStageBytes;
 }
 
 void pack_skinny_weights(const void* w, int64_t N, int64_t K, int64_t inter, void* packed,
