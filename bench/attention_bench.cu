@@ -152,16 +152,7 @@ double time_calls(const Pool& pool, const Batch& batch, int num_q_heads, bool de
   };
   call(0);  // outside capture: kernel attributes, module load
   CHECK_CUDA(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < launches; ++i) call(i);
-  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  const double ms = time_graph(exec, stream, reps) / launches;
-  CHECK_CUDA(cudaGraphExecDestroy(exec));
-  CHECK_CUDA(cudaGraphDestroy(graph));
-  return ms;
+  return time_launches(call, launches, stream, reps, cudaStreamCaptureModeGlobal);
 }
 
 void write_csv(const std::string& path, const std::vector<Row>& rows) {

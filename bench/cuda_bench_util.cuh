@@ -92,6 +92,24 @@ double time_graph(cudaGraphExec_t exec, cudaStream_t stream, int reps) {
   return median(ms);
 }
 
+/// Median milliseconds per launch of `launch(i)`, i < launches, captured into one graph and
+/// replayed `reps` times after one warm-up replay. The caller runs anything that must not be
+/// captured (plans, kernel attributes, module loads) before.
+template <class F>
+double time_launches(F launch, int launches, cudaStream_t stream, int reps,
+                     cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, mode));
+  for (int i = 0; i < launches; ++i) launch(i);
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  const double ms = time_graph(exec, stream, reps) / launches;
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  return ms;
+}
+
 /// dst[i] = src[i] over n 16-byte vectors, four loads in flight per thread.
 __global__ void copy_kernel(uint4* __restrict__ dst, const uint4* __restrict__ src, size_t n) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;

@@ -182,17 +182,9 @@ int main(int argc, char** argv) {
           // Plan (and, for `tuned`, autotune) outside capture, as the engine's warm-up does.
           mm.run(x, weight(0), outs[v], out_type, M, s.N, s.K, stream);
           CHECK_CUDA(cudaStreamSynchronize(stream));
-          cudaGraph_t graph;
-          cudaGraphExec_t exec;
-          CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-          for (int i = 0; i < launches; ++i) {
-            mm.run(x, weight(i), outs[v], out_type, M, s.N, s.K, stream);
-          }
-          CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-          CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-          const double ms_per = time_graph(exec, stream, reps) / launches;
-          CHECK_CUDA(cudaGraphExecDestroy(exec));
-          CHECK_CUDA(cudaGraphDestroy(graph));
+          const double ms_per = time_launches(
+              [&](int i) { mm.run(x, weight(i), outs[v], out_type, M, s.N, s.K, stream); },
+              launches, stream, reps);
           res[v].us = ms_per * 1e3;
           res[v].gbs = bytes / (ms_per * 1e-3) / 1e9;
           res[v].frac = res[v].gbs / copy_gbs;
@@ -256,19 +248,12 @@ int main(int argc, char** argv) {
           std::printf("%-8s %4lld %7lld %6lld |", s.name, static_cast<long long>(M),
                       static_cast<long long>(s.N), static_cast<long long>(s.K));
           for (int sp = 1; sp <= pagellm::cuda::kSkinnyMaxSplits; ++sp) {
-            cudaGraph_t graph;
-            cudaGraphExec_t exec;
-            CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-            for (int i = 0; i < launches; ++i) {
+            const auto launch = [&](int i) {
               pagellm::cuda::launch_skinny_gemm(
                   x, static_cast<char*>(w) + (i % copies) * weight_bytes, out, false, M, s.N,
                   s.K, stream, sp);
-            }
-            CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-            CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-            const double us = time_graph(exec, stream, reps) / launches * 1e3;
-            CHECK_CUDA(cudaGraphExecDestroy(exec));
-            CHECK_CUDA(cudaGraphDestroy(graph));
+            };
+            const double us = 1e3 * time_launches(launch, launches, stream, reps);
             std::printf(" %6.1f%s", us, sp == chosen ? "*" : " ");
           }
           std::printf("\n");
@@ -309,20 +294,13 @@ int main(int argc, char** argv) {
         for (int64_t M : {int64_t{1}, int64_t{32}}) {
           double us[2];
           for (int packed = 0; packed < 2; ++packed) {
-            cudaGraph_t graph;
-            cudaGraphExec_t exec;
-            CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-            for (int i = 0; i < launches; ++i) {
+            const auto launch = [&](int i) {
               pagellm::cuda::launch_skinny_gemm(
                   x, static_cast<char*>(w) + (i % copies) * weight_bytes, packed ? out_b : out_a,
                   s.f32_out, M, s.N, s.K, stream, 0,
                   packed ? static_cast<char*>(wp) + (i % copies) * packed_bytes : nullptr);
-            }
-            CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-            CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-            us[packed] = time_graph(exec, stream, reps) / launches * 1e3;
-            CHECK_CUDA(cudaGraphExecDestroy(exec));
-            CHECK_CUDA(cudaGraphDestroy(graph));
+            };
+            us[packed] = 1e3 * time_launches(launch, launches, stream, reps);
           }
           const size_t out_bytes = static_cast<size_t>(M * s.N) * out_elem;
           std::vector<char> a(out_bytes), b(out_bytes);

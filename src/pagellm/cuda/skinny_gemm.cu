@@ -449,19 +449,25 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
 
 /// One 16-byte unit per thread: unit u of row r of half h of block (tile, chunk), written
 /// where TMA's 128-byte swizzle puts it (pack_skinny_weights).
+constexpr int kUnitsPerRow = kRowBytes / 16;              // 8
+constexpr int kUnitsPerHalf = kHalf * kUnitsPerRow;       // 512
+constexpr int kUnitsPerBlock = kWeightStageBytes / 16;    // 1024
+static_assert(kUnitsPerBlock == 2 * kUnitsPerHalf, "a block is two 64-row halves");
+
 __global__ void pack_kernel(const __nv_bfloat16* __restrict__ w, int64_t N, int64_t K,
                             int64_t inter, int chunks, int64_t units, uint4* __restrict__ packed) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < units;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const int u = static_cast<int>(i % 8), r = static_cast<int>((i / 8) % 64);
-    const int h = static_cast<int>((i / 512) % 2);
-    const int64_t block = i / 1024, tile = block / chunks, chunk = block % chunks;
+    const int u = static_cast<int>(i % kUnitsPerRow);
+    const int r = static_cast<int>((i / kUnitsPerRow) % kHalf);
+    const int h = static_cast<int>((i / kUnitsPerHalf) % 2);
+    const int64_t block = i / kUnitsPerBlock, tile = block / chunks, chunk = block % chunks;
     const int64_t row = inter > 0 ? (h == 0 ? tile * kHalf + r : inter + tile * kHalf + r)
                                   : tile * kRows + h * kHalf + r;
-    const int64_t k = chunk * kChunk + u * 8;
+    const int64_t k = chunk * kChunk + u * 8;  // 8 bf16 a unit
     uint4 v = make_uint4(0, 0, 0, 0);
     if (row < N && k < K) v = *reinterpret_cast<const uint4*>(w + row * K + k);
-    packed[block * 1024 + h * 512 + r * 8 + (u ^ (r % 8))] = v;
+    packed[block * kUnitsPerBlock + h * kUnitsPerHalf + r * kUnitsPerRow + (u ^ (r % 8))] = v;
   }
 }
 
