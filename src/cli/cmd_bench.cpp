@@ -241,6 +241,10 @@ void run_bench(BenchArgs args) {
               "measured copy bandwidth = %.1f %% (limit %.0f tok/s)\n",
               weight_read / 1e9, kv_read / 1e9, achieved / 1e9, bandwidth / 1e9,
               100.0 * achieved / bandwidth, limit_tok_s);
+  std::printf("  weights     %.2f GB, plus %.2f GB packed for the decode kernel "
+              "(PAGELLM_PACKED_WEIGHTS)\n",
+              static_cast<double>(wbytes) / 1e9,
+              static_cast<double>(engine->model().prepared_bytes()) / 1e9);
   if (args.trace_steps > 0 && traced_steps > 0) {
     std::printf("  (the decode figures above include the %d traced steps)\n", traced_steps);
     report_trace(trace, traced_steps, args.trace_out);

@@ -82,6 +82,22 @@ inline Qwen3Config small_config(bool tied = false) {
   return c;
 }
 
+/// A small config with the shapes the CUDA kernels' fast paths and cuDNN take: head_dim
+/// 128 (the fused qkv kernel's tile height), GQA 4, two layers, EOS id 0.
+inline Qwen3Config small_gpu_config() {
+  Qwen3Config c = small_config(false);
+  c.vocab_size = 384;
+  c.hidden_size = 256;
+  c.intermediate_size = 512;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 2;
+  c.head_dim = 128;
+  c.max_position_embeddings = 4096;
+  c.eos_token_id = 0;
+  c.eos_token_ids = {0};
+  return c;
+}
+
 /// The naive model: feed tokens one by one, get each token's next-token logits.
 class ReferenceQwen3 {
  public:

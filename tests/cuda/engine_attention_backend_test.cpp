@@ -30,22 +30,6 @@ namespace {
 
 constexpr double kTieGap = 0.05;
 
-// Attention shapes the CUDA kernels and cuDNN both take: head_dim 128, GQA 4.
-Qwen3Config gpu_config() {
-  Qwen3Config c = testing::small_config(false);
-  c.vocab_size = 384;
-  c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 8;
-  c.num_key_value_heads = 2;
-  c.head_dim = 128;
-  c.max_position_embeddings = 4096;
-  c.eos_token_id = 0;
-  c.eos_token_ids = {0};
-  return c;
-}
-
 struct ProviderRun {
   std::vector<std::vector<int32_t>> outputs;
   std::map<std::pair<int64_t, int64_t>, std::vector<float>> logits;  // (request, index)
@@ -100,7 +84,7 @@ class EngineAttentionBackend : public ::testing::Test {
  protected:
   void SetUp() override {
     if (test::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
-    config_ = gpu_config();
+    config_ = testing::small_gpu_config();
     weights_ = testing::random_weights(config_, 4242);
     std::mt19937 rng(7);
     std::uniform_int_distribution<int32_t> tok(1, static_cast<int32_t>(config_.vocab_size) - 1);

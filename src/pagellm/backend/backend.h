@@ -123,6 +123,19 @@ class Backend {
   /// out[r, :] = x[indices[r], :]
   virtual void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) = 0;
 
+  /// Called by the model for each weight matrix w [N, K] that its products read, once
+  /// after w is uploaded and again after every rewrite of w (a weight update). The backend
+  /// may keep a copy of w in a layout its decode products stream faster: made on the first
+  /// call, rewritten in place on later ones (same address, so captured graphs stay valid),
+  /// freed with w's buffer. `gated_inter` > 0 marks w as [gate; up] ([2 I, K] with I =
+  /// gated_inter), the matrix matmul_silu_mul reads. Returns the bytes newly allocated for
+  /// the copy (0 when none is kept or the copy already existed). Not while capturing.
+  virtual size_t prepare_matrix(const Tensor& w, int64_t gated_inter = 0) {
+    (void)w;
+    (void)gated_inter;
+    return 0;
+  }
+
   /// Chooses what runs paged attention (`--attention-backend`): "auto" (the backend
   /// decides per forward and never fails because of an optional library), "native" (the
   /// backend's own kernels) or "cudnn" (NVIDIA cuDNN; the cuda backend only). Throws Error

@@ -205,6 +205,17 @@ CudaBackend::CudaBackend(int device) : device_(device) {
       << "cuda backend unavailable: " << description_
       << " is not supported; the CUDA backend needs compute capability 8.0 or newer (bf16 "
          "tensor cores); use the cpu backend instead";
+  total_memory_ = prop.totalGlobalMem;
+  if (const char* env = std::getenv("PAGELLM_PACKED_WEIGHTS")) {
+    const std::string v = env;
+    PAGELLM_CHECK(v.empty() || v == "auto" || v == "0" || v == "1")
+        << "PAGELLM_PACKED_WEIGHTS=" << v
+        << " is not accepted; use auto (pack while the copies fit in a quarter of GPU memory), "
+           "1 (pack every decode matrix) or 0 (never pack)";
+    pack_policy_ = v == "1"   ? PackPolicy::kAlways
+                   : v == "0" ? PackPolicy::kNever
+                              : PackPolicy::kAuto;
+  }
   PAGELLM_CUDA_CHECK(cudaSetDevice(device));
   const cudaError_t image = probe_kernel_image();
   PAGELLM_CHECK(image == cudaSuccess)
@@ -267,6 +278,10 @@ void CudaBackend::release_all() noexcept {
     if (slot.done) cudaEventDestroy(slot.done);
     slot = PinnedSlot{};
   };
+  for (auto& entry : packed_) free_device(entry.second.data);
+  packed_.clear();
+  packed_bytes_ = 0;
+  allocations_.clear();
   free_device(matmul_workspace_);
   free_device(attention_workspace_);
   free_device(prune_table_);
@@ -314,11 +329,31 @@ void* CudaBackend::allocate(size_t bytes) {
                    << " are free (use a smaller model, fewer KV pages or a shorter context)";
   }
   PAGELLM_CUDA_CHECK(err);
+  allocations_[ptr] = bytes;
   return ptr;
 }
 
 void CudaBackend::deallocate(void* ptr) {
   if (ptr == nullptr) return;
+  // The packed copies of matrices inside this buffer go with it (a later allocation at the
+  // same address must not find them).
+  const auto alloc = allocations_.find(ptr);
+  if (alloc != allocations_.end()) {
+    const auto* begin = static_cast<const char*>(ptr);
+    const char* end = begin + alloc->second;
+    allocations_.erase(alloc);
+    for (auto it = packed_.begin(); it != packed_.end();) {
+      const auto* key = static_cast<const char*>(it->first);
+      if (key >= begin && key < end) {
+        void* copy = it->second.data;
+        packed_bytes_ -= it->second.bytes;
+        it = packed_.erase(it);
+        deallocate(copy);
+      } else {
+        ++it;
+      }
+    }
+  }
   // Called from destructors: report, never throw.
   const cudaError_t err = cudaFree(ptr);
   if (err != cudaSuccess) {
@@ -496,7 +531,7 @@ void CudaBackend::grow_batch_buffers(int64_t tokens, int64_t seqs, int64_t page_
   cap_rows_ = new_rows;
   const size_t bytes = batch_layout().total * sizeof(int32_t);
   try {
-    if (batch_device_) cudaFree(batch_device_);
+    deallocate(batch_device_);
     batch_device_ = nullptr;
     batch_device_ = static_cast<int32_t*>(allocate(bytes));
     for (PinnedSlot& slot : batch_staging_) {
@@ -506,7 +541,7 @@ void CudaBackend::grow_batch_buffers(int64_t tokens, int64_t seqs, int64_t page_
     }
   } catch (...) {
     // Leave no half-grown state: the next upload_batch allocates afresh.
-    if (batch_device_) cudaFree(batch_device_);
+    deallocate(batch_device_);
     batch_device_ = nullptr;
     for (PinnedSlot& slot : batch_staging_) {
       if (slot.host) cudaFreeHost(slot.host);
@@ -639,7 +674,7 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, Tensor& out) {
     return;
   }
   matmul_->run(x.data, w.data, out.data, out.dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF, M,
-               N, K, as_stream(stream_));
+               N, K, as_stream(stream_), packed_for(w, 0));
 }
 
 namespace {
@@ -990,7 +1025,8 @@ void CudaBackend::matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_
   }
   const QkNormRopeArgs e =
       qk_norm_rope_args(nullptr, q_norm, k_norm, eps, rope, shape, batch, T, q_out, kv);
-  launch_skinny_gemm_qk_norm_rope(x.data, w_qkv.data, T, x.row_elems(), e, as_stream(stream_));
+  launch_skinny_gemm_qk_norm_rope(x.data, w_qkv.data, T, x.row_elems(), e, as_stream(stream_),
+                                  0, packed_for(w_qkv, 0));
 }
 
 void CudaBackend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up,
@@ -1004,10 +1040,61 @@ void CudaBackend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tens
                        w_gate_up.size(0) == 2 * out.row_elems() &&
                        w_gate_up.size(1) == x.row_elems() && x.row_elems() > 0;
   if (fusable && matmul_->run_silu_mul(x.data, w_gate_up.data, out.data, x.size(0),
-                                       out.row_elems(), x.row_elems(), as_stream(stream_))) {
+                                       out.row_elems(), x.row_elems(), as_stream(stream_),
+                                       packed_for(w_gate_up, out.row_elems()))) {
     return;
   }
   Backend::matmul_silu_mul(x, w_gate_up, gate_up, out);
+}
+
+size_t CudaBackend::prepare_matrix(const Tensor& w, int64_t gated_inter) {
+  if (pack_policy_ == PackPolicy::kNever || w.dtype != DType::BF16 || w.ndim != 2) return 0;
+  const int64_t N = w.size(0), K = w.size(1);
+  // Only matrices the skinny kernel can stream (sm_90, K % 8, 16-byte aligned).
+  if (!skinny_gemm_supported(w.data, w.data, w.data, 1, N, K)) return 0;
+  if (gated_inter < 0 || (gated_inter > 0 && N != 2 * gated_inter)) return 0;
+  PAGELLM_CHECK(!capturing())
+      << "cuda backend: prepare_matrix allocates and cannot run while a graph is captured";
+  const size_t bytes = skinny_packed_bytes(N, K);
+  auto it = packed_.find(w.data);
+  if (it != packed_.end() && (it->second.rows != N || it->second.cols != K ||
+                              it->second.gated_inter != gated_inter)) {
+    // Another matrix now lives at this address: drop the stale copy.
+    void* copy = it->second.data;
+    packed_bytes_ -= it->second.bytes;
+    packed_.erase(it);
+    deallocate(copy);
+    it = packed_.end();
+  }
+  size_t allocated = 0;
+  if (it == packed_.end()) {
+    if (pack_policy_ == PackPolicy::kAuto && packed_bytes_ + bytes > total_memory_ / 4) return 0;
+    void* copy = nullptr;
+    if (pack_policy_ == PackPolicy::kAuto) {
+      // Packing is an optimisation: without memory for it, the products read w.
+      if (cudaMalloc(&copy, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+      }
+      allocations_[copy] = bytes;
+    } else {
+      copy = allocate(bytes);
+    }
+    it = packed_.emplace(w.data, PackedMatrix{copy, bytes, N, K, gated_inter}).first;
+    packed_bytes_ += bytes;
+    allocated = bytes;
+  }
+  pack_skinny_weights(w.data, N, K, gated_inter, it->second.data, as_stream(stream_));
+  return allocated;
+}
+
+const void* CudaBackend::packed_for(const Tensor& w, int64_t gated_inter) const {
+  if (!packed_enabled_ || packed_.empty() || w.ndim != 2) return nullptr;
+  const auto it = packed_.find(w.data);
+  if (it == packed_.end()) return nullptr;
+  const PackedMatrix& p = it->second;
+  return p.rows == w.size(0) && p.cols == w.size(1) && p.gated_inter == gated_inter ? p.data
+                                                                                    : nullptr;
 }
 
 void CudaBackend::gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) {
@@ -1054,7 +1141,7 @@ std::unique_ptr<RecordedGraph> CudaBackend::end_capture() {
 void CudaBackend::ensure_sampling_capacity(size_t bytes, size_t scratch_floats) {
   if (bytes > sampling_bytes_) {
     synchronize();
-    if (sampling_device_) cudaFree(sampling_device_);
+    deallocate(sampling_device_);
     if (sampling_host_) cudaFreeHost(sampling_host_);
     sampling_device_ = sampling_host_ = nullptr;
     sampling_bytes_ = 0;
@@ -1065,7 +1152,7 @@ void CudaBackend::ensure_sampling_capacity(size_t bytes, size_t scratch_floats) 
   }
   if (scratch_floats > sampling_scratch_floats_) {
     synchronize();
-    if (sampling_scratch_) cudaFree(sampling_scratch_);
+    deallocate(sampling_scratch_);
     sampling_scratch_ = nullptr;
     sampling_scratch_floats_ = 0;
     sampling_scratch_ = static_cast<float*>(allocate(scratch_floats * sizeof(float)));

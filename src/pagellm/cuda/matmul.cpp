@@ -351,19 +351,20 @@ MatmulPath LtMatmul::path_for(const void* x, const void* w, const void* out,
 }
 
 bool LtMatmul::run_silu_mul(const void* x, const void* w_gate_up, void* out, int64_t M,
-                            int64_t inter, int64_t K, cudaStream_t stream) {
+                            int64_t inter, int64_t K, cudaStream_t stream,
+                            const void* w_packed) {
   if (path_for(x, w_gate_up, out, CUDA_R_16BF, M, 2 * inter, K) != MatmulPath::kSkinny) {
     return false;
   }
-  if (M > 0 && inter > 0) launch_skinny_gemm_silu_mul(x, w_gate_up, out, M, inter, K, stream);
+  if (M > 0 && inter > 0) launch_skinny_gemm_silu_mul(x, w_gate_up, out, M, inter, K, stream, 0, w_packed);
   return true;
 }
 
 void LtMatmul::run(const void* x, const void* w, void* out, cudaDataType_t out_type, int64_t M,
-                   int64_t N, int64_t K, cudaStream_t stream) {
+                   int64_t N, int64_t K, cudaStream_t stream, const void* w_packed) {
   if (M == 0 || N == 0) return;
   if (path_for(x, w, out, out_type, M, N, K) == MatmulPath::kSkinny) {
-    launch_skinny_gemm(x, w, out, out_type == CUDA_R_32F, M, N, K, stream);
+    launch_skinny_gemm(x, w, out, out_type == CUDA_R_32F, M, N, K, stream, 0, w_packed);
     return;
   }
   const Plan& p = plan_for(key_of(x, w, out, out_type, M, N, K), x, w, out, stream);

@@ -104,15 +104,18 @@ class LtMatmul {
   /// synchronises the stream, allocates a scratch buffer of 2x L2 for a while and writes
   /// `out` several times (its final contents are the chosen algorithm's). Graph-safe once
   /// the shape's plan exists. Throws Error naming the shape if cuBLASLt has no algorithm.
+  /// `w_packed` (or null): w as pack_skinny_weights(w, N, K, 0) wrote it, which the skinny
+  /// kernel then streams instead of w (same bits); cuBLASLt reads w.
   void run(const void* x, const void* w, void* out, cudaDataType_t out_type, int64_t M,
-           int64_t N, int64_t K, cudaStream_t stream);
+           int64_t N, int64_t K, cudaStream_t stream, const void* w_packed = nullptr);
 
   /// out[M, I] = silu(x · gateᵀ) · (x · upᵀ), w_gate_up = [gate; up] ([2 I, K]), out bf16,
   /// in one kernel (launch_skinny_gemm_silu_mul) when run() would take the skinny kernel for
   /// the [M, 2 I] product. Returns false, having enqueued nothing, otherwise: the caller
-  /// then runs the product and the activation separately.
+  /// then runs the product and the activation separately. `w_packed` (or null): w_gate_up
+  /// as pack_skinny_weights(w_gate_up, 2 I, K, I) wrote it.
   bool run_silu_mul(const void* x, const void* w_gate_up, void* out, int64_t M, int64_t inter,
-                    int64_t K, cudaStream_t stream);
+                    int64_t K, cudaStream_t stream, const void* w_packed = nullptr);
 
   /// The path run() takes for these operands under the current setting (kSkinny or
   /// kCublasLt, never kAuto).

@@ -605,7 +605,8 @@ void launch_skinny_gemm_silu_mul(const void* x, const void* w_gate_up, void* out
 }
 
 void launch_skinny_gemm_qk_norm_rope(const void* x, const void* w_qkv, int64_t M, int64_t K,
-                                     const QkNormRopeArgs& e, cudaStream_t stream, int splits) {
+                                     const QkNormRopeArgs& e, cudaStream_t stream, int splits,
+                                     const void* w_packed) {
   const int64_t heads = int64_t{e.num_q_heads} + 2 * int64_t{e.num_kv_heads};
   const int64_t N = heads * kSkinnyQkHeadDim;
   const auto aligned8 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 8 == 0; };
@@ -621,7 +622,7 @@ void launch_skinny_gemm_qk_norm_rope(const void* x, const void* w_qkv, int64_t M
       << " pages (needs an sm_90 GPU, K a multiple of 8, 16-byte aligned x and w, 8-byte "
          "aligned q_out and pools, every pointer set)";
   if (M == 0) return;
-  launch(x, w_qkv, nullptr, Epi::kQkNormRope, M, N, K, 0, stream, splits, &e);
+  launch(x, w_qkv, nullptr, Epi::kQkNormRope, M, N, K, 0, stream, splits, &e, w_packed);
 }
 
 size_t skinny_packed_bytes(int64_t N, int64_t K) {

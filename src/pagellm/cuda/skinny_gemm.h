@@ -78,7 +78,7 @@ size_t skinny_packed_bytes(int64_t N, int64_t K);
 /// tensor map's 128-byte swizzle (16-byte unit u of row r at u ^ (r mod 8)), zeros where
 /// the row or k lies outside w. A product given the packed copy reads one contiguous block
 /// per stage instead of 128 bytes from each of 128 rows, and computes the same bits.
-/// An experiment of session (e), measured by matmul_bench; the engine does not pack.
+/// The CUDA backend packs a model's layer matrices at load (CudaBackend::prepare_matrix).
 void pack_skinny_weights(const void* w, int64_t N, int64_t K, int64_t inter, void* packed,
                          cudaStream_t stream);
 
@@ -107,13 +107,14 @@ constexpr int kSkinnyQkHeadDim = kSkinnyRowsPerCta;
 /// The attention block's first half in one kernel: qkv = x · w_qkvᵀ ([M, (Hq + 2 Hkv) · 128],
 /// never written out), then what launch_qk_norm_rope_store_kv(e) does to it: per-head
 /// RMSNorm (q_norm, k_norm) and RoPE of q and k at `positions`, q to q_out, k and v into the
-/// pools at `slot_mapping` (e.qkv is not read; e.num_tokens must be M and e.head_dim 128). Each product is rounded to bf16 first, so the result equals the two
-/// launches up to the float order of the norm's sum of squares. The reduction gives each
+/// pools at `slot_mapping` (e.qkv is not read; e.num_tokens must be M and e.head_dim 128).
+/// Each product is rounded to bf16 first, so the result equals the two launches up to the
+/// float order of the norm's sum of squares. The reduction gives each
 /// warp whole 128-column head rows, which is why the head size must be the tile height.
 /// Same requirements and `splits` as launch_skinny_gemm; throws Error naming what does not
-/// fit.
+/// fit. `w_packed`: w_qkv as pack_skinny_weights(w_qkv, N, K, 0) wrote it, or null.
 void launch_skinny_gemm_qk_norm_rope(const void* x, const void* w_qkv, int64_t M, int64_t K,
                                      const QkNormRopeArgs& e, cudaStream_t stream,
-                                     int splits = 0);
+                                     int splits = 0, const void* w_packed = nullptr);
 
 }  // namespace pagellm::cuda

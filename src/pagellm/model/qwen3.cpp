@@ -45,6 +45,14 @@ Qwen3Model::Qwen3Model(Backend& backend, const Qwen3Config& config, const Weight
   final_norm_ = upload_weight(lookup, "model.norm.weight", {H}, progress);
   lm_head_ = c.tie_word_embeddings ? embed_
                                    : upload_weight(lookup, "lm_head.weight", {V, H}, progress);
+  // The layers' products may get a decode layout from the backend. lm_head is left alone:
+  // its one product a step already streams at the copy rate (docs/design.md).
+  for (Qwen3LayerWeights& w : layers_) {
+    prepared_bytes_ += backend_.prepare_matrix(w.qkv);
+    prepared_bytes_ += backend_.prepare_matrix(w.o_proj);
+    prepared_bytes_ += backend_.prepare_matrix(w.gate_up, I);
+    prepared_bytes_ += backend_.prepare_matrix(w.down);
+  }
   backend_.synchronize();
 }
 

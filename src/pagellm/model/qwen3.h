@@ -55,6 +55,8 @@ class Qwen3Model {
   AttentionShape attention_shape(int64_t page_size) const;
   /// Bytes of weights on the backend.
   size_t weight_bytes() const { return weight_bytes_; }
+  /// Bytes the backend holds beside them in decode layouts (Backend::prepare_matrix).
+  size_t prepared_bytes() const { return prepared_bytes_; }
 
   /// Allocates activations for steps of up to max_tokens tokens and max_rows logits rows.
   /// forward() never allocates; views into this workspace are stable (CUDA graphs).
@@ -77,6 +79,7 @@ class Qwen3Model {
   Qwen3Config config_;
   std::vector<DeviceBuffer> storage_;
   size_t weight_bytes_ = 0;
+  size_t prepared_bytes_ = 0;
   size_t bytes_done_ = 0;
   size_t bytes_total_ = 0;
 
