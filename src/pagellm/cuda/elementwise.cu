@@ -12,8 +12,9 @@
 //
 // Every kernel is launched with programmatic dependent launch (pdl.cuh): it waits for the
 // kernel before it (pdl_wait) before touching activations and then lets the kernel after it
-// launch at once (pdl_launch_dependents), since its grid is one wave at decode sizes. Only
-// the norm kernels have independent work to do first: they load their weight vector.
+// launch at once (pdl_launch_dependents), since its grid is one wave at decode sizes. The
+// norm kernels differ twice: they load their weight vector before the wait, and they let
+// the kernel after them launch before it (pdl.cuh, rule 3).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -153,6 +154,10 @@ __global__ void __launch_bounds__(kNormThreads)
     norm_kernel(bf16* x, const bf16* __restrict__ delta, const bf16* __restrict__ weight,
                 bf16* out, int64_t hidden, float eps) {
   __shared__ float scratch[kNormThreads / 32];
+  // The one exception to pdl.cuh's "trigger after the wait": the next product may launch
+  // before this kernel's own wait, so its CTAs prefetch weights into free SM slots while
+  // the product before this norm still drains.
+  pdl_launch_dependents();
   uint4 weight_cache[kVectorised ? kCachedWeightVecs : 1];
   if constexpr (kVectorised) {
     const int64_t nvec = hidden / kVec;
@@ -164,7 +169,6 @@ __global__ void __launch_bounds__(kNormThreads)
     }
   }
   pdl_wait();  // x and delta come from the kernels before
-  pdl_launch_dependents();
   const int64_t row = blockIdx.x;
   bf16* xr = x + row * hidden;
   bf16* orow = out + row * hidden;
