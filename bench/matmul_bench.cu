@@ -16,7 +16,7 @@
 // tests check correctness). Last, "full decode step" lines: Qwen3-4B's four layer products
 // x 36 + lm_head at M = 32, summed per variant, against the copy bandwidth. In between, the
 // skinny kernel's time on the Qwen3-4B layer products for every forced split-K factor, and
-// on row-major against packed weights (pack_skinny_weights, an experiment).
+// on row-major against packed weights (pack_skinny_weights, what the engine streams).
 // Launches in a graph follow each other with programmatic dependent launch (as in the
 // decode step), so the skinny kernel's weight prefetch overlaps the previous launch.
 #include <cuda_bf16.h>

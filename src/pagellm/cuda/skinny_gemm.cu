@@ -28,11 +28,12 @@
 // flight while one is multiplied. Rows past N, tokens past M and k past K are zero-filled
 // by TMA (out-of-bounds boxes), never read. Weights carry an L2 evict-first hint.
 //
-// Packed weights (pack_skinny_weights, an experiment the engine does not use yet): the
-// same stage bytes prepared in global memory, one contiguous 16 KiB block per (tile,
-// chunk), so a stage is one bulk copy instead of two boxes of 128 bytes from each of 128
-// rows. Shared memory ends up identical, hence the same output bits; HBM serves one long
-// run faster than 128 short ones (docs/PERFORMANCE.md).
+// Packed weights (pack_skinny_weights; the CUDA backend packs a model's layer matrices at
+// load, CudaBackend::prepare_matrix): the same stage bytes prepared in global memory, one
+// contiguous 16 KiB block per (tile, chunk), so a stage is one bulk copy instead of two
+// boxes of 128 bytes from each of 128 rows. Shared memory ends up identical, hence the
+// same output bits; HBM serves one long run faster than 128 short ones
+// (docs/PERFORMANCE.md).
 //
 // Programmatic dependent launch (pdl.cuh). The prologue issues the weight boxes of the first
 // kStages chunks, then waits for the previous kernel (which produced x), then issues their x
