@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <system_error>
@@ -344,14 +345,7 @@ void CudaBackend::deallocate(void* ptr) {
     allocations_.erase(alloc);
     for (auto it = packed_.begin(); it != packed_.end();) {
       const auto* key = static_cast<const char*>(it->first);
-      if (key >= begin && key < end) {
-        void* copy = it->second.data;
-        packed_bytes_ -= it->second.bytes;
-        it = packed_.erase(it);
-        deallocate(copy);
-      } else {
-        ++it;
-      }
+      it = key >= begin && key < end ? drop_packed(it) : std::next(it);
     }
   }
   // Called from destructors: report, never throw.
@@ -360,6 +354,14 @@ void CudaBackend::deallocate(void* ptr) {
     cudaGetLastError();
     std::fprintf(stderr, "pagellm: cudaFree failed: %s\n", cudaGetErrorString(err));
   }
+}
+
+CudaBackend::PackedMap::iterator CudaBackend::drop_packed(PackedMap::iterator it) {
+  void* copy = it->second.data;
+  packed_bytes_ -= it->second.bytes;
+  it = packed_.erase(it);
+  deallocate(copy);
+  return it;
 }
 
 void CudaBackend::copy_to_device(void* dst, const void* src, size_t bytes) {
@@ -1060,25 +1062,20 @@ size_t CudaBackend::prepare_matrix(const Tensor& w, int64_t gated_inter) {
   if (it != packed_.end() && (it->second.rows != N || it->second.cols != K ||
                               it->second.gated_inter != gated_inter)) {
     // Another matrix now lives at this address: drop the stale copy.
-    void* copy = it->second.data;
-    packed_bytes_ -= it->second.bytes;
-    packed_.erase(it);
-    deallocate(copy);
+    drop_packed(it);
     it = packed_.end();
   }
   size_t allocated = 0;
   if (it == packed_.end()) {
     if (pack_policy_ == PackPolicy::kAuto && packed_bytes_ + bytes > total_memory_ / 4) return 0;
     void* copy = nullptr;
-    if (pack_policy_ == PackPolicy::kAuto) {
-      // Packing is an optimisation: without memory for it, the products read w.
-      if (cudaMalloc(&copy, bytes) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-      }
-      allocations_[copy] = bytes;
-    } else {
+    try {
       copy = allocate(bytes);
+    } catch (const Error&) {
+      if (pack_policy_ == PackPolicy::kAlways) throw;
+      // Packing is an optimisation: without memory for it, the products read w.
+      cudaGetLastError();
+      return 0;
     }
     it = packed_.emplace(w.data, PackedMatrix{copy, bytes, N, K, gated_inter}).first;
     packed_bytes_ += bytes;

@@ -217,7 +217,11 @@ class CudaBackend final : public Backend {
     int64_t rows = 0, cols = 0, gated_inter = 0;
   };
   enum class PackPolicy { kAuto, kAlways, kNever };
-  std::unordered_map<const void*, PackedMatrix> packed_;
+  using PackedMap = std::unordered_map<const void*, PackedMatrix>;
+  PackedMap packed_;
+  // Frees a packed copy and forgets it (deallocate, and prepare_matrix when another matrix
+  // took the address); returns the entry after it.
+  PackedMap::iterator drop_packed(PackedMap::iterator it);
   size_t packed_bytes_ = 0;
   PackPolicy pack_policy_ = PackPolicy::kAuto;
   bool packed_enabled_ = true;

@@ -356,7 +356,9 @@ bool LtMatmul::run_silu_mul(const void* x, const void* w_gate_up, void* out, int
   if (path_for(x, w_gate_up, out, CUDA_R_16BF, M, 2 * inter, K) != MatmulPath::kSkinny) {
     return false;
   }
-  if (M > 0 && inter > 0) launch_skinny_gemm_silu_mul(x, w_gate_up, out, M, inter, K, stream, 0, w_packed);
+  if (M > 0 && inter > 0) {
+    launch_skinny_gemm_silu_mul(x, w_gate_up, out, M, inter, K, stream, 0, w_packed);
+  }
   return true;
 }
 
