@@ -49,8 +49,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "pagellm/common/check.h"
 #include "pagellm/cuda/attention.h"
@@ -848,15 +846,9 @@ const char* decode_kernel_name(DecodeKernel k) {
 }
 
 DecodeKernel decode_kernel_from_env() {
-  const char* env = std::getenv("PAGELLM_DECODE_KERNEL");
-  if (env == nullptr || env[0] == '\0') return kDefaultDecodeKernel;
-  for (DecodeKernel k : {DecodeKernel::kTma, DecodeKernel::kCpAsync}) {
-    if (std::strcmp(env, decode_kernel_name(k)) == 0) return k;
-  }
-  PAGELLM_CHECK(false) << "PAGELLM_DECODE_KERNEL=" << env
-                       << " is not a decode kernel: use tma or cpasync (or leave it unset for "
-                       << decode_kernel_name(kDefaultDecodeKernel) << ")";
-  return kDefaultDecodeKernel;
+  static constexpr DecodeKernel kAll[] = {DecodeKernel::kTma, DecodeKernel::kCpAsync};
+  return attn::variant_from_env("PAGELLM_DECODE_KERNEL", "decode kernel", kAll,
+                                kDefaultDecodeKernel, decode_kernel_name);
 }
 
 bool decode_tma_supported(const PagedAttentionParams& p) {

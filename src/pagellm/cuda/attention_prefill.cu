@@ -46,9 +46,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <string>
 
 #include "pagellm/common/check.h"
 #include "pagellm/cuda/attention.h"
@@ -485,15 +482,9 @@ const char* prefill_kernel_name(PrefillKernel k) {
 }
 
 PrefillKernel prefill_kernel_from_env() {
-  const char* env = std::getenv("PAGELLM_PREFILL_KERNEL");
-  if (env == nullptr || env[0] == '\0') return kDefaultPrefillKernel;
-  for (PrefillKernel k : {PrefillKernel::kV2, PrefillKernel::kV3}) {
-    if (std::strcmp(env, prefill_kernel_name(k)) == 0) return k;
-  }
-  PAGELLM_CHECK(false) << "PAGELLM_PREFILL_KERNEL=" << env
-                       << " is not a prefill kernel: use v2 or v3 (or leave it unset for "
-                       << prefill_kernel_name(kDefaultPrefillKernel) << ")";
-  return kDefaultPrefillKernel;
+  static constexpr PrefillKernel kAll[] = {PrefillKernel::kV2, PrefillKernel::kV3};
+  return attn::variant_from_env("PAGELLM_PREFILL_KERNEL", "prefill kernel", kAll,
+                                kDefaultPrefillKernel, prefill_kernel_name);
 }
 
 void paged_prefill_attention_with(const PagedAttentionParams& p, PrefillKernel kernel,
