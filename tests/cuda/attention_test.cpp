@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_test_util.h"
 #include "pagellm/common/check.h"
 #include "pagellm/common/dtype.h"
 #include "pagellm/cuda/attention_decode_variants.h"
@@ -663,9 +664,7 @@ TEST_F(PagedAttention, DecodeTmaKernelOnQwen3ShapesAndStalePages) {
 }
 
 TEST(PagedAttentionDecodeKernel, EnvironmentPicksTheVariant) {
-  const char* old = std::getenv("PAGELLM_DECODE_KERNEL");
-  const std::string saved = old ? old : "";
-  ::unsetenv("PAGELLM_DECODE_KERNEL");
+  const test::ScopedEnv restore("PAGELLM_DECODE_KERNEL", nullptr);
   EXPECT_EQ(decode_kernel_from_env(), kDefaultDecodeKernel);
   ::setenv("PAGELLM_DECODE_KERNEL", "", 1);
   EXPECT_EQ(decode_kernel_from_env(), kDefaultDecodeKernel);
@@ -679,11 +678,6 @@ TEST(PagedAttentionDecodeKernel, EnvironmentPicksTheVariant) {
     ADD_FAILURE() << "PAGELLM_DECODE_KERNEL=wgmma was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("tma or cpasync"), std::string::npos) << e.what();
-  }
-  if (old) {
-    ::setenv("PAGELLM_DECODE_KERNEL", saved.c_str(), 1);
-  } else {
-    ::unsetenv("PAGELLM_DECODE_KERNEL");
   }
 }
 
@@ -924,9 +918,7 @@ TEST_F(PagedAttention, RejectsUnsupportedArguments) {
 }
 
 TEST(PagedAttentionPrefillKernel, EnvironmentPicksTheVariant) {
-  const char* old = std::getenv("PAGELLM_PREFILL_KERNEL");
-  const std::string saved = old ? old : "";
-  ::unsetenv("PAGELLM_PREFILL_KERNEL");
+  const test::ScopedEnv restore("PAGELLM_PREFILL_KERNEL", nullptr);
   EXPECT_EQ(prefill_kernel_from_env(), kDefaultPrefillKernel);
   ::setenv("PAGELLM_PREFILL_KERNEL", "", 1);
   EXPECT_EQ(prefill_kernel_from_env(), kDefaultPrefillKernel);
@@ -940,11 +932,6 @@ TEST(PagedAttentionPrefillKernel, EnvironmentPicksTheVariant) {
     ADD_FAILURE() << "PAGELLM_PREFILL_KERNEL=v9 was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("v2 or v3"), std::string::npos) << e.what();
-  }
-  if (old) {
-    ::setenv("PAGELLM_PREFILL_KERNEL", saved.c_str(), 1);
-  } else {
-    ::unsetenv("PAGELLM_PREFILL_KERNEL");
   }
 }
 
