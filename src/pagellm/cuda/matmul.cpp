@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "pagellm/common/hash.h"
 #include "pagellm/cuda/cuda_check.h"
 #include "pagellm/cuda/skinny_gemm.h"
 
@@ -132,13 +133,7 @@ bool parse_matmul_autotune(const std::string& value) {
 }
 
 size_t LtMatmul::KeyHash::operator()(const Key& k) const {
-  size_t h = std::hash<int64_t>()(k.m);
-  auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
-  mix(std::hash<int64_t>()(k.n));
-  mix(std::hash<int64_t>()(k.k));
-  mix(static_cast<size_t>(k.out_type));
-  mix(static_cast<size_t>(k.align));
-  return h;
+  return hash_values(k.m, k.n, k.k, k.out_type, k.align);
 }
 
 LtMatmul::LtMatmul(void* workspace, size_t workspace_bytes)

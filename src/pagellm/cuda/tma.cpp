@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "pagellm/common/check.h"
+#include "pagellm/common/hash.h"
 #include "pagellm/cuda/cuda_check.h"
 
 namespace pagellm::cuda {
@@ -33,13 +34,8 @@ const CUtensorMap& bf16_tensor_map(const void* data, int64_t rows, int64_t cols,
   using Key = std::tuple<uintptr_t, int64_t, int64_t, int, int>;
   struct KeyHash {
     size_t operator()(const Key& k) const {
-      size_t h = std::hash<uintptr_t>()(std::get<0>(k));
-      const auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
-      mix(std::hash<int64_t>()(std::get<1>(k)));
-      mix(std::hash<int64_t>()(std::get<2>(k)));
-      mix(static_cast<size_t>(std::get<3>(k)));
-      mix(static_cast<size_t>(std::get<4>(k)));
-      return h;
+      const auto& [data, rows, cols, box_cols, box_rows] = k;
+      return hash_values(data, rows, cols, box_cols, box_rows);
     }
   };
   static std::mutex mutex;
