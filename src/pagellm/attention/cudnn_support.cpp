@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
-#include <functional>
 #include <sstream>
+
+#include "pagellm/common/hash.h"
 
 namespace pagellm {
 
@@ -112,24 +113,11 @@ std::string CudnnPlanKey::describe() const {
 }
 
 size_t CudnnPlanKeyHash::operator()(const CudnnPlanKey& k) const {
-  uint32_t scale_bits = 0;
+  uint32_t scale_bits = 0;  // operator== compares the scale's bits too
   std::memcpy(&scale_bits, &k.scale, sizeof scale_bits);
-  const uint64_t parts[] = {static_cast<uint64_t>(k.num_seqs),
-                            static_cast<uint64_t>(k.max_query_len),
-                            static_cast<uint64_t>(k.max_kv_len),
-                            static_cast<uint64_t>(k.num_q_heads),
-                            static_cast<uint64_t>(k.num_kv_heads),
-                            static_cast<uint64_t>(k.head_dim),
-                            static_cast<uint64_t>(k.page_size),
-                            static_cast<uint64_t>(k.max_pages_per_seq),
-                            static_cast<uint64_t>(k.dtype) * 2 + (k.ragged ? 1 : 0),
-                            scale_bits};
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
-  for (uint64_t p : parts) {
-    h ^= p;
-    h *= 1099511628211ull;
-  }
-  return static_cast<size_t>(h);
+  return hash_values(k.num_seqs, k.max_query_len, k.max_kv_len, k.num_q_heads, k.num_kv_heads,
+                     k.head_dim, k.page_size, k.max_pages_per_seq, static_cast<int>(k.dtype),
+                     k.ragged, scale_bits);
 }
 
 int32_t bucket_pow2(int32_t x, int32_t floor) {

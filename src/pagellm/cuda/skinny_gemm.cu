@@ -258,6 +258,15 @@ __device__ __forceinline__ void qk_finish_row(const QkNormRopeArgs& e, int head,
 }
 #endif  // PAGELLM_SKINNY_WGMMA
 
+/// First weight row of half `h` (0 or 1) of row tile `tile`: the tile's 128 consecutive
+/// rows, or for a gated product (inter > 0: gate rows [0, inter), up rows [inter, 2 inter))
+/// 64 gate rows and the 64 up rows of the same intermediate columns. The kernel's two TMA
+/// boxes and pack_kernel's layout both come from here, so the packed copy holds exactly what
+/// the row-major reads would fetch.
+__host__ __device__ constexpr int64_t half_first_row(int64_t tile, int h, int64_t inter) {
+  return inter > 0 ? h * inter + tile * kHalf : tile * kRows + h * kHalf;
+}
+
 template <int kTokens, Epi kEpi>
 __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_constant__ Params p) {
 #ifdef PAGELLM_SKINNY_WGMMA
@@ -281,10 +290,8 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + kSmemAlign - 1) & ~uint32_t(kSmemAlign - 1);
   uint8_t* const smem = smem_raw + (base - raw);
-  // Weight rows of the tile's two boxes: 128 consecutive rows, or 64 gate rows and their
-  // 64 up rows.
-  const int box_row0 = kGated ? blockIdx.x * kHalf : blockIdx.x * kRows;
-  const int box_row1 = kGated ? p.inter + blockIdx.x * kHalf : blockIdx.x * kRows + kHalf;
+  const int box_row0 = static_cast<int>(half_first_row(blockIdx.x, 0, kGated ? p.inter : 0));
+  const int box_row1 = static_cast<int>(half_first_row(blockIdx.x, 1, kGated ? p.inter : 0));
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(smem_addr(&full_bar[s]), 1);
@@ -463,8 +470,7 @@ __global__ void pack_kernel(const __nv_bfloat16* __restrict__ w, int64_t N, int6
     const int r = static_cast<int>((i / kUnitsPerRow) % kHalf);
     const int h = static_cast<int>((i / kUnitsPerHalf) % 2);
     const int64_t block = i / kUnitsPerBlock, tile = block / chunks, chunk = block % chunks;
-    const int64_t row = inter > 0 ? (h == 0 ? tile * kHalf + r : inter + tile * kHalf + r)
-                                  : tile * kRows + h * kHalf + r;
+    const int64_t row = half_first_row(tile, h, inter) + r;
     const int64_t k = chunk * kChunk + u * 8;  // 8 bf16 a unit
     uint4 v = make_uint4(0, 0, 0, 0);
     if (row < N && k < K) v = *reinterpret_cast<const uint4*>(w + row * K + k);
