@@ -357,9 +357,11 @@ void PdlChainTest::elementwise_chain(int64_t R, int64_t H, int K) {
 }
 
 TEST_F(PdlChainTest, ElementwiseChainMatchesCpuEagerAndInGraph) {
-  elementwise_chain(48, 2048, 256);  // 16-byte vectors everywhere
+  elementwise_chain(48, 2048, 256);  // 16-byte vectors everywhere; norms trigger early
   if (HasFatalFailure()) return;
   elementwise_chain(48, 1002, 64);  // scalar norm and silu, 4- and 1-byte gathers
+  if (HasFatalFailure()) return;
+  elementwise_chain(8, 2048, 256);  // under kNormEarlyTriggerMinRows: norms trigger late
 }
 
 // ---- decode step chain --------------------------------------------------------------------
