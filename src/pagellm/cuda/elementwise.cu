@@ -146,7 +146,7 @@ constexpr int kCachedWeightVecs = 4;
 // exception). Measured on the H200 (session (g), run 4; early against late, decode tok/s):
 // batch 4 1,398 against 1,487 (-6 %), batch 8 2,714 against 2,840 (-4.5 %), batch 16 5,259
 // against 5,339 (-1.5 %), W1's 32 rows 9,285 / 9,254 against 9,199 / 9,135 (+1 %), batch 1
-// and 64 no difference. Below 32 rows the early product CTAs cost more than they prefetch.
+// and 64 no difference (why batches 4-16 lose was not traced; docs/PERFORMANCE.md).
 constexpr int64_t kNormEarlyTriggerMinRows = 32;
 
 // One block of kNormThreads per row. With kAdd, `x` is the residual, updated in place with
