@@ -15,7 +15,7 @@
 
 #include "pagellm/attention/attention_call.h"
 #include "pagellm/attention/planner.h"
-#include "pagellm/backend/forward_batch.h"
+#include "pagellm/kv/forward_batch.h"
 
 namespace pagellm {
 namespace {

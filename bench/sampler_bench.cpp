@@ -19,7 +19,7 @@
 #include <random>
 #include <vector>
 
-#include "pagellm/engine/sampler.h"
+#include "pagellm/sampling/sampler.h"
 
 namespace {
 

@@ -17,7 +17,7 @@
 
 #include "cuda/cuda_test_util.h"
 #include "pagellm/common/random.h"
-#include "pagellm/engine/sampler.h"
+#include "pagellm/sampling/sampler.h"
 
 namespace pagellm {
 namespace {

@@ -8,7 +8,7 @@
 #include <map>
 
 #include "common/reference_qwen3.h"
-#include "pagellm/backend/cpu/cpu_backend.h"
+#include "pagellm/cpu/cpu_backend.h"
 #include "pagellm/engine/engine.h"
 
 namespace pagellm {

@@ -8,7 +8,7 @@
 
 #include "pagellm/backend/backend.h"
 #include "pagellm/common/check.h"
-#include "pagellm/engine/sampler.h"
+#include "pagellm/sampling/sampler.h"
 
 namespace pagellm {
 namespace {

@@ -1,6 +1,6 @@
 // Host sampler (engine/sampler.h): parameter validation, greedy, penalties, filters at
 // their edges, seeded reproducibility, the sampled distribution and log-probabilities.
-#include "pagellm/engine/sampler.h"
+#include "pagellm/sampling/sampler.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>

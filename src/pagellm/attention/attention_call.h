@@ -2,14 +2,14 @@
 // its batch metadata, read from host memory only (AttentionBatchView).
 //
 // The planner never reads the device: every decision comes from these CPU-resident values,
-// which the engine built before uploading them (backend/forward_batch.h).
+// which the engine built before uploading them (kv/forward_batch.h).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
 #include "pagellm/attention/provider.h"
-#include "pagellm/backend/forward_batch.h"
+#include "pagellm/kv/forward_batch.h"
 #include "pagellm/common/dtype.h"
 
 namespace pagellm {

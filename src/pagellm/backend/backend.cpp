@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "pagellm/common/check.h"
-#include "pagellm/engine/sampler.h"
+#include "pagellm/sampling/sampler.h"
 
 namespace pagellm {
 

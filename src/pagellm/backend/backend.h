@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "pagellm/attention/provider.h"
-#include "pagellm/backend/forward_batch.h"
+#include "pagellm/kv/forward_batch.h"
 #include "pagellm/common/kernel_timeline.h"
 #include "pagellm/common/tensor.h"
-#include "pagellm/engine/sampling_params.h"
+#include "pagellm/sampling/sampler.h"
 
 namespace pagellm {
 

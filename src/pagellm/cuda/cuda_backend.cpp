@@ -28,7 +28,7 @@
 #include "pagellm/cuda/matmul.h"
 #include "pagellm/cuda/sampling.h"
 #include "pagellm/cuda/skinny_gemm.h"
-#include "pagellm/engine/sampler.h"
+#include "pagellm/sampling/sampler.h"
 
 namespace pagellm {
 namespace cuda {

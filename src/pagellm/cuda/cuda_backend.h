@@ -122,7 +122,7 @@ class CudaBackend final : public Backend {
   /// of the buffer holding w frees the copy.
   size_t prepare_matrix(const Tensor& w, int64_t gated_inter = 0) override;
 
-  /// GPU sampling with the host sampler's semantics (engine/sampler.h); returns after one
+  /// GPU sampling with the host sampler's semantics (sampling/sampler.h); returns after one
   /// synchronisation. Throws Error like the host sampler ("row r: ...") for invalid
   /// parameters, out-of-vocabulary penalty tokens or rows without a finite logit.
   std::vector<SampledToken> sample(const Tensor& logits,

@@ -1,5 +1,5 @@
 // GPU sampler: one cluster of 8 CTAs (512 threads each) per logits row, reproducing
-// engine/sampler.cpp.
+// sampling/sampler.cpp.
 //
 // Why one CTA per row: a row is V = 151,936 floats (600 KB), every step of the algorithm
 // is a reduction over the row followed by a decision that depends on it, and rows are

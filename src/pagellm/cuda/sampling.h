@@ -1,4 +1,4 @@
-// Token sampling on the GPU, matching the host sampler (engine/sampler.h) token for token.
+// Token sampling on the GPU, matching the host sampler (sampling/sampler.h) token for token.
 //
 // One CTA per logits row does everything the host sampler does for that row: the raw
 // log-softmax statistics, penalties (from a host-built list of distinct tokens), greedy

@@ -3,9 +3,10 @@
 
 #include <vector>
 
-#include "pagellm/backend/forward_batch.h"
 #include "pagellm/engine/scheduler.h"
+#include "pagellm/kv/forward_batch.h"
 #include "pagellm/kv/page_table.h"
+#include "pagellm/sampling/sampler.h"
 
 namespace pagellm {
 

@@ -5,7 +5,7 @@
 
 #include "pagellm/common/random.h"
 #include "pagellm/engine/batch_builder.h"
-#include "pagellm/engine/sampler.h"
+#include "pagellm/sampling/sampler.h"
 
 namespace pagellm {
 Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> model,

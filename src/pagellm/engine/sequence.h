@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "pagellm/engine/sampling_params.h"
+#include "pagellm/sampling/sampling_params.h"
 
 namespace pagellm {
 

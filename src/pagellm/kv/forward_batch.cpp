@@ -1,4 +1,4 @@
-#include "pagellm/backend/forward_batch.h"
+#include "pagellm/kv/forward_batch.h"
 
 #include <algorithm>
 

@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "pagellm/common/tensor.h"
-#include "pagellm/engine/sampling_params.h"
 
 namespace pagellm {
 
@@ -53,15 +52,6 @@ struct BatchTensors {
   Tensor kv_lens;         // [B]
   Tensor page_table;      // [B, max_pages_per_seq]
   Tensor logits_indices;  // [R]
-};
-
-/// What the sampler needs to know about the request behind one logits row.
-struct SamplingRow {
-  const SamplingParams* params = nullptr;
-  uint64_t seed = 0;             // the request's effective seed
-  int64_t output_index = 0;      // how many tokens the request has generated so far
-  const std::vector<int32_t>* prompt_tokens = nullptr;
-  const std::vector<int32_t>* output_tokens = nullptr;
 };
 
 }  // namespace pagellm

@@ -10,7 +10,7 @@ namespace pagellm {
 ///
 /// Order of processing (matches vLLM/transformers): penalties on the raw logits, then
 /// temperature, then top-k, top-p and min-p filters. temperature == 0 means greedy.
-/// engine/sampler.h gives the exact semantics; validate_sampling_params() the ranges.
+/// sampling/sampler.h gives the exact semantics; validate_sampling_params() the ranges.
 struct SamplingParams {
   float temperature = 1.0f;
   int top_k = 0;              // -1 or 0: disabled

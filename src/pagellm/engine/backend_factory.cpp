@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "pagellm/backend/backend.h"
-#include "pagellm/backend/cpu/cpu_backend.h"
+#include "pagellm/cpu/cpu_backend.h"
 #ifdef PAGELLM_HAVE_CUDA
 #include "pagellm/cuda/cuda_backend.h"
 #endif

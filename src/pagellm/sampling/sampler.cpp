@@ -14,7 +14,7 @@
 #pragma GCC optimize("no-trapping-math")
 #endif
 
-#include "pagellm/engine/sampler.h"
+#include "pagellm/sampling/sampler.h"
 
 #include <algorithm>
 #include <array>

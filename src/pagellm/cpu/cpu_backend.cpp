@@ -1,4 +1,4 @@
-#include "pagellm/backend/cpu/cpu_backend.h"
+#include "pagellm/cpu/cpu_backend.h"
 
 #include <cblas.h>
 #include <omp.h>

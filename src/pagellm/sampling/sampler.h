@@ -36,10 +36,18 @@
 #include <cstdint>
 #include <vector>
 
-#include "pagellm/backend/forward_batch.h"
-#include "pagellm/engine/sampling_params.h"
+#include "pagellm/sampling/sampling_params.h"
 
 namespace pagellm {
+
+/// What the sampler needs to know about the request behind one logits row.
+struct SamplingRow {
+  const SamplingParams* params = nullptr;
+  uint64_t seed = 0;             // the request's effective seed
+  int64_t output_index = 0;      // how many tokens the request has generated so far
+  const std::vector<int32_t>* prompt_tokens = nullptr;
+  const std::vector<int32_t>* output_tokens = nullptr;
+};
 
 namespace detail {
 class RowSampler;  // sampler.cpp
