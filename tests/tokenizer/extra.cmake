@@ -26,7 +26,7 @@ if(PAGELLM_PYTHON3)
   foreach(_suite encode decode chat unicode jinja small)
     add_test(NAME tokenizer_parity_${_suite}
       COMMAND python3 -m tokenizer.parity ${_suite}
-      WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}/python)
+      WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}/tests/oracles)
     set_tests_properties(tokenizer_parity_${_suite} PROPERTIES
       ENVIRONMENT "${_tok_env}" SKIP_RETURN_CODE 77 TIMEOUT 900 LABELS "tokenizer;parity")
   endforeach()

@@ -46,7 +46,7 @@ def log(*args):
 
 
 def source_dir():
-    return os.environ.get("PAGELLM_SOURCE_DIR") or os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    return os.environ.get("PAGELLM_SOURCE_DIR") or os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 
 def qwen3_dir():

@@ -7,7 +7,7 @@ header layout).
 
 Needs torch and transformers (the GPU machine has them; the dev machine has no torch).
 
-    python3 python/model/save_pretrained_reference.py --preset qwen3-0.6b --out /tmp/ref-06b \\
+    python3 tests/oracles/model/save_pretrained_reference.py --preset qwen3-0.6b --out /tmp/ref-06b \\
         --seed 0 --dtype bf16
 
 Presets match pagellm's `make_model` presets (src/pagellm/model/make_model.cpp). Weights
