@@ -270,7 +270,7 @@ class Qwen3Tokenizer : public ::testing::Test {
     tokenizer_ = nullptr;
   }
   void SetUp() override {
-    if (tokenizer_ == nullptr) GTEST_SKIP() << testing_util::kQwen3Missing;
+    ASSERT_NE(tokenizer_, nullptr) << testing_util::kQwen3Missing;
   }
   static Tokenizer* tokenizer_;
 };

@@ -22,9 +22,9 @@ of tokenizer/corpus.py, and compares:
   small   the small tokenizer that make-model writes: loads in tokenizers and transformers,
           and pagellm encodes, decodes and renders like them; write_tokenizer_for_model copies
           the real Qwen3 files when the vocabulary fits
-The real Qwen3 tokenizer comes from PAGELLM_QWEN3_TOKENIZER_DIR, else
-../shared/models/qwen3-tokenizer beside the checkout. Without it (or without tokenizers /
-transformers installed) the suites that need it exit 77, which ctest reports as skipped.
+The real Qwen3 tokenizer comes from PAGELLM_QWEN3_TOKENIZER_DIR, else data/qwen3-tokenizer in
+the checkout; without it the suites that need it fail. Without tokenizers / transformers
+installed the suites exit 77, which ctest reports as skipped.
 """
 
 import copy
@@ -52,7 +52,7 @@ def source_dir():
 def qwen3_dir():
     env = os.environ.get("PAGELLM_QWEN3_TOKENIZER_DIR")
     candidates = [env] if env else []
-    candidates.append(os.path.join(source_dir(), "..", "shared", "models", "qwen3-tokenizer"))
+    candidates.append(os.path.join(source_dir(), "data", "qwen3-tokenizer"))
     for c in candidates:
         if c and os.path.isfile(os.path.join(c, "tokenizer.json")):
             return os.path.abspath(c)
@@ -62,10 +62,9 @@ def qwen3_dir():
 def require_qwen3():
     d = qwen3_dir()
     if d is None:
-        log("SKIP: the Qwen3 tokenizer files were not found. Set PAGELLM_QWEN3_TOKENIZER_DIR to a folder "
-            "with tokenizer.json and tokenizer_config.json, or put them at ../shared/models/qwen3-tokenizer "
-            f"relative to the checkout ({source_dir()}).")
-        sys.exit(SKIP)
+        log("FAIL: the Qwen3 tokenizer files were not found: data/qwen3-tokenizer/tokenizer.json belongs "
+            f"to the checkout ({source_dir()}); PAGELLM_QWEN3_TOKENIZER_DIR may name another folder.")
+        sys.exit(1)
     return d
 
 
