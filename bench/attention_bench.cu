@@ -12,8 +12,7 @@
 // slower than the SM copy a plain D2D memcpy gets) and a 16-byte-vector copy kernel, over
 // 2 GiB buffers, bytes read + bytes written.
 // Prefill: causal FLOPs = 4 · head_dim · num_q_heads · Σ (keys each query token sees),
-// timed the same way for every prefill variant (attention_prefill_variants.h; one row
-// each), printed as TFLOP/s beside FlashAttention-2's (~309-342) and cuDNN's (~577-606)
+// timed the same way (paged_prefill_attention, one row per shape), printed as TFLOP/s beside FlashAttention-2's (~309-342) and cuDNN's (~577-606)
 // rates on this H200 at 4k-32k tokens, 32 heads, D = 128.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -32,7 +31,6 @@
 
 #include "pagellm/cuda/attention.h"
 #include "pagellm/cuda/attention_decode_variants.h"
-#include "pagellm/cuda/attention_prefill_variants.h"
 
 #include "cuda_bench_util.cuh"
 
@@ -135,11 +133,8 @@ struct Batch {
 };
 
 /// Captures `launches` calls rotating over the batch's copies; returns ms per call.
-/// `prefill` is the prefill variant to time when `decode` is false.
 double time_calls(const Pool& pool, const Batch& batch, int num_q_heads, bool decode, int launches,
-                  int reps, cudaStream_t stream,
-                  pagellm::cuda::PrefillKernel prefill = pagellm::cuda::kDefaultPrefillKernel,
-                  int decode_splits = 0,
+                  int reps, cudaStream_t stream, int decode_splits = 0,
                   pagellm::cuda::DecodeKernel decode_kernel = pagellm::cuda::kDefaultDecodeKernel) {
   auto call = [&](int copy) {
     auto p = batch.params(pool, num_q_heads, copy % batch.copies);
@@ -147,7 +142,7 @@ double time_calls(const Pool& pool, const Batch& batch, int num_q_heads, bool de
     if (decode) {
       pagellm::cuda::paged_decode_attention_with(p, decode_kernel, stream);
     } else {
-      pagellm::cuda::paged_prefill_attention_with(p, prefill, stream);
+      pagellm::cuda::paged_prefill_attention(p, stream);
     }
   };
   call(0);  // outside capture: kernel attributes, module load
@@ -242,8 +237,8 @@ int run(int argc, char** argv) {
         std::printf("%8d %6d %6d", c, b, splits);
         for (const pagellm::cuda::DecodeKernel kernel : kernels) {
           CHECK_CUDA(cudaMemset(batch.out, 0xff, size_t(b) * hq * d * 2));
-          const double ms = time_calls(pool, batch, hq, true, launches, quick ? 5 : 9, stream,
-                                       pagellm::cuda::kDefaultPrefillKernel, 0, kernel);
+          const double ms =
+              time_calls(pool, batch, hq, true, launches, quick ? 5 : 9, stream, 0, kernel);
           const size_t bad = nonfinite(batch.out, size_t(b) * hq * d);
           const double gbs = (kv_bytes + qo_bytes) / (ms * 1e-3) / 1e9;
           rows.push_back({std::string("decode-") + pagellm::cuda::decode_kernel_name(kernel), d,
@@ -274,8 +269,7 @@ int run(int argc, char** argv) {
         const int chosen = pagellm::cuda::plan_decode_splits(batch.params(pool, hq, 0));
         std::printf("%8d %6d |", c, b);
         for (int sp = 1; sp <= 4; ++sp) {
-          const double ms = time_calls(pool, batch, hq, true, launches, quick ? 5 : 9, stream,
-                                       pagellm::cuda::kDefaultPrefillKernel, sp);
+          const double ms = time_calls(pool, batch, hq, true, launches, quick ? 5 : 9, stream, sp);
           std::printf(" %7.2f%s", ms * 1e3, sp == chosen ? "*" : " ");
         }
         std::printf("\n");
@@ -305,10 +299,8 @@ int run(int argc, char** argv) {
     std::printf(
         "\nprefill: causal FLOPs = 4 * D * Hq * pairs; bars: FA2 ~309-342, cuDNN ~577-606 "
         "TFLOP/s\n");
-    std::printf("%4s %4s %4s %6s %6s %6s %6s %10s %8s %7s\n", "Hq", "Hkv", "D", "batch", "q",
-                "kv", "kernel", "time_us", "TFLOP/s", "vs_v2");
-    const pagellm::cuda::PrefillKernel variants[] = {pagellm::cuda::PrefillKernel::kV2,
-                                                     pagellm::cuda::PrefillKernel::kV3};
+    std::printf("%4s %4s %4s %6s %6s %6s %10s %8s\n", "Hq", "Hkv", "D", "batch", "q", "kv",
+                "time_us", "TFLOP/s");
     for (const Config& cf : configs) {
       const int page = 16;
       const int64_t tokens = int64_t{cf.batch} * ((cf.kv_len + page - 1) / page * page) * 2;
@@ -319,24 +311,15 @@ int run(int argc, char** argv) {
       pairs *= cf.batch;
       const double flops = 4.0 * cf.d * cf.hq * pairs;
       const int launches = std::clamp(static_cast<int>(2e12 / flops), 1, 20);
-      double v2_ms = 0.0;
-      for (const pagellm::cuda::PrefillKernel variant : variants) {
-        CHECK_CUDA(cudaMemset(batch.out, 0xff, size_t(cf.batch) * cf.q_len * cf.hq * cf.d * 2));
-        const double ms =
-            time_calls(pool, batch, cf.hq, false, launches, quick ? 3 : 5, stream, variant);
-        if (variant == pagellm::cuda::PrefillKernel::kV2) v2_ms = ms;
-        const size_t bad = nonfinite(batch.out, size_t(cf.batch) * cf.q_len * cf.hq * cf.d);
-        const double tflops = flops / (ms * 1e-3) / 1e12;
-        const char* name = pagellm::cuda::prefill_kernel_name(variant);
-        const bool is_default = variant == pagellm::cuda::kDefaultPrefillKernel;
-        rows.push_back({std::string("prefill-") + name, cf.d, cf.hq, cf.hkv, page, cf.batch,
-                        cf.q_len, cf.kv_len, 0, ms * 1e3, 0.0, 0.0, tflops});
-        std::printf("%4d %4d %4d %6d %6d %6d %5s%s %10.1f %8.1f %6.2fx%s\n", cf.hq, cf.hkv, cf.d,
-                    cf.batch, cf.q_len, cf.kv_len, name, is_default ? "*" : " ", ms * 1e3, tflops,
-                    v2_ms / ms, bad ? "  NON-FINITE OUTPUT" : "");
-      }
+      CHECK_CUDA(cudaMemset(batch.out, 0xff, size_t(cf.batch) * cf.q_len * cf.hq * cf.d * 2));
+      const double ms = time_calls(pool, batch, cf.hq, false, launches, quick ? 3 : 5, stream);
+      const size_t bad = nonfinite(batch.out, size_t(cf.batch) * cf.q_len * cf.hq * cf.d);
+      const double tflops = flops / (ms * 1e-3) / 1e12;
+      rows.push_back({"prefill", cf.d, cf.hq, cf.hkv, page, cf.batch, cf.q_len, cf.kv_len, 0,
+                      ms * 1e3, 0.0, 0.0, tflops});
+      std::printf("%4d %4d %4d %6d %6d %6d %10.1f %8.1f%s\n", cf.hq, cf.hkv, cf.d, cf.batch,
+                  cf.q_len, cf.kv_len, ms * 1e3, tflops, bad ? "  NON-FINITE OUTPUT" : "");
     }
-    std::printf("(* = the default, paged_prefill_attention without PAGELLM_PREFILL_KERNEL)\n");
   }
   if (!out_path.empty()) write_csv(out_path, rows);
   CHECK_CUDA(cudaStreamDestroy(stream));

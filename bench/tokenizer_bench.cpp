@@ -6,7 +6,7 @@
 // 10 MB mixed corpus (prose, code, CJK, emoji, whitespace, numbers) and runs Hugging Face
 // tokenizers on the same documents in the same run, for comparison. Without --corpus, a
 // built-in 1 MB mixed text is used. Without --model, the Qwen3 tokenizer is looked up the
-// usual way (PAGELLM_QWEN3_TOKENIZER_DIR, ../shared/models/qwen3-tokenizer), else the small
+// usual way (PAGELLM_QWEN3_TOKENIZER_DIR, data/qwen3-tokenizer), else the small
 // built-in tokenizer.
 //
 // What is measured: Tokenizer::encode per document (so the BPE cache is warm after the

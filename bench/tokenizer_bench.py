@@ -25,7 +25,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "oracles"))
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -58,7 +58,7 @@ def find_model(arg):
     if arg:
         return arg
     env = os.environ.get("PAGELLM_QWEN3_TOKENIZER_DIR")
-    for d in [env, os.path.join(HERE, "..", "..", "shared", "models", "qwen3-tokenizer")]:
+    for d in [env, os.path.join(HERE, "..", "data", "qwen3-tokenizer")]:
         if d and os.path.isfile(os.path.join(d, "tokenizer.json")):
             return os.path.abspath(d)
     sys.exit("Qwen3 tokenizer not found: pass --model DIR or set PAGELLM_QWEN3_TOKENIZER_DIR")

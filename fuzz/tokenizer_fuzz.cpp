@@ -10,8 +10,8 @@
 //     - the streaming decoder's pieces are valid UTF-8 and add up to decode().
 //   odd: payload is little-endian uint32 ids (taken modulo vocab_size + 512, so that ids
 //     past the vocabulary occur). Checks that decode is valid UTF-8 and equals streaming.
-// The tokenizer is Qwen3's when found (PAGELLM_QWEN3_TOKENIZER_DIR or
-// ../shared/models/qwen3-tokenizer beside the checkout), else the small built-in one.
+// The tokenizer is Qwen3's when found (PAGELLM_QWEN3_TOKENIZER_DIR or data/qwen3-tokenizer
+// in the checkout), else the small built-in one.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>

@@ -37,9 +37,9 @@ if has e2e; then
   for preset in ${E2E_PRESETS:-qwen3-0.6b qwen3-4b}; do
     step "end to end against transformers: $preset"
     dir=/tmp/hf-$preset
-    [ -f "$dir/config.json" ] || python3 python/model/save_pretrained_reference.py \
+    [ -f "$dir/config.json" ] || python3 tests/oracles/model/save_pretrained_reference.py \
       --preset "$preset" --out "$dir" --seed 0 --dtype bf16 > "$LOG/save_$preset.log" 2>&1
-    python3 python/e2e/compare_hf.py --model "$dir" --pagellm "$B/bin/pagellm" 2>&1 | tee "$LOG/e2e_$preset.log"
+    python3 tests/oracles/e2e/compare_hf.py --model "$dir" --pagellm "$B/bin/pagellm" 2>&1 | tee "$LOG/e2e_$preset.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
 fi
@@ -89,7 +89,7 @@ fi
 
 if has hf; then
   step "transformers on W1 (static cache, compiled)"
-  timeout 400 python3 python/bench/hf_w1.py 2>&1 | tail -3 | tee "$LOG/hf_w1.log"
+  timeout 400 python3 bench/peers/hf_w1.py 2>&1 | tail -3 | tee "$LOG/hf_w1.log"
 fi
 echo
 echo "gpu suite: $([ $status -eq 0 ] && echo PASS || echo FAIL)"

@@ -20,7 +20,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # Python side: tokenizer and chat-template parity tests (no torch needed).
-python3 -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/../python/requirements-test.txt" 2>&1 \
+python3 -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/../tests/oracles/requirements.txt" 2>&1 \
   | grep -v "Running pip as the 'root' user" || true
 # cuDNN attention route: the header-only cudnn-frontend, pinned, without its Python
 # dependencies (CUTLASS DSL, TVM FFI: not needed for the C++ headers).

@@ -13,7 +13,9 @@
 //                       --messages FILE or stdin
 //                  out: the prompt text; with --jsonl, one request per input line and
 //                       {"text": "..."} per output line
-// A line that cannot be processed yields {"error": "..."} and the exit status becomes 1.
+// A line that cannot be processed (not UTF-8, not JSON, not the expected shape) yields
+// {"error": "line N: ..."} in its place; the following lines are still processed, and the
+// exit status at the end is 1 when any line failed.
 // This file depends only on CLI11 and pagellm_tokenizer.
 #include <cstdio>
 #include <fstream>
@@ -26,6 +28,7 @@
 #include "pagellm/common/check.h"
 #include "pagellm/tokenizer/chat_template.h"
 #include "pagellm/tokenizer/tokenizer.h"
+#include "pagellm/tokenizer/utf8.h"
 
 namespace pagellm::cli {
 namespace {
@@ -81,22 +84,36 @@ void print_line(const nlohmann::json& j) {
   std::fputc('\n', stdout);
 }
 
-// Runs `handle` on each non-empty stdin line; a failing line prints {"error": ...}.
+// Prints {"error": "line N: ..."}. The message may quote the input's bytes, so bytes that
+// are not UTF-8 are written as U+FFFD rather than failing the dump.
+void print_error_line(size_t line_number, const std::string& message) {
+  const nlohmann::json j = {{"error", "line " + std::to_string(line_number) + ": " + message}};
+  const std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fputc('\n', stdout);
+}
+
+// Runs `handle` on each non-empty stdin line; a line that fails prints an error line in its
+// place (line numbers count every input line from 1) and the next lines go on. `utf8_hint`
+// ends the message for a line that is not UTF-8.
 template <class Handle>
-void for_each_line(Handle&& handle) {
+void for_each_line(const char* utf8_hint, Handle&& handle) {
   std::string line;
-  bool failed = false;
+  size_t line_number = 0;
+  size_t failed = 0;
   while (std::getline(std::cin, line)) {
+    ++line_number;
     if (line.empty()) continue;
     try {
+      PAGELLM_CHECK(utf8::is_valid(line)) << "input is not valid UTF-8 (JSON text must be UTF-8" << utf8_hint << ")";
       handle(line);
     } catch (const std::exception& e) {
-      print_line({{"error", e.what()}});
-      failed = true;
+      print_error_line(line_number, e.what());
+      ++failed;
     }
     std::fflush(stdout);
   }
-  if (failed) throw Error("some input lines failed (see the \"error\" lines above)");
+  if (failed > 0) throw Error(std::to_string(failed) + " of the input lines failed (see the \"error\" lines)");
 }
 
 nlohmann::json parse_json_line(const std::string& line) {
@@ -148,7 +165,8 @@ void run_tokenize(const TokenizeArgs& args) {
     encode(args.text);
     return;
   }
-  for_each_line([&](const std::string& line) { encode(text_of(parse_json_line(line))); });
+  for_each_line("; give arbitrary bytes as {\"text_hex\": \"...\"}",
+                [&](const std::string& line) { encode(text_of(parse_json_line(line))); });
 }
 
 void run_detokenize(const DetokenizeArgs& args) {
@@ -180,7 +198,7 @@ void run_detokenize(const DetokenizeArgs& args) {
     decode(ids);
     return;
   }
-  for_each_line([&](const std::string& line) { decode(ids_of(parse_json_line(line))); });
+  for_each_line("", [&](const std::string& line) { decode(ids_of(parse_json_line(line))); });
 }
 
 ChatRequest make_request(const nlohmann::ordered_json& json, const ChatArgs& args) {
@@ -200,7 +218,7 @@ void run_chat_template(const ChatArgs& args) {
   }
   const ChatTemplate& chat = custom ? *custom : tokenizer.chat_template();
   if (args.jsonl) {
-    for_each_line([&](const std::string& line) {
+    for_each_line("", [&](const std::string& line) {
       nlohmann::ordered_json json;
       try {
         json = nlohmann::ordered_json::parse(line);
@@ -236,7 +254,8 @@ void register_tokenizer_commands(CLI::App& app) {
   auto tokenize_args = std::make_shared<TokenizeArgs>();
   CLI::App* tokenize = app.add_subcommand(
       "tokenize", "Text to token ids: JSON lines in (\"text\", {\"text\": ...} or {\"text_hex\": ...}), "
-                  "{\"ids\": [...]} lines out");
+                  "{\"ids\": [...]} lines out; a bad line gives {\"error\": \"line N: ...\"}, the rest go on, "
+                  "and the exit status is 1 if any line failed");
   tokenize->add_option("--model", tokenize_args->model, "Model folder with tokenizer.json")->required();
   tokenize->add_option("--text", tokenize_args->text, "Encode this text instead of reading stdin");
   tokenize->add_flag("--split-special-tokens", tokenize_args->split_special,
@@ -246,7 +265,8 @@ void register_tokenizer_commands(CLI::App& app) {
 
   auto detokenize_args = std::make_shared<DetokenizeArgs>();
   CLI::App* detokenize = app.add_subcommand(
-      "detokenize", "Token ids to text: JSON lines in ([ids] or {\"ids\": [...]}), {\"text\": ...} lines out");
+      "detokenize", "Token ids to text: JSON lines in ([ids] or {\"ids\": [...]}), {\"text\": ...} lines out; a bad line "
+      "gives {\"error\": \"line N: ...\"}, the rest go on, and the exit status is 1 if any line failed");
   detokenize->add_option("--model", detokenize_args->model, "Model folder with tokenizer.json")->required();
   detokenize->add_option("--ids", detokenize_args->ids, "Decode these comma-separated ids instead of reading stdin");
   detokenize->add_flag("--skip-special-tokens", detokenize_args->skip_special, "Drop special tokens");
@@ -266,7 +286,9 @@ void register_tokenizer_commands(CLI::App& app) {
                  "End with the assistant header so that the model answers");
   chat->add_option("--enable-thinking", chat_args->enable_thinking, "Set enable_thinking (Qwen3)")
       ->check(CLI::IsMember({"true", "false"}));
-  chat->add_flag("--jsonl", chat_args->jsonl, "One request per stdin line, {\"text\": ...} per output line");
+  chat->add_flag("--jsonl", chat_args->jsonl,
+                 "One request per stdin line, {\"text\": ...} per output line; a bad line gives "
+                 "{\"error\": \"line N: ...\"}, the rest go on, and the exit status is 1 if any line failed");
   chat->callback([chat_args] { run_chat_template(*chat_args); });
 }
 

@@ -1,9 +1,11 @@
 // TextCodec over the tokenizer library, and the tokenizer that make-model writes.
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "cli/common.h"
+#include "pagellm/model/config.h"
 #include "pagellm/tokenizer/chat_template.h"
 #include "pagellm/tokenizer/model_files.h"
 #include "pagellm/tokenizer/tokenizer.h"
@@ -43,7 +45,10 @@ class TokenizerCodec : public TextCodec {
 
 std::unique_ptr<TextCodec> TextCodec::open(const std::string& model_dir) {
   if (!std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json")) return nullptr;
-  return std::make_unique<TokenizerCodec>(Tokenizer::load(model_dir));
+  Tokenizer tok = Tokenizer::load(model_dir);
+  const std::string warning = check_tokenizer_covers_vocab(tok, load_qwen3_config(model_dir).vocab_size);
+  if (!warning.empty()) std::fprintf(stderr, "pagellm: warning: %s: %s\n", model_dir.c_str(), warning.c_str());
+  return std::make_unique<TokenizerCodec>(std::move(tok));
 }
 
 namespace {

@@ -41,3 +41,8 @@ add_test(NAME cli_bench_trace_unavailable COMMAND ${_pl} bench --preset tiny --b
   --batch 2 --prompt-len 4 --output-len 8 --trace-steps 2)
 set_tests_properties(cli_bench_trace_unavailable PROPERTIES
   PASS_REGULAR_EXPRESSION "kernel trace unavailable: cpu backend has no kernel trace.*decode ")
+# One line that is not UTF-8 among good ones: tokenize, detokenize and chat-template --jsonl
+# print {"error": "line 2: ..."} in its place, go on with the next line and exit with 1.
+add_test(NAME cli_tokenizer_commands_bad_line
+  COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/bad_input_lines.sh ${_pl} ${_dir})
+set_tests_properties(cli_tokenizer_commands_bad_line PROPERTIES FIXTURES_REQUIRED cli_model)

@@ -34,7 +34,6 @@
 #include "pagellm/common/check.h"
 #include "pagellm/common/dtype.h"
 #include "pagellm/cuda/attention_decode_variants.h"
-#include "pagellm/cuda/attention_prefill_variants.h"
 #include "pagellm/cuda/cuda_check.h"
 
 namespace pagellm::cuda {
@@ -401,20 +400,17 @@ CheckResult check_output(const Problem& pr, const std::vector<uint16_t>& out, fl
 
 enum class Kernel { kDecode, kPrefill };
 
-constexpr PrefillKernel kPrefillKernels[] = {PrefillKernel::kV2, PrefillKernel::kV3};
 constexpr DecodeKernel kDecodeKernels[] = {DecodeKernel::kTma, DecodeKernel::kCpAsync};
 
-/// Runs one case through one kernel (output poisoned first) and checks it. Decode and
-/// prefill cases run through every variant of their kernel, each on a freshly poisoned
-/// output (the TMA decode variant runs the cp.async one where it does not apply: head_dim
+/// Runs one case through one kernel (output poisoned first) and checks it. Decode cases
+/// run through every variant of the decode kernel, each on a freshly poisoned output (the TMA decode variant runs the cp.async one where it does not apply: head_dim
 /// 64, page sizes that are not multiples of 16).
 void run_case(const Case& c, Kernel kernel, std::mt19937_64& rng) {
   SCOPED_TRACE(c.describe());
   const Problem pr = make_problem(c, rng);
   DeviceProblem dev(pr);
   const PagedAttentionParams p = dev.params(pr);
-  const int runs = static_cast<int>(kernel == Kernel::kDecode ? std::size(kDecodeKernels)
-                                                                : std::size(kPrefillKernels));
+  const int runs = kernel == Kernel::kDecode ? static_cast<int>(std::size(kDecodeKernels)) : 1;
   for (int run = 0; run < runs; ++run) {
     dev.out.fill_bytes(0xff);  // bf16 0xffff is NaN
     std::string what;
@@ -425,8 +421,8 @@ void run_case(const Case& c, Kernel kernel, std::mt19937_64& rng) {
                   ? " (runs cpasync) "
                   : " ");
     } else {
-      paged_prefill_attention_with(p, kPrefillKernels[run], nullptr);
-      what = std::string("prefill ") + prefill_kernel_name(kPrefillKernels[run]) + " ";
+      paged_prefill_attention(p, nullptr);
+      what = "prefill ";
     }
     PAGELLM_CUDA_CHECK(cudaGetLastError());
     PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -807,21 +803,18 @@ TEST_F(PagedAttention, PrefillGraphReplaysWithNewLengths) {
   DeviceProblem dev(full);
   cudaStream_t stream;  // blocking: ordered after the uploads on the legacy stream
   PAGELLM_CUDA_CHECK(cudaStreamCreate(&stream));
-  for (PrefillKernel kernel : kPrefillKernels) {
-    const PagedAttentionParams p = dev.params(full);
-    check_graph_replays(
-        dev, stream, p.scale, [&](cudaStream_t s) { paged_prefill_attention_with(p, kernel, s); },
-        2, [&](int) {
-          Problem pr = full;
-          for (int b = 0; b < 3; ++b) {
-            pr.kv_lens[b] = log_uniform(rng_, 1, 900);
-            const int q = std::min(pr.kv_lens[b], log_uniform(rng_, 1, 600));
-            pr.query_start[b + 1] = pr.query_start[b] + q;
-          }
-          pr.c.name = std::string("prefill graph replay ") + prefill_kernel_name(kernel);
-          return pr;
-        });
-  }
+  const PagedAttentionParams p = dev.params(full);
+  check_graph_replays(
+      dev, stream, p.scale, [&](cudaStream_t s) { paged_prefill_attention(p, s); }, 2, [&](int) {
+        Problem pr = full;
+        for (int b = 0; b < 3; ++b) {
+          pr.kv_lens[b] = log_uniform(rng_, 1, 900);
+          const int q = std::min(pr.kv_lens[b], log_uniform(rng_, 1, 600));
+          pr.query_start[b + 1] = pr.query_start[b] + q;
+        }
+        pr.c.name = "prefill graph replay";
+        return pr;
+      });
   cudaStreamDestroy(stream);
 }
 
@@ -915,24 +908,6 @@ TEST_F(PagedAttention, RejectsUnsupportedArguments) {
   p.workspace_bytes = 16;
   EXPECT_THROW(paged_decode_attention(p, nullptr), Error);
   PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
-}
-
-TEST(PagedAttentionPrefillKernel, EnvironmentPicksTheVariant) {
-  const test::ScopedEnv restore("PAGELLM_PREFILL_KERNEL", nullptr);
-  EXPECT_EQ(prefill_kernel_from_env(), kDefaultPrefillKernel);
-  ::setenv("PAGELLM_PREFILL_KERNEL", "", 1);
-  EXPECT_EQ(prefill_kernel_from_env(), kDefaultPrefillKernel);
-  for (PrefillKernel k : kPrefillKernels) {
-    ::setenv("PAGELLM_PREFILL_KERNEL", prefill_kernel_name(k), 1);
-    EXPECT_EQ(prefill_kernel_from_env(), k);
-  }
-  ::setenv("PAGELLM_PREFILL_KERNEL", "v9", 1);
-  try {
-    prefill_kernel_from_env();
-    ADD_FAILURE() << "PAGELLM_PREFILL_KERNEL=v9 was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("v2 or v3"), std::string::npos) << e.what();
-  }
 }
 
 TEST(PagedAttentionPlan, SplitsFitTheWorkspaceAndFillTheDevice) {

@@ -22,7 +22,7 @@ using json = nlohmann::json;
 using testing::TempDir;
 
 std::string script(const char* name) {
-  return std::string(PAGELLM_SOURCE_DIR) + "/python/model/" + name;
+  return std::string(PAGELLM_SOURCE_DIR) + "/tests/oracles/model/" + name;
 }
 
 // Runs a shell command; returns its exit status and stdout.

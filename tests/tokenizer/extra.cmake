@@ -2,15 +2,16 @@
 # against pagellm_tokenizer_tool (the tokenize/detokenize/chat-template subcommands alone).
 #
 # The real Qwen3 tokenizer is looked up at PAGELLM_QWEN3_TOKENIZER_DIR (CMake cache variable
-# or environment variable), else ../shared/models/qwen3-tokenizer beside the source tree.
-# Tests that need it are skipped (ctest SKIP, exit code 77) with a message when it is absent.
+# or environment variable), else data/qwen3-tokenizer in the source tree, which always has it.
+# The suites are skipped (ctest SKIP, exit code 77) only when python3 lacks tokenizers or
+# transformers (pip install -r tests/oracles/requirements.txt).
 add_executable(pagellm_tokenizer_tool ${CMAKE_CURRENT_LIST_DIR}/tool_main.cpp
   ${PROJECT_SOURCE_DIR}/src/cli/cmd_tokenize.cpp)
 target_include_directories(pagellm_tokenizer_tool PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(pagellm_tokenizer_tool PRIVATE pagellm_tokenizer CLI11::CLI11 pagellm_warnings)
 
 set(PAGELLM_QWEN3_TOKENIZER_DIR "" CACHE PATH
-  "Folder with Qwen3's tokenizer.json (default: ../shared/models/qwen3-tokenizer)")
+  "Folder with Qwen3's tokenizer.json (default: data/qwen3-tokenizer)")
 
 # The tests run `python3` from PATH at test time (where `pip install tokenizers transformers
 # jinja2` put the packages), not an interpreter fixed at configure time.
@@ -26,7 +27,7 @@ if(PAGELLM_PYTHON3)
   foreach(_suite encode decode chat unicode jinja small)
     add_test(NAME tokenizer_parity_${_suite}
       COMMAND python3 -m tokenizer.parity ${_suite}
-      WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}/python)
+      WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}/tests/oracles)
     set_tests_properties(tokenizer_parity_${_suite} PROPERTIES
       ENVIRONMENT "${_tok_env}" SKIP_RETURN_CODE 77 TIMEOUT 900 LABELS "tokenizer;parity")
   endforeach()

@@ -1,5 +1,5 @@
 // The Jinja interpreter: expected outputs are what Jinja 3.1 (as transformers configures
-// it) renders; python/tokenizer/jinja_cases.py checks many more against jinja2 itself.
+// it) renders; tests/oracles/tokenizer/jinja_cases.py checks many more against jinja2 itself.
 #include <gtest/gtest.h>
 
 #include "pagellm/common/check.h"

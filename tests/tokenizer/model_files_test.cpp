@@ -82,7 +82,7 @@ TEST(ModelFiles, TooSmallAVocabularyIsAnError) {
 
 TEST(ModelFiles, CopiesTheRealTokenizerWhenItFits) {
   const std::string real = testing_util::qwen3_dir();
-  if (real.empty()) GTEST_SKIP() << testing_util::kQwen3Missing;
+  ASSERT_FALSE(real.empty()) << testing_util::kQwen3Missing;
   TempDir full;
   EXPECT_TRUE(write_tokenizer_for_model(full.str(), 151936, real));
   EXPECT_EQ(slurp(full.path() / "tokenizer.json"), slurp(fs::path(real) / "tokenizer.json"));
@@ -93,29 +93,64 @@ TEST(ModelFiles, CopiesTheRealTokenizerWhenItFits) {
 }
 
 TEST(ModelFiles, FindsTheQwen3Folder) {
-  TempDir fake_checkout;
-  const fs::path shared = fake_checkout.path() / "shared" / "models" / "qwen3-tokenizer";
-  fs::create_directories(shared);
-  fs::create_directories(fake_checkout.path() / "main");
-  const std::string source = (fake_checkout.path() / "main").string();
+  // A source tree and an install (bin/pagellm, share/pagellm/qwen3-tokenizer), both fake.
+  TempDir root;
+  const fs::path in_source = root.path() / "src" / "data" / "qwen3-tokenizer";
+  const fs::path installed = root.path() / "prefix" / "share" / "pagellm" / "qwen3-tokenizer";
+  fs::create_directories(in_source);
+  fs::create_directories(installed);
+  fs::create_directories(root.path() / "prefix" / "bin");
+  const std::string source = (root.path() / "src").string();
+  const std::string exe = (root.path() / "prefix" / "bin" / "pagellm").string();
   const char* saved = std::getenv("PAGELLM_QWEN3_TOKENIZER_DIR");
   const std::string saved_value = saved ? saved : "";
   ::unsetenv("PAGELLM_QWEN3_TOKENIZER_DIR");
-  EXPECT_EQ(find_qwen3_tokenizer_dir(source), "");  // no tokenizer.json yet
-  std::ofstream(shared / "tokenizer.json") << "{}";
-  EXPECT_EQ(fs::path(find_qwen3_tokenizer_dir(source)), shared.lexically_normal());
+  EXPECT_EQ(find_qwen3_tokenizer_dir(source, exe), "");  // no tokenizer.json yet
+  std::ofstream(installed / "tokenizer.json") << "{}";
+  EXPECT_EQ(fs::path(find_qwen3_tokenizer_dir(source, exe)), installed.lexically_normal());
+  EXPECT_EQ(fs::path(find_qwen3_tokenizer_dir("", exe)), installed.lexically_normal());
+  std::ofstream(in_source / "tokenizer.json") << "{}";
+  EXPECT_EQ(fs::path(find_qwen3_tokenizer_dir(source, exe)), in_source.lexically_normal());  // source first
   TempDir other;
   std::ofstream(other.path() / "tokenizer.json") << "{}";
   ::setenv("PAGELLM_QWEN3_TOKENIZER_DIR", other.str().c_str(), 1);
-  EXPECT_EQ(find_qwen3_tokenizer_dir(source), other.str());  // the environment wins
+  EXPECT_EQ(find_qwen3_tokenizer_dir(source, exe), other.str());  // the environment wins
   ::setenv("PAGELLM_QWEN3_TOKENIZER_DIR", "/nonexistent", 1);
-  EXPECT_EQ(fs::path(find_qwen3_tokenizer_dir(source)), shared.lexically_normal());
-  EXPECT_EQ(find_qwen3_tokenizer_dir(""), "");
+  EXPECT_EQ(fs::path(find_qwen3_tokenizer_dir(source, exe)), in_source.lexically_normal());
+  EXPECT_EQ(find_qwen3_tokenizer_dir("", ""), "");
   if (saved) {
     ::setenv("PAGELLM_QWEN3_TOKENIZER_DIR", saved_value.c_str(), 1);
   } else {
     ::unsetenv("PAGELLM_QWEN3_TOKENIZER_DIR");
   }
+}
+
+TEST(ModelFiles, TheSourceTreeHoldsQwen3sTokenizer) {
+  // No test skips for want of the real tokenizer: the checkout carries it.
+  const fs::path dir = fs::path(PAGELLM_SOURCE_DIR) / "data" / "qwen3-tokenizer";
+  const Tokenizer tok = Tokenizer::load(dir.string());
+  EXPECT_EQ(tok.vocab_size(), 151669);
+  EXPECT_TRUE(fs::exists(dir / "LICENSE"));
+}
+
+TEST(ModelFiles, WarnsWhenTheTokenizerDoesNotFitTheVocabulary) {
+  const Tokenizer& small = testing_util::small_tokenizer();  // ids 0..small.vocab_size() - 1
+  const int64_t n = small.vocab_size();
+  EXPECT_EQ(check_tokenizer_covers_vocab(small, n), "");
+  EXPECT_EQ(check_tokenizer_covers_vocab(small, 1024), "");       // make-model's tiny model
+  EXPECT_EQ(check_tokenizer_covers_vocab(small, 2 * n), "");      // padding rows up to 2x
+  const std::string too_big = check_tokenizer_covers_vocab(small, n - 1);
+  EXPECT_NE(too_big.find("ids up to " + std::to_string(n - 1) + " but the model embeds only " +
+                         std::to_string(n - 1)),
+            std::string::npos)
+      << too_big;
+  const std::string too_small = check_tokenizer_covers_vocab(small, 2 * n + 1);
+  EXPECT_NE(too_small.find("covers only " + std::to_string(n) + " of the model's " + std::to_string(2 * n + 1)),
+            std::string::npos)
+      << too_small;
+  const Tokenizer qwen3 = Tokenizer::load(testing_util::qwen3_dir());
+  EXPECT_EQ(check_tokenizer_covers_vocab(qwen3, 151936), "");  // Qwen3's own padding
+  EXPECT_NE(check_tokenizer_covers_vocab(qwen3, 151643), "");  // added tokens past the rows
 }
 
 }  // namespace

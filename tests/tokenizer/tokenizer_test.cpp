@@ -1,6 +1,6 @@
 // Tokenizer: BPE merge order, added tokens, decoding, streaming, loading errors, and the
 // real Qwen3 tokenizer's known ids (skipped when its files are absent). Hugging Face
-// parity on a large corpus is in python/tokenizer/parity.py (ctest tokenizer_parity_*).
+// parity on a large corpus is in tests/oracles/tokenizer/parity.py (ctest tokenizer_parity_*).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -270,7 +270,7 @@ class Qwen3Tokenizer : public ::testing::Test {
     tokenizer_ = nullptr;
   }
   void SetUp() override {
-    if (tokenizer_ == nullptr) GTEST_SKIP() << testing_util::kQwen3Missing;
+    ASSERT_NE(tokenizer_, nullptr) << testing_util::kQwen3Missing;
   }
   static Tokenizer* tokenizer_;
 };

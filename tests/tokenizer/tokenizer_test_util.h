@@ -9,7 +9,8 @@
 
 namespace pagellm::testing_util {
 
-/// The real Qwen3 tokenizer folder, or "" (tests that need it call GTEST_SKIP).
+/// Qwen3's tokenizer folder: data/qwen3-tokenizer in the source tree (or
+/// $PAGELLM_QWEN3_TOKENIZER_DIR); "" only if the checkout is broken (tests then fail).
 inline std::string qwen3_dir() { return find_qwen3_tokenizer_dir(PAGELLM_SOURCE_DIR); }
 
 /// The small byte-level tokenizer that make-model writes, built in memory.
@@ -20,7 +21,6 @@ inline const Tokenizer& small_tokenizer() {
 }
 
 inline const char* kQwen3Missing =
-    "Qwen3 tokenizer files not found (set PAGELLM_QWEN3_TOKENIZER_DIR or put them at "
-    "../shared/models/qwen3-tokenizer)";
+    "Qwen3 tokenizer files not found: data/qwen3-tokenizer/tokenizer.json belongs to the source tree";
 
 }  // namespace pagellm::testing_util

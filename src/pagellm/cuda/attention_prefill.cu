@@ -26,22 +26,26 @@
 //    (ceil(T / BM) + num_seqs) x Hq, and each CTA finds its (sequence, tile) by a warp-wide
 //    prefix sum over query_start. Surplus CTAs exit at once. Within a sequence the tiles
 //    run last-first, so the heavy ones (near the end of the causal triangle) start early;
-//    v2/v3 also put the head index fastest, so that the first wave holds the heaviest tile
+//    the head index is fastest, so that the first wave holds the heaviest tile
 //    of every head (and CTAs of one GQA group, which read the same K/V, run together).
 //  - When no row of a warp raised its running max, O is not rescaled (alpha would be 1).
 //  - Programmatic dependent launch (pdl.cuh): a CTA waits (pdl_wait) before anything else,
 //    since q and the new K/V rows come from the kernel just before, and lets the next
 //    kernel launch only once its KV loop is done, as pdl.cuh asks of grids with more than
 //    one wave (a prefill grid has many).
-// The variants (attention_prefill_variants.h) differ only in BM, BN, warps, ring depth and
-// Q in registers; PAGELLM_PREFILL_KERNEL picks one at run time.
+// Tiles: D = 128 and more than 64 query rows (the Qwen3 shape) use 128 x 64 tiles, 4 warps x
+// 32 rows, a 2-stage ring and two CTAs per SM (FlashAttention-2's shape for D = 128; "v2").
+// Queries of at most 64 rows use 64 x 64 tiles, 4 warps x 16 rows with Q in registers. Two
+// other shapes were measured and removed (docs/PERFORMANCE.md, prefill): 128 x 32 tiles (v1,
+// 208 TFLOP/s at 4k tokens on the H200 against v2's 295) and 8 warps x 16 rows with Q in
+// registers and a 3-stage ring (v3, 215).
 // Roofline: 4 · D · Σ(causal pairs) flops per query head at the mma.sync rate (about 2/3
 // of the ~790 TFLOP/s the H200 reaches with wgmma). Shared-memory bandwidth (128 B/clk/SM,
 // ~30 TB/s on the H200) is a second ceiling: per tile a warp reads its K and V fragments
-// and, unless they live in registers, its Q fragments. At D = 128 that is 26 flops/byte for
-// v2 (32 rows x 64 keys: 1 MFLOP per 40 KB; ~770 TFLOP/s) and 16 for v3 (16 x 64, Q in registers: 0.5 MFLOP per 32 KB; ~470). v2 also has the fewest
-// barriers and softmax steps per flop; v3 the fewest registers. wgmma (operands straight
-// from shared memory, no per-warp copies) is the way past both ceilings.
+// and, unless they live in registers, its Q fragments. At D = 128 that is 26 flops/byte
+// (32 rows x 64 keys: 1 MFLOP per 40 KB; ~770 TFLOP/s); 16 rows per warp with Q in
+// registers would be 16 (0.5 MFLOP per 32 KB; ~470). wgmma (operands straight from shared
+// memory, no per-warp copies) is the way past both ceilings.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -50,14 +54,13 @@
 #include "pagellm/common/check.h"
 #include "pagellm/cuda/attention.h"
 #include "pagellm/cuda/attention_common.cuh"
-#include "pagellm/cuda/attention_prefill_variants.h"
 #include "pagellm/cuda/cuda_check.h"
 
 namespace pagellm::cuda {
 namespace attn {
 namespace {
 
-/// Compile-time shape of one prefill variant: head dim D, BM query rows x BN keys per tile,
+/// Compile-time shape of the prefill kernel: head dim D, BM query rows x BN keys per tile,
 /// kWarps warps (BM / kWarps rows each), a kStages-deep K/V ring, Q's fragments in
 /// registers (kQInRegs) or re-read from shared memory every tile, and the CTAs per SM the
 /// register allocation must allow (kMinBlocks, for __launch_bounds__).
@@ -457,43 +460,22 @@ void launch_prefill(const PrefillArgs& args, cudaStream_t stream) {
                 S::kSmemBytes, stream, 1, args);
 }
 
-// The variants (see attention_prefill_variants.h).
 // Template arguments: D, BM, BN, warps, ring stages, Q in registers, min CTAs per SM.
-// v2: FA2's D = 128 shape; 2 stages keep the CTA at 96 KB so that two share an SM
+// Long queries: FA2's D = 128 shape; 2 stages keep the CTA at 96 KB so that two share an SM
 // (254 registers, no spills).
-using V2D128 = PrefillShape<128, 128, 64, 4, 2, false, 2>;
-using V2D64 = PrefillShape<64, 128, 64, 4, 3, false, 2>;
-// v3: 8 warps x 16 rows, Q in registers, one CTA per SM.
-using V3D128 = PrefillShape<128, 128, 64, 8, 3, true, 1>;
-using V3D64 = PrefillShape<64, 128, 64, 8, 3, true, 1>;
-// v2 and v3 on short queries: 4 warps x 16 rows, Q in registers, two CTAs per SM.
-using QRegsD128Short = PrefillShape<128, 64, 64, 4, 3, true, 2>;
-using QRegsD64Short = PrefillShape<64, 64, 64, 4, 3, true, 2>;
+using LongD128 = PrefillShape<128, 128, 64, 4, 2, false, 2>;
+using LongD64 = PrefillShape<64, 128, 64, 4, 3, false, 2>;
+// Short queries (at most 64 rows): 4 warps x 16 rows, Q in registers, two CTAs per SM.
+using ShortD128 = PrefillShape<128, 64, 64, 4, 3, true, 2>;
+using ShortD64 = PrefillShape<64, 64, 64, 4, 3, true, 2>;
 
 }  // namespace
 }  // namespace attn
 
-const char* prefill_kernel_name(PrefillKernel k) {
-  switch (k) {
-    case PrefillKernel::kV2: return "v2";
-    case PrefillKernel::kV3: return "v3";
-  }
-  return "?";
-}
-
-PrefillKernel prefill_kernel_from_env() {
-  static constexpr PrefillKernel kAll[] = {PrefillKernel::kV2, PrefillKernel::kV3};
-  return attn::variant_from_env("PAGELLM_PREFILL_KERNEL", "prefill kernel", kAll,
-                                kDefaultPrefillKernel, prefill_kernel_name);
-}
-
-void paged_prefill_attention_with(const PagedAttentionParams& p, PrefillKernel kernel,
-                                  cudaStream_t stream) {
+void paged_prefill_attention(const PagedAttentionParams& p, cudaStream_t stream) {
   attn::validate_params(p, "paged_prefill_attention");
   if (p.num_seqs == 0 || p.num_tokens == 0) return;
   using namespace attn;
-  PAGELLM_CHECK(kernel == PrefillKernel::kV2 || kernel == PrefillKernel::kV3)
-      << "paged_prefill_attention: unknown prefill kernel " << static_cast<int>(kernel);
   PrefillArgs args{};
   args.p = p;
   args.page_shift = page_shift_of(p.page_size);
@@ -502,17 +484,10 @@ void paged_prefill_attention_with(const PagedAttentionParams& p, PrefillKernel k
   const bool short_queries = p.max_query_len > 0 && p.max_query_len <= 64;
   const bool d128 = p.head_dim == 128;
   if (short_queries) {
-    d128 ? launch_prefill<QRegsD128Short>(args, stream)
-         : launch_prefill<QRegsD64Short>(args, stream);
-  } else if (kernel == PrefillKernel::kV2) {
-    d128 ? launch_prefill<V2D128>(args, stream) : launch_prefill<V2D64>(args, stream);
+    d128 ? launch_prefill<ShortD128>(args, stream) : launch_prefill<ShortD64>(args, stream);
   } else {
-    d128 ? launch_prefill<V3D128>(args, stream) : launch_prefill<V3D64>(args, stream);
+    d128 ? launch_prefill<LongD128>(args, stream) : launch_prefill<LongD64>(args, stream);
   }
-}
-
-void paged_prefill_attention(const PagedAttentionParams& p, cudaStream_t stream) {
-  paged_prefill_attention_with(p, prefill_kernel_from_env(), stream);
 }
 
 }  // namespace pagellm::cuda

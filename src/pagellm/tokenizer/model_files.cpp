@@ -339,16 +339,47 @@ std::string small_tokenizer_config_json(int64_t vocab_size) {
   return config.dump(2, ' ', false);
 }
 
-std::string find_qwen3_tokenizer_dir(const std::string& source_dir) {
+#ifndef PAGELLM_INSTALL_DATA_FROM_BIN
+#define PAGELLM_INSTALL_DATA_FROM_BIN "../share/pagellm"
+#endif
+const char* const kInstalledQwen3TokenizerFromBin = PAGELLM_INSTALL_DATA_FROM_BIN "/qwen3-tokenizer";
+
+std::string find_qwen3_tokenizer_dir(const std::string& source_dir, const std::string& executable_path) {
   if (const char* env = std::getenv("PAGELLM_QWEN3_TOKENIZER_DIR")) {
     if (has_tokenizer_json(env)) return env;
   }
+  namespace fs = std::filesystem;
   if (!source_dir.empty()) {
+    const std::string dir = (fs::path(source_dir) / "data" / "qwen3-tokenizer").lexically_normal().string();
+    if (has_tokenizer_json(dir)) return dir;
+  }
+  if (!executable_path.empty()) {
     const std::string dir =
-        (std::filesystem::path(source_dir) / ".." / "shared" / "models" / "qwen3-tokenizer").lexically_normal().string();
+        (fs::path(executable_path).parent_path() / kInstalledQwen3TokenizerFromBin).lexically_normal().string();
     if (has_tokenizer_json(dir)) return dir;
   }
   return "";
+}
+
+std::string find_qwen3_tokenizer_dir(const std::string& source_dir) {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return find_qwen3_tokenizer_dir(source_dir, ec ? std::string() : exe.string());
+}
+
+std::string check_tokenizer_covers_vocab(const Tokenizer& tokenizer, int64_t vocab_size) {
+  const int64_t ids = tokenizer.vocab_size();
+  std::ostringstream msg;
+  if (ids > vocab_size) {
+    msg << "the tokenizer has ids up to " << ids - 1 << " but the model embeds only " << vocab_size
+        << " (config.json vocab_size): text that encodes to ids >= " << vocab_size
+        << " cannot be run; use the tokenizer the model was trained with";
+  } else if (2 * ids < vocab_size) {
+    msg << "the tokenizer covers only " << ids << " of the model's " << vocab_size
+        << " token ids (config.json vocab_size): it is probably not the model's tokenizer (ids from "
+        << ids << " up decode to no text)";
+  }
+  return msg.str();
 }
 
 bool write_tokenizer_for_model(const std::string& dir, int64_t vocab_size,

@@ -4,13 +4,33 @@
 #include <cstdint>
 #include <string>
 
+#include "pagellm/tokenizer/tokenizer.h"
+
 namespace pagellm {
 
-/// The folder with the real Qwen3 tokenizer.json, or "" when none is found. Looks at the
-/// environment variable PAGELLM_QWEN3_TOKENIZER_DIR, then <source_dir>/../shared/models/
-/// qwen3-tokenizer (source_dir: the pagellm checkout; may be ""). A folder counts only if
-/// it holds tokenizer.json.
+/// Where an install puts Qwen3's tokenizer, relative to the installed executable's folder
+/// (CMake: ${CMAKE_INSTALL_DATADIR}/pagellm/qwen3-tokenizer beside ${CMAKE_INSTALL_BINDIR}).
+extern const char* const kInstalledQwen3TokenizerFromBin;
+
+/// The folder with Qwen3's tokenizer.json, or "" when none is found. Looks, in order, at
+///  1. the environment variable PAGELLM_QWEN3_TOKENIZER_DIR;
+///  2. <source_dir>/data/qwen3-tokenizer, the copy in the source tree (source_dir: the pagellm
+///     checkout the binary was built from, PAGELLM_SOURCE_DIR; may be "");
+///  3. <folder of executable_path>/kInstalledQwen3TokenizerFromBin, where `cmake --install`
+///     puts that copy (executable_path may be "").
+/// A folder counts only if it holds tokenizer.json.
+std::string find_qwen3_tokenizer_dir(const std::string& source_dir, const std::string& executable_path);
+/// The same for the running executable (/proc/self/exe).
 std::string find_qwen3_tokenizer_dir(const std::string& source_dir);
+
+/// A warning when a model folder's tokenizer and its embedding do not fit together, else "".
+/// `vocab_size` is config.json's vocab_size (rows of the embedding and of lm_head). Warns
+///  - when the tokenizer has ids >= vocab_size (vocabulary or added tokens): the model cannot
+///    embed them, and encoding text that holds them fails;
+///  - when the tokenizer covers less than half of vocab_size: the folder's tokenizer is most
+///    likely not the model's (Qwen3's 151,669 ids in 151,936 rows is normal padding, so is
+///    make-model's small tokenizer in its tiny model's 1,024 rows).
+std::string check_tokenizer_covers_vocab(const Tokenizer& tokenizer, int64_t vocab_size);
 
 /// Writes tokenizer.json and tokenizer_config.json into `dir` (which must exist) for a
 /// model whose embedding has `vocab_size` rows. Copies the real Qwen3 files from

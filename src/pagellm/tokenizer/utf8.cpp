@@ -143,7 +143,7 @@ constexpr char32_t kCodeSpace = 0x110000;
 // and compositions added later are, to it, plain starters that never change. utf8proc has
 // Unicode 15. These are the code points where the two disagree (found by normalizing every
 // code point, every canonical pair and every code point between combining marks with both;
-// python/tokenizer/corpus.py keeps examples in the parity corpus). We treat them as inert:
+// tests/oracles/tokenizer/corpus.py keeps examples in the parity corpus). We treat them as inert:
 // copied as they are and never handed to utf8proc.
 constexpr std::pair<char32_t, char32_t> kUnknownToHuggingFace[] = {
     {0x898, 0x898},     {0x89C, 0x89F},     {0x8CA, 0x8CE},     {0x9FE, 0x9FE},     {0x1AC1, 0x1AC2},
