@@ -41,3 +41,26 @@ add_test(NAME cli_bench_trace_unavailable COMMAND ${_pl} bench --preset tiny --b
   --batch 2 --prompt-len 4 --output-len 8 --trace-steps 2)
 set_tests_properties(cli_bench_trace_unavailable PROPERTIES
   PASS_REGULAR_EXPRESSION "kernel trace unavailable: cpu backend has no kernel trace.*decode ")
+# bench runs a workload through the library (engine/benchmark.h) and prints its figures.
+add_test(NAME cli_bench_tiny COMMAND ${_pl} bench --preset tiny --backend cpu --batch 2
+  --prompt-len 4 --output-len 8)
+set_tests_properties(cli_bench_tiny PROPERTIES PASS_REGULAR_EXPRESSION
+  "pagellm bench: tiny \\(random weights\\) on cpu, batch 2, prompt 4, output 8, page 16\n  prefill +[0-9.]+ tok/s  \\([0-9.]+ s\\)\n  decode +[0-9.]+ tok/s  \\(7 steps, [0-9.]+ s, median step [0-9.]+ ms, 0 in graphs\\)\n  host gap +[0-9.]+ us per decode step .*\n  end-to-end +[0-9.]+ tok/s  \\([0-9.]+ s\\)\n  decode step reads [0-9.]+ GB weights \\+ [0-9.]+ GB KV. achieved [0-9]+ GB/s of [0-9]+ GB/s measured copy bandwidth = [0-9.]+ % \\(limit [0-9]+ tok/s\\)\n  weights +[0-9.]+ GB, plus [0-9.]+ GB packed")
+# --json-out appends one JSON line per run.
+set(_bench_json ${CMAKE_CURRENT_BINARY_DIR}/cli-bench.jsonl)
+add_test(NAME cli_bench_json COMMAND sh -c
+  "rm -f \"$1\" && for i in 1 2; do \"$0\" bench --preset tiny --backend cpu --batch 1 --prompt-len 3 --output-len 2 --json-out \"$1\" >/dev/null || exit 1; done; cat \"$1\""
+  ${_pl} ${_bench_json})
+set(_num "[0-9.e+-]+")
+set(_line "{\"backend\":\"cpu\",\"bandwidth_gbs\":${_num},\"batch\":1,\"decode_tok_s\":${_num},\"e2e_tok_s\":${_num},\"fraction_of_limit\":${_num},\"host_gap_us\":${_num},\"limit_tok_s\":${_num},\"median_step_ms\":${_num},\"model\":\"tiny \\(random weights\\)\",\"output_len\":2,\"prefill_tok_s\":${_num},\"prompt_len\":3}")
+set_tests_properties(cli_bench_json PROPERTIES PASS_REGULAR_EXPRESSION "^${_line}\n${_line}\n$")
+# The default is the named workload W1; an unknown name lists the known ones.
+add_test(NAME cli_bench_help COMMAND ${_pl} bench --help)
+set_tests_properties(cli_bench_help PROPERTIES PASS_REGULAR_EXPRESSION
+  "--workload TEXT=w1 .*w1: decode of Qwen3-4B.*--batch INT +concurrent requests \\(default: the workload's. W1: 32\\)")
+add_test(NAME cli_bench_unknown_workload COMMAND ${_pl} bench --workload grpo)
+set_tests_properties(cli_bench_unknown_workload PROPERTIES PASS_REGULAR_EXPRESSION
+  "pagellm: error: unknown workload 'grpo' \\(known: w1\\)")
+add_test(NAME cli_bench_bad_output_len COMMAND ${_pl} bench --preset tiny --backend cpu --output-len 1)
+set_tests_properties(cli_bench_bad_output_len PROPERTIES PASS_REGULAR_EXPRESSION
+  "pagellm: error: benchmark output length must be at least 2 .*got 1")
