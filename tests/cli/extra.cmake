@@ -64,3 +64,16 @@ set_tests_properties(cli_bench_unknown_workload PROPERTIES PASS_REGULAR_EXPRESSI
 add_test(NAME cli_bench_bad_output_len COMMAND ${_pl} bench --preset tiny --backend cpu --output-len 1)
 set_tests_properties(cli_bench_bad_output_len PROPERTIES PASS_REGULAR_EXPRESSION
   "pagellm: error: benchmark output length must be at least 2 .*got 1")
+# calibrate-attention is a library call; bad options are named before anything runs, and a
+# build without CUDA says in one line that it cannot calibrate (exit 1).
+add_test(NAME cli_calibrate_bad_iters COMMAND ${_pl} calibrate-attention --iters 0)
+set_tests_properties(cli_calibrate_bad_iters PROPERTIES PASS_REGULAR_EXPRESSION
+  "pagellm: error: calibration iterations must be at least 1, got 0")
+add_test(NAME cli_calibrate_help COMMAND ${_pl} calibrate-attention --help)
+set_tests_properties(cli_calibrate_help PROPERTIES PASS_REGULAR_EXPRESSION
+  "--out TEXT.*--quick.*--page-sizes INT.*--margin FLOAT.*--iters INT.*--layers INT.*--seed UINT.*--device INT")
+if(NOT PAGELLM_CUDA)
+  add_test(NAME cli_calibrate_without_cuda COMMAND sh -c "\"$0\" calibrate-attention --quick 2>&1; echo \"exit $?\"" ${_pl})
+  set_tests_properties(cli_calibrate_without_cuda PROPERTIES PASS_REGULAR_EXPRESSION
+    "^pagellm: error: attention calibration needs a GPU build: this build has no CUDA backend \\(configure with -DPAGELLM_CUDA=ON and a CUDA toolkit\\)\nexit 1\n$")
+endif()

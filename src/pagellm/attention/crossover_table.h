@@ -1,7 +1,7 @@
 // Measured crossovers between the native attention kernels and cuDNN, per device.
 //
-// `pagellm calibrate-attention` (bench/attention_route_bench calibrate) times both
-// providers over a grid of batches on the running GPU, eager and under graph replay, and
+// `pagellm calibrate-attention` (attention/calibration.h, cuda/attention_calibration.h) times
+// both providers over a grid of batches on the running GPU, eager and under graph replay, and
 // writes one JSON table keyed by the device (name, SM count, compute capability) and the
 // cuDNN version. `auto` admits cuDNN only where such a table exists and its entry for the
 // call's launch mode, phase and head dim says the call's work is past the crossover.
