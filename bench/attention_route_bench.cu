@@ -131,7 +131,6 @@ std::string format_us(double us) {
   return buf;
 }
 
-
 // ---- routes -------------------------------------------------------------------------------
 
 std::vector<AttentionCallShape> route_grid(std::mt19937& rng) {
@@ -232,8 +231,8 @@ int run_routes(const Args& a) {
     pool_tokens = std::max(pool_tokens, pages * p.page_size);
     max_q = std::max<int64_t>(max_q, int64_t{p.num_tokens()} * p.num_q_heads * p.head_dim);
   }
-  AttentionTimer bench(0, pool_tokens + 1024, max_q, 8, 128);
-  const DeviceProfile& dev = bench.profile();
+  AttentionTimer timer(0, pool_tokens + 1024, max_q, 8, 128);
+  const DeviceProfile& dev = timer.profile();
   std::vector<std::string> paths = a.tables.empty() ? default_crossover_table_paths() : a.tables;
   const CrossoverTables tables = CrossoverTables::load(paths);
   const CrossoverTable* table = tables.find(dev);
@@ -247,35 +246,35 @@ int run_routes(const Args& a) {
               "roofline | cuDNN roofline |\n|---|---:|---|---:|---:|---:|---:|---|---|\n");
   std::vector<double> kept_ratio, noise_ratio;
   for (const AttentionCallShape& pt : grid) {
-    bench.load(pt, rng);
-    const double native_us = bench.time_native(LaunchMode::kEager, a.iters, a.layers);
-    const double native_again = bench.time_native(LaunchMode::kEager, a.iters, a.layers);
-    const double cudnn_us = time_cudnn(bench, a);
+    timer.load(pt, rng);
+    const double native_us = timer.time_native(LaunchMode::kEager, a.iters, a.layers);
+    const double native_again = timer.time_native(LaunchMode::kEager, a.iters, a.layers);
+    const double cudnn_us = time_cudnn(timer, a);
     // auto: a planner with the tables and the plan cache, warmed like a server would be
     // (requested plans built between steps).
     AttentionPlannerConfig config;
     config.device = dev;
     config.tables = &tables;
-    config.registry = &bench.cache();
+    config.registry = &timer.cache();
     AttentionPlanner planner(config);
-    const AttentionDomain dom = bench.domain();
-    const AttentionBatchView view = batch_view(bench.batch());
+    const AttentionDomain dom = timer.domain();
+    const AttentionBatchView view = batch_view(timer.batch());
     planner.plan(dom, view);
-    bench.cache().build_requested();
+    timer.cache().build_requested();
     const AttentionPlan* plan = &planner.plan(dom, view);
     const AttentionProvider chosen = plan->provider;
-    const PagedAttentionParams p = bench.params();
+    const PagedAttentionParams p = timer.params();
     int call = 0;
-    const double auto_us = bench.time(
+    const double auto_us = timer.time(
         [&] {
           if (call++ % a.layers == 0) {
             plan = &planner.plan(dom, view);
-            bench.cache().upload(*plan, bench.stream());
+            timer.cache().upload(*plan, timer.stream());
           }
           if (plan->provider == AttentionProvider::kCudnn) {
-            bench.cache().run(p, *plan, bench.stream());
+            timer.cache().run(p, *plan, timer.stream());
           } else {
-            bench.run_native(p);
+            timer.run_native(p);
           }
         },
         LaunchMode::kEager, std::max(a.iters, a.layers), a.layers);
@@ -304,8 +303,8 @@ int run_routes(const Args& a) {
   std::printf("native / native (noise) over the same routes: %s\n", spread(noise_ratio).c_str());
   std::printf("cuDNN plan cache after the routes: %zu plans, %.1f MiB of device memory "
               "(workspace %.1f MiB)\n",
-              bench.cache().num_plans(), bench.cache().device_bytes() / 1048576.0,
-              bench.cache().workspace_bytes() / 1048576.0);
+              timer.cache().num_plans(), timer.cache().device_bytes() / 1048576.0,
+              timer.cache().workspace_bytes() / 1048576.0);
   report_graph_reservation(dev);
   return 0;
 }

@@ -11,7 +11,7 @@
 //     "format": "pagellm.attention.crossover.v1",
 //     "device": {"name": "NVIDIA H200", "sm_count": 132, "compute_capability": "9.0"},
 //     "cudnn_version": "9.14.0",
-//     "measured_on": "2026-11-29", "source": "attention_route_bench calibrate ...",
+//     "measured_on": "2026-11-29", "source": "pagellm calibrate-attention --quick ...",
 //     "margin": 0.05,
 //     "entries": [ {"mode": "eager", "phase": "prefill", "head_dim": 128,
 //                   "min_work": 50331648, "max_work": 68719476736,
