@@ -83,7 +83,7 @@ fi
 if has calib; then
   step "attention dispatcher: calibration and routes"
   mkdir -p "$LOG/tables"
-  "$B/bin/attention_route_bench" calibrate ${CALIB_ARGS:---quick} --out "$LOG/tables/" 2>&1 | tee "$LOG/calibrate.log" | tail -40
+  "$B/bin/pagellm" calibrate-attention ${CALIB_ARGS:---quick} --out "$LOG/tables/" 2>&1 | tee "$LOG/calibrate.log" | tail -40
   "$B/bin/attention_route_bench" routes ${CALIB_ARGS:---quick} --table "$LOG/tables/" 2>&1 | tee "$LOG/routes.log" | tail -60
 fi
 

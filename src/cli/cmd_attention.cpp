@@ -1,13 +1,13 @@
 // attention-plan: explains which attention provider a batch would get, and why, on any
-// machine (no GPU needed: the device is a profile). calibrate-attention: runs the GPU
-// calibration (bench/attention_route_bench calibrate) that writes a crossover table.
+// machine (no GPU needed: the device is a profile). calibrate-attention: the GPU
+// calibration (a library call, engine/attention_calibration.h) that writes a crossover
+// table.
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -17,6 +17,7 @@
 #include "pagellm/attention/explain.h"
 #include "pagellm/attention/planner.h"
 #include "pagellm/common/check.h"
+#include "pagellm/engine/attention_calibration.h"
 
 namespace pagellm::cli {
 namespace {
@@ -206,28 +207,56 @@ void run_attention_plan(const PlanArgs& a) {
   }
 }
 
-// calibrate-attention runs the GPU calibration program built beside this binary.
-void run_calibrate(const std::vector<std::string>& forwarded) {
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  PAGELLM_CHECK(!ec) << "calibrate-attention: cannot locate the pagellm binary";
-  // build/bench/attention_route_bench in a build tree; beside pagellm in a bundle (bin/).
-  fs::path tool = exe.parent_path() / "bench" / "attention_route_bench";
-  if (!fs::exists(tool)) tool = exe.parent_path() / "attention_route_bench";
-  PAGELLM_CHECK(fs::exists(tool))
-      << "calibrate-attention needs the CUDA build: attention_route_bench was found neither in "
-      << (exe.parent_path() / "bench").string() << " nor in " << exe.parent_path().string()
-      << " (configure with -DPAGELLM_CUDA=ON -DPAGELLM_BENCH=ON and build the "
-         "attention_route_bench target)";
-  std::vector<std::string> args = {tool.string(), "calibrate"};
-  args.insert(args.end(), forwarded.begin(), forwarded.end());
-  std::vector<char*> argv;
-  for (std::string& s : args) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  std::fflush(stdout);
-  execv(tool.c_str(), argv.data());
-  PAGELLM_FAIL() << "calibrate-attention: cannot run " << tool.string() << ": "
-                 << std::strerror(errno);
+struct CalibrateArgs {
+  CalibrationOptions options;
+  std::string out;
+};
+
+// calibrate-attention: the measurement is a library call (engine/attention_calibration.h);
+// this prints its progress, the derived entries (and a Markdown table for
+// docs/PERFORMANCE.md) and writes the table.
+void run_calibrate(const CalibrateArgs& a) {
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point t0;
+  CalibrationObserver observer;
+  observer.started = [&](const DeviceProfile& device, size_t points) {
+    std::printf("calibrating on %s over %zu points (%d iterations each)\n",
+                device.describe().c_str(), points, a.options.iters);
+    t0 = Clock::now();
+  };
+  observer.measured = [&](const CrossoverMeasurement& m, const std::string& cudnn_error) {
+    if (!cudnn_error.empty()) std::fprintf(stderr, "  cuDNN: %s\n", cudnn_error.c_str());
+    const char* verdict = m.cudnn_us <= 0 ? "(cudnn failed)"
+                          : m.native_us > m.cudnn_us * (1 + a.options.margin) ? "cudnn"
+                                                                               : "native";
+    std::printf("  %-34s %-5s work %14lld  native %9.2f us  cudnn %9.2f us  %s\n",
+                m.label.c_str(), mode_name(m.mode), static_cast<long long>(m.work), m.native_us,
+                m.cudnn_us, verdict);
+    std::fflush(stdout);
+  };
+  const CrossoverTable table = calibrate_attention(a.options, observer);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("%zu measurements in %.0f s; %zu crossover entries:\n", table.measurements.size(),
+              seconds, table.entries.size());
+  for (const CrossoverEntry& e : table.entries) {
+    std::printf("  %s %s head_dim %d: cuDNN from work %lld (of %d points, %d admitted)\n",
+                mode_name(e.mode), phase_name(e.phase), e.head_dim,
+                static_cast<long long>(e.min_work), e.points, e.admitted_points);
+  }
+  std::printf("\n| mode | phase | head_dim | cuDNN from work | up to work | page sizes | GQA | "
+              "points (admitted) |\n|---|---|---:|---:|---:|---|---|---:|\n");
+  for (const CrossoverEntry& e : table.entries) {
+    std::string pages, gqa;
+    for (int32_t x : e.page_sizes) pages += (pages.empty() ? "" : ",") + std::to_string(x);
+    for (int32_t x : e.gqa_ratios) gqa += (gqa.empty() ? "" : ",") + std::to_string(x);
+    std::printf("| %s | %s | %d | %lld | %lld | %s | %s | %d (%d) |\n", mode_name(e.mode),
+                phase_name(e.phase), e.head_dim, static_cast<long long>(e.min_work),
+                static_cast<long long>(e.max_work), pages.c_str(), gqa.c_str(), e.points,
+                e.admitted_points);
+  }
+  if (table.entries.empty()) std::printf("| (none: cuDNN won no group; auto stays native) |\n");
+  std::printf("\n");
+  std::printf("wrote %s\n", write_crossover_table(table, a.out).c_str());
 }
 
 }  // namespace
@@ -273,13 +302,30 @@ void register_attention_commands(CLI::App& app) {
   plan->add_flag("--json", a->json, "print JSON");
   plan->callback([a] { run_attention_plan(*a); });
 
+  auto c = std::make_shared<CalibrateArgs>();
   CLI::App* cal = app.add_subcommand(
       "calibrate-attention",
-      "time native and cuDNN attention over a grid on this GPU and write a crossover table "
-      "(runs bench/attention_route_bench calibrate; see its --help)");
-  cal->allow_extras();
-  cal->prefix_command();
-  cal->callback([cal] { run_calibrate(cal->remaining()); });
+      "time native and cuDNN paged attention over a grid of batches on this GPU (eager and "
+      "graph replay) and write the crossover table `--attention-backend auto` reads (needs "
+      "the CUDA build with cuDNN)");
+  cal->add_option("--out", c->out,
+                  "table file, or an existing folder for crossover-<device>-...-cudnn<version>.json "
+                  "(default: data/attention)");
+  cal->add_flag("--quick", c->options.quick,
+                "a smaller grid (one head configuration; about a minute on an H200)");
+  cal->add_option("--page-sizes", c->options.page_sizes, "KV page sizes to measure, e.g. 16,32")
+      ->delimiter(',')
+      ->capture_default_str();
+  cal->add_option("--margin", c->options.margin,
+                  "cuDNN wins a point when native time > cuDNN time x (1 + margin)")
+      ->capture_default_str();
+  cal->add_option("--iters", c->options.iters, "calls per eager timing")->capture_default_str();
+  cal->add_option("--layers", c->options.layers, "calls per captured graph (graph timings)")
+      ->capture_default_str();
+  cal->add_option("--seed", c->options.seed, "seed of the ragged lengths and page tables")
+      ->capture_default_str();
+  cal->add_option("--device", c->options.device, "CUDA device")->capture_default_str();
+  cal->callback([c] { run_calibrate(*c); });
 }
 
 }  // namespace pagellm::cli

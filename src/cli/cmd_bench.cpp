@@ -1,45 +1,49 @@
-// bench: the W1 workload (or any preset / batch / lengths) through the engine, with
-// prefill, decode and end-to-end throughput and decode's fraction of the bandwidth limit.
-#include <nlohmann/json.hpp>
-
-#include <chrono>
+// bench: a named workload (default W1) or any preset / batch / lengths through the engine,
+// with prefill, decode and end-to-end throughput and decode's fraction of the bandwidth
+// limit. The workload and its measurement are library calls (engine/benchmark.h); this
+// file parses flags and prints.
 #include <cstdio>
 #include <fstream>
-#include <random>
+#include <optional>
 
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "pagellm/common/progress.h"
-#include "pagellm/engine/engine.h"
-#include "pagellm/model/make_model.h"
-#include "pagellm/model/random_weights.h"
+#include "pagellm/engine/benchmark.h"
 
 namespace pagellm::cli {
 namespace {
 
+/// The flags. Unset workload fields keep the named workload's values.
 struct BenchArgs {
-  std::string model;
-  std::string preset = "qwen3-4b";
-  int batch = 32;
-  int prompt_len = 256;
-  int output_len = 512;
-  uint64_t seed = 0;
+  std::string workload = "w1";
+  std::optional<std::string> model;
+  std::optional<std::string> preset;
+  std::optional<int32_t> batch;
+  std::optional<int32_t> prompt_len;
+  std::optional<int32_t> output_len;
+  std::optional<uint64_t> seed;
   std::string json_out;
   int trace_steps = 0;
   std::string trace_out;
   EngineSettings engine;
 };
 
-using Clock = std::chrono::steady_clock;
-
-double seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
+DecodeWorkload workload_of(const BenchArgs& a) {
+  DecodeWorkload w = named_workload(a.workload);
+  const bool custom = a.model || a.preset || a.batch || a.prompt_len || a.output_len || a.seed;
+  if (custom) w.name.clear();
+  if (a.model) w.model_dir = *a.model;
+  if (a.preset) w.preset = *a.preset;
+  if (a.batch) w.batch = *a.batch;
+  if (a.prompt_len) w.prompt_len = *a.prompt_len;
+  if (a.output_len) w.output_len = *a.output_len;
+  if (a.seed) w.seed = *a.seed;
+  return w;
 }
 
-/// Prints where the traced decode steps' device time went (common/kernel_timeline.h) and,
-/// with a path, writes every span as CSV (name, start and end in us from the first start).
-void report_trace(const std::vector<KernelSpan>& spans, int steps, const std::string& csv) {
-  const KernelTimeline t = summarize_kernel_timeline(spans);
+/// Prints where the traced decode steps' device time went (common/kernel_timeline.h).
+void print_trace(const KernelTimeline& t, int steps) {
   if (t.kernels == 0 || steps <= 0) {
     std::printf("  kernel trace: no kernels recorded\n");
     return;
@@ -79,189 +83,81 @@ void report_trace(const std::vector<KernelSpan>& spans, int steps, const std::st
                   r.duration_ns * per_step);
     }
   }
-  if (!csv.empty()) {
-    std::ofstream out(csv);
-    out << "kind,name,start_us,end_us\n";
-    uint64_t t0 = UINT64_MAX;
-    for (const KernelSpan& s : spans) t0 = std::min(t0, s.start_ns);
-    for (const KernelSpan& s : spans) {
-      const char* kind = s.kind == KernelSpan::Kind::kKernel ? "kernel"
-                         : s.kind == KernelSpan::Kind::kCopy ? "copy"
-                                                             : "host";
-      out << kind << ",\"" << s.name << "\"," << (static_cast<double>(s.start_ns) - t0) * 1e-3
-          << ',' << (static_cast<double>(s.end_ns) - t0) * 1e-3 << '\n';
-    }
+}
+
+/// Every span as CSV: kind, name, start and end in us from the first start.
+void write_trace_csv(const std::vector<KernelSpan>& spans, const std::string& path) {
+  std::ofstream out(path);
+  PAGELLM_CHECK(out.good()) << "--trace-out: cannot write " << path;
+  out << "kind,name,start_us,end_us\n";
+  uint64_t t0 = UINT64_MAX;
+  for (const KernelSpan& s : spans) t0 = std::min(t0, s.start_ns);
+  for (const KernelSpan& s : spans) {
+    const char* kind = s.kind == KernelSpan::Kind::kKernel ? "kernel"
+                       : s.kind == KernelSpan::Kind::kCopy ? "copy"
+                                                           : "host";
+    out << kind << ",\"" << s.name << "\"," << (static_cast<double>(s.start_ns) - t0) * 1e-3
+        << ',' << (static_cast<double>(s.end_ns) - t0) * 1e-3 << '\n';
   }
 }
 
-void run_bench(BenchArgs args) {
-  EngineSettings settings = args.engine;
-  if (settings.config.max_model_len <= 0) {
-    settings.config.max_model_len = args.prompt_len + args.output_len;
-  }
-  settings.config.max_num_seqs = std::max(settings.config.max_num_seqs, args.batch);
-  settings.config.max_num_batched_tokens =
-      std::max(settings.config.max_num_batched_tokens, settings.config.max_num_seqs);
-
-  std::unique_ptr<Engine> engine;
-  std::string model_name;
-  if (!args.model.empty()) {
-    engine = load_engine(args.model, settings);
-    model_name = args.model;
-  } else {
-    // Random weights made in memory: no files, same values make-model would write.
-    std::unique_ptr<Backend> backend = create_backend(settings.config.backend);
-    const Qwen3Config config = preset_config(args.preset);
-    ProgressBar bar("building " + args.preset);
-    auto model = std::make_unique<Qwen3Model>(
-        *backend, config, random_weight_lookup(config, args.seed, DType::BF16),
-        [&](size_t done, size_t total) {
-          if (total > (size_t{256} << 20)) bar.update(done, total);
-        });
-    bar.finish();
-    engine = std::make_unique<Engine>(std::move(backend), std::move(model), settings.config);
-    model_name = args.preset + " (random weights)";
-  }
-  const Qwen3Config& mc = engine->model().config();
-  Backend& backend = engine->backend();
-  const double bandwidth = backend.measure_copy_bandwidth();
-
-  // Warm-up outside the timed region: the first time a matrix shape is seen the CUDA
-  // backend autotunes cuBLASLt for it, and the cuDNN plans are built; neither belongs in
-  // the figures.
-  {
-    SamplingParams warm;
-    warm.temperature = 0.0f;
-    warm.max_tokens = 2;
-    warm.ignore_eos = true;
-    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(args.batch),
-                                              std::vector<int32_t>(static_cast<size_t>(args.prompt_len), 1));
-    for (const Sequence* s : engine->generate(prompts, {warm})) engine->release(s->id);
-  }
-
-  std::mt19937 rng(static_cast<uint32_t>(args.seed));
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(mc.vocab_size) - 1);
-  SamplingParams greedy;
-  greedy.temperature = 0.0f;
-  greedy.max_tokens = args.output_len;
-  greedy.ignore_eos = true;
-  std::vector<int64_t> ids;
-  for (int b = 0; b < args.batch; ++b) {
-    std::vector<int32_t> prompt(static_cast<size_t>(args.prompt_len));
-    for (auto& t : prompt) t = tok(rng);
-    ids.push_back(engine->add_request(std::move(prompt), greedy));
-  }
-
-  // Phase 1: until every request has its first token (prefill). Phase 2: decode.
-  backend.synchronize();
-  const auto t0 = Clock::now();
-  auto all_have = [&](size_t n) {
-    for (int64_t id : ids)
-      if (engine->request(id).output.size() < n && !engine->request(id).finished()) return false;
-    return true;
-  };
-  while (!all_have(1)) engine->step();
-  const auto t1 = Clock::now();
-  const int64_t steps_before = engine->stats().steps;
-  const int64_t graph_before = engine->stats().graph_steps;
-  const double gap_before = engine->stats().host_gap_seconds;
-  std::vector<double> step_times;
-  // The trace covers trace_steps decode steps in the middle of the decode, where the
-  // context is the run's average.
-  const int64_t trace_from =
-      args.trace_steps > 0 ? std::max(0, (args.output_len - 1 - args.trace_steps) / 2) : -1;
-  bool tracing = false;
-  std::vector<KernelSpan> trace;
-  int traced_steps = 0;
-  while (engine->has_unfinished()) {
-    const int64_t index = static_cast<int64_t>(step_times.size());
-    if (index == trace_from) {
-      const std::string why = backend.begin_kernel_trace();
-      tracing = why.empty();
-      if (!tracing) std::printf("  kernel trace unavailable: %s\n", why.c_str());
-    }
-    const auto s0 = Clock::now();
-    engine->step();
-    step_times.push_back(seconds(s0, Clock::now()));
-    if (tracing && ++traced_steps == args.trace_steps) {
-      trace = backend.end_kernel_trace();
-      tracing = false;
-    }
-  }
-  if (tracing) trace = backend.end_kernel_trace();
-  backend.synchronize();
-  const auto t2 = Clock::now();
-
-  int64_t generated = 0;
-  for (int64_t id : ids) {
-    const Sequence& s = engine->request(id);
-    PAGELLM_CHECK(s.finish_reason == FinishReason::kLength)
-        << "bench request " << id << " ended with " << finish_reason_name(s.finish_reason) << " "
-        << s.error;
-    generated += static_cast<int64_t>(s.output.size());
-  }
-  const double prefill_s = seconds(t0, t1), decode_s = seconds(t1, t2);
-  const int64_t decode_tokens = generated - args.batch;
-  const int64_t decode_steps = engine->stats().steps - steps_before;
-
-  // Bytes a decode step must read: every weight once (the embedding table only as
-  // lm_head when tied; an untied table is only gathered) plus the K/V of the context.
-  const size_t wbytes = engine->model().weight_bytes();
-  const size_t embed_bytes = static_cast<size_t>(mc.vocab_size * mc.hidden_size) *
-                             dtype_size(backend.weight_dtype());
-  const double weight_read = static_cast<double>(mc.tie_word_embeddings ? wbytes : wbytes - embed_bytes);
-  const double kv_per_token = 2.0 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim *
-                              dtype_size(backend.kv_dtype());
-  const double avg_context = args.prompt_len + args.output_len / 2.0;
-  const double kv_read = kv_per_token * avg_context * args.batch;
-  const double step_bytes = weight_read + kv_read;
-  const double step_s = decode_steps > 0 ? decode_s / decode_steps : 0.0;
-  const double achieved = step_s > 0 ? step_bytes / step_s : 0.0;
-  const double limit_tok_s = bandwidth / step_bytes * args.batch;
-  std::sort(step_times.begin(), step_times.end());
-  const double median_step = step_times.empty() ? 0.0 : step_times[step_times.size() / 2];
-
+void print_report(const BenchmarkReport& r) {
+  const DecodeWorkload& w = r.workload;
   std::printf("pagellm bench: %s on %s, batch %d, prompt %d, output %d, page %d\n",
-              model_name.c_str(), backend.name().c_str(), args.batch, args.prompt_len,
-              args.output_len, engine->config().page_size);
-  std::printf("  prefill     %10.1f tok/s  (%.3f s)\n", args.batch * args.prompt_len / prefill_s,
-              prefill_s);
+              r.model.c_str(), r.backend.c_str(), w.batch, w.prompt_len, w.output_len,
+              r.page_size);
+  std::printf("  prefill     %10.1f tok/s  (%.3f s)\n", r.prefill_tok_s(), r.prefill_seconds);
   std::printf("  decode      %10.1f tok/s  (%lld steps, %.3f s, median step %.3f ms, %lld in graphs)\n",
-              decode_tokens / decode_s, static_cast<long long>(decode_steps), decode_s,
-              median_step * 1e3, static_cast<long long>(engine->stats().graph_steps - graph_before));
-  const double gap_us = decode_steps > 0
-                            ? (engine->stats().host_gap_seconds - gap_before) / decode_steps * 1e6
-                            : 0.0;
+              r.decode_tok_s(), static_cast<long long>(r.decode_steps), r.decode_seconds,
+              r.median_step_seconds * 1e3, static_cast<long long>(r.graph_steps));
   std::printf("  host gap    %10.1f us per decode step (scheduling, batch upload, bookkeeping "
               "while the GPU waits: %.1f %% of the step)\n",
-              gap_us, median_step > 0 ? gap_us / (median_step * 1e6) * 100.0 : 0.0);
-  std::printf("  end-to-end  %10.1f tok/s  (%.3f s)\n", generated / (prefill_s + decode_s),
-              prefill_s + decode_s);
-  std::printf("  decode step reads %.2f GB weights + %.2f GB KV; achieved %.0f GB/s of %.0f GB/s "
-              "measured copy bandwidth = %.1f %% (limit %.0f tok/s)\n",
-              weight_read / 1e9, kv_read / 1e9, achieved / 1e9, bandwidth / 1e9,
-              100.0 * achieved / bandwidth, limit_tok_s);
+              r.host_gap_seconds * 1e6, r.host_gap_fraction() * 100.0);
+  std::printf("  end-to-end  %10.1f tok/s  (%.3f s)\n", r.e2e_tok_s(),
+              r.prefill_seconds + r.decode_seconds);
+  if (r.bandwidth_bytes_per_s) {
+    std::printf("  decode step reads %.2f GB weights + %.2f GB KV; achieved %.0f GB/s of %.0f GB/s "
+                "measured copy bandwidth = %.1f %% (limit %.0f tok/s)\n",
+                r.weight_read_bytes / 1e9, r.kv_read_bytes / 1e9, r.achieved_bytes_per_s / 1e9,
+                *r.bandwidth_bytes_per_s / 1e9, 100.0 * r.fraction_of_limit().value_or(0.0),
+                r.limit_tok_s().value_or(0.0));
+  }
   std::printf("  weights     %.2f GB, plus %.2f GB packed for the decode kernel "
               "(PAGELLM_PACKED_WEIGHTS)\n",
-              static_cast<double>(wbytes) / 1e9,
-              static_cast<double>(engine->model().prepared_bytes()) / 1e9);
-  if (args.trace_steps > 0 && traced_steps > 0) {
-    std::printf("  (the decode figures above include the %d traced steps)\n", traced_steps);
-    report_trace(trace, traced_steps, args.trace_out);
+              static_cast<double>(r.weight_bytes) / 1e9, static_cast<double>(r.prepared_bytes) / 1e9);
+  if (r.trace) {
+    std::printf("  (the decode figures above include the %d traced steps)\n", r.trace->steps);
+    print_trace(r.trace->timeline, r.trace->steps);
   }
+}
+
+void run_bench(const BenchArgs& args) {
+  const DecodeWorkload workload = workload_of(args);
+  workload.validate();
+  EngineConfig config = args.engine.config;
+  if (args.engine.kv_cache_gb > 0) {
+    config.kv_cache_bytes = static_cast<size_t>(args.engine.kv_cache_gb * 1e9);
+  }
+  std::unique_ptr<Engine> engine;
+  {
+    ProgressBar bar(workload.model_dir.empty() ? "building " + workload.preset
+                                               : "loading " + workload.model_dir);
+    engine = make_benchmark_engine(workload, config, [&](size_t done, size_t total) {
+      if (total > (size_t{256} << 20)) bar.update(done, total);
+    });
+  }
+  BenchmarkOptions options;
+  options.trace_steps = args.trace_steps;
+  const BenchmarkReport report = run_benchmark(*engine, workload, options);
+  if (!report.trace_unavailable.empty()) {
+    std::printf("  kernel trace unavailable: %s\n", report.trace_unavailable.c_str());
+  }
+  print_report(report);
+  if (report.trace && !args.trace_out.empty()) write_trace_csv(report.trace->spans, args.trace_out);
   if (!args.json_out.empty()) {
-    nlohmann::json j = {{"model", model_name}, {"backend", backend.name()},
-                        {"batch", args.batch}, {"prompt_len", args.prompt_len},
-                        {"output_len", args.output_len},
-                        {"prefill_tok_s", args.batch * args.prompt_len / prefill_s},
-                        {"decode_tok_s", decode_tokens / decode_s},
-                        {"e2e_tok_s", generated / (prefill_s + decode_s)},
-                        {"median_step_ms", median_step * 1e3},
-                        {"host_gap_us", gap_us},
-                        {"bandwidth_gbs", bandwidth / 1e9},
-                        {"fraction_of_limit", achieved / bandwidth},
-                        {"limit_tok_s", limit_tok_s}};
-    std::ofstream(args.json_out, std::ios::app) << j.dump() << "\n";
+    std::ofstream out(args.json_out, std::ios::app);
+    PAGELLM_CHECK(out.good()) << "--json-out: cannot append to " << args.json_out;
+    out << benchmark_json_line(report) << "\n";
   }
 }
 
@@ -270,13 +166,27 @@ void run_bench(BenchArgs args) {
 void register_bench_command(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   a->engine.config.backend = available_backends().back();  // cuda when built
-  CLI::App* cmd = app.add_subcommand("bench", "throughput benchmark (default: the W1 workload)");
+  std::string names;
+  for (const NamedWorkload& w : named_workloads()) {
+    names += "\n  " + w.name + ": " + w.description;
+  }
+  const DecodeWorkload w1 = named_workload("w1");
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "throughput benchmark (default: the W1 workload)");
+  cmd->add_option("--workload", a->workload,
+                  "named workload; the flags below override its fields. Known:" + names)
+      ->capture_default_str();
+  const auto from_workload = [](const std::string& what, const std::string& w1_value) {
+    return what + " (default: the workload's; W1: " + w1_value + ")";
+  };
   cmd->add_option("--model", a->model, "model folder (default: random weights of --preset)");
-  cmd->add_option("--preset", a->preset, "architecture for random weights")->capture_default_str();
-  cmd->add_option("--batch", a->batch, "concurrent requests")->capture_default_str();
-  cmd->add_option("--prompt-len", a->prompt_len, "prompt tokens")->capture_default_str();
-  cmd->add_option("--output-len", a->output_len, "generated tokens")->capture_default_str();
-  cmd->add_option("--seed", a->seed, "weights and prompts seed")->capture_default_str();
+  cmd->add_option("--preset", a->preset, from_workload("architecture for random weights", w1.preset));
+  cmd->add_option("--batch", a->batch, from_workload("concurrent requests", std::to_string(w1.batch)));
+  cmd->add_option("--prompt-len", a->prompt_len,
+                  from_workload("prompt tokens", std::to_string(w1.prompt_len)));
+  cmd->add_option("--output-len", a->output_len,
+                  from_workload("generated tokens", std::to_string(w1.output_len)));
+  cmd->add_option("--seed", a->seed, from_workload("weights and prompts seed", std::to_string(w1.seed)));
   cmd->add_option("--json-out", a->json_out, "append a JSON line with the figures");
   cmd->add_option("--trace-steps", a->trace_steps,
                   "record this many decode steps' kernels (CUPTI) and print where the time goes")

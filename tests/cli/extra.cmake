@@ -46,3 +46,39 @@ set_tests_properties(cli_bench_trace_unavailable PROPERTIES
 add_test(NAME cli_tokenizer_commands_bad_line
   COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/bad_input_lines.sh ${_pl} ${_dir})
 set_tests_properties(cli_tokenizer_commands_bad_line PROPERTIES FIXTURES_REQUIRED cli_model)
+# bench runs a workload through the library (engine/benchmark.h) and prints its figures.
+add_test(NAME cli_bench_tiny COMMAND ${_pl} bench --preset tiny --backend cpu --batch 2
+  --prompt-len 4 --output-len 8)
+set_tests_properties(cli_bench_tiny PROPERTIES PASS_REGULAR_EXPRESSION
+  "pagellm bench: tiny \\(random weights\\) on cpu, batch 2, prompt 4, output 8, page 16\n  prefill +[0-9.]+ tok/s  \\([0-9.]+ s\\)\n  decode +[0-9.]+ tok/s  \\(7 steps, [0-9.]+ s, median step [0-9.]+ ms, 0 in graphs\\)\n  host gap +[0-9.]+ us per decode step .*\n  end-to-end +[0-9.]+ tok/s  \\([0-9.]+ s\\)\n  decode step reads [0-9.]+ GB weights \\+ [0-9.]+ GB KV. achieved [0-9]+ GB/s of [0-9]+ GB/s measured copy bandwidth = [0-9.]+ % \\(limit [0-9]+ tok/s\\)\n  weights +[0-9.]+ GB, plus [0-9.]+ GB packed")
+# --json-out appends one JSON line per run.
+set(_bench_json ${CMAKE_CURRENT_BINARY_DIR}/cli-bench.jsonl)
+add_test(NAME cli_bench_json COMMAND sh -c
+  "rm -f \"$1\" && for i in 1 2; do \"$0\" bench --preset tiny --backend cpu --batch 1 --prompt-len 3 --output-len 2 --json-out \"$1\" >/dev/null || exit 1; done; cat \"$1\""
+  ${_pl} ${_bench_json})
+set(_num "[0-9.e+-]+")
+set(_line "{\"backend\":\"cpu\",\"bandwidth_gbs\":${_num},\"batch\":1,\"decode_tok_s\":${_num},\"e2e_tok_s\":${_num},\"fraction_of_limit\":${_num},\"host_gap_us\":${_num},\"limit_tok_s\":${_num},\"median_step_ms\":${_num},\"model\":\"tiny \\(random weights\\)\",\"output_len\":2,\"prefill_tok_s\":${_num},\"prompt_len\":3}")
+set_tests_properties(cli_bench_json PROPERTIES PASS_REGULAR_EXPRESSION "^${_line}\n${_line}\n$")
+# The default is the named workload W1; an unknown name lists the known ones.
+add_test(NAME cli_bench_help COMMAND ${_pl} bench --help)
+set_tests_properties(cli_bench_help PROPERTIES PASS_REGULAR_EXPRESSION
+  "--workload TEXT=w1 .*w1: decode of Qwen3-4B.*--batch INT +concurrent requests \\(default: the workload's. W1: 32\\)")
+add_test(NAME cli_bench_unknown_workload COMMAND ${_pl} bench --workload grpo)
+set_tests_properties(cli_bench_unknown_workload PROPERTIES PASS_REGULAR_EXPRESSION
+  "pagellm: error: unknown workload 'grpo' \\(known: w1\\)")
+add_test(NAME cli_bench_bad_output_len COMMAND ${_pl} bench --preset tiny --backend cpu --output-len 1)
+set_tests_properties(cli_bench_bad_output_len PROPERTIES PASS_REGULAR_EXPRESSION
+  "pagellm: error: benchmark output length must be at least 2 .*got 1")
+# calibrate-attention is a library call; bad options are named before anything runs, and a
+# build without CUDA says in one line that it cannot calibrate (exit 1).
+add_test(NAME cli_calibrate_bad_iters COMMAND ${_pl} calibrate-attention --iters 0)
+set_tests_properties(cli_calibrate_bad_iters PROPERTIES PASS_REGULAR_EXPRESSION
+  "pagellm: error: calibration iterations must be at least 1, got 0")
+add_test(NAME cli_calibrate_help COMMAND ${_pl} calibrate-attention --help)
+set_tests_properties(cli_calibrate_help PROPERTIES PASS_REGULAR_EXPRESSION
+  "--out TEXT.*--quick.*--page-sizes INT.*--margin FLOAT.*--iters INT.*--layers INT.*--seed UINT.*--device INT")
+if(NOT PAGELLM_CUDA)
+  add_test(NAME cli_calibrate_without_cuda COMMAND sh -c "\"$0\" calibrate-attention --quick 2>&1; echo \"exit $?\"" ${_pl})
+  set_tests_properties(cli_calibrate_without_cuda PROPERTIES PASS_REGULAR_EXPRESSION
+    "^pagellm: error: attention calibration needs a GPU build: this build has no CUDA backend \\(configure with -DPAGELLM_CUDA=ON and a CUDA toolkit\\)\nexit 1\n$")
+endif()

@@ -1,7 +1,7 @@
 // Measured crossovers between the native attention kernels and cuDNN, per device.
 //
-// `pagellm calibrate-attention` (bench/attention_route_bench calibrate) times both
-// providers over a grid of batches on the running GPU, eager and under graph replay, and
+// `pagellm calibrate-attention` (attention/calibration.h, cuda/attention_calibration.h) times
+// both providers over a grid of batches on the running GPU, eager and under graph replay, and
 // writes one JSON table keyed by the device (name, SM count, compute capability) and the
 // cuDNN version. `auto` admits cuDNN only where such a table exists and its entry for the
 // call's launch mode, phase and head dim says the call's work is past the crossover.
@@ -11,7 +11,7 @@
 //     "format": "pagellm.attention.crossover.v1",
 //     "device": {"name": "NVIDIA H200", "sm_count": 132, "compute_capability": "9.0"},
 //     "cudnn_version": "9.14.0",
-//     "measured_on": "2026-11-29", "source": "attention_route_bench calibrate ...",
+//     "measured_on": "2026-11-29", "source": "pagellm calibrate-attention --quick ...",
 //     "margin": 0.05,
 //     "entries": [ {"mode": "eager", "phase": "prefill", "head_dim": 128,
 //                   "min_work": 50331648, "max_work": 68719476736,

@@ -1,0 +1,221 @@
+// The benchmark workloads as library calls (engine/benchmark.h), run on the CPU backend
+// with the tiny preset: exact token and step counts, finite positive rates, the bandwidth
+// figures and the JSON line that `pagellm bench --json-out` appends.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+
+#include "pagellm/common/check.h"
+#include "pagellm/engine/benchmark.h"
+
+namespace pagellm {
+namespace {
+
+DecodeWorkload tiny_workload() {
+  DecodeWorkload w;
+  w.preset = "tiny";
+  w.batch = 3;
+  w.prompt_len = 5;
+  w.output_len = 6;
+  w.seed = 7;
+  return w;
+}
+
+EngineConfig cpu_config() {
+  EngineConfig c;
+  c.backend = "cpu";
+  c.max_num_seqs = 1;  // benchmark_engine_config widens it to the batch
+  return c;
+}
+
+TEST(BenchmarkTest, W1IsTheDocumentedWorkload) {
+  const DecodeWorkload w = named_workload("w1");
+  EXPECT_EQ(w.name, "w1");
+  EXPECT_TRUE(w.model_dir.empty());
+  EXPECT_EQ(w.preset, "qwen3-4b");
+  EXPECT_EQ(w.batch, 32);
+  EXPECT_EQ(w.prompt_len, 256);
+  EXPECT_EQ(w.output_len, 512);
+  EXPECT_EQ(w.seed, 0u);
+  EXPECT_EQ(w.model_name(), "qwen3-4b (random weights)");
+  EXPECT_EQ(named_workload("W1").batch, 32);  // names are case-insensitive
+  EXPECT_NO_THROW(w.validate());
+}
+
+TEST(BenchmarkTest, UnknownWorkloadNamesTheKnownOnes) {
+  try {
+    named_workload("grpo-later");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown workload 'grpo-later' (known: w1"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(BenchmarkTest, ValidateNamesTheBadField) {
+  const auto message = [](DecodeWorkload w) {
+    try {
+      w.validate();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  DecodeWorkload w = tiny_workload();
+  w.batch = 0;
+  EXPECT_NE(message(w).find("batch must be at least 1, got 0"), std::string::npos) << message(w);
+  w = tiny_workload();
+  w.prompt_len = -1;
+  EXPECT_NE(message(w).find("prompt length must be at least 1, got -1"), std::string::npos);
+  w = tiny_workload();
+  w.output_len = 1;
+  EXPECT_NE(message(w).find("output length must be at least 2"), std::string::npos);
+  w = tiny_workload();
+  w.preset = "qwen9";
+  EXPECT_NE(message(w).find("unknown preset 'qwen9' (known: "), std::string::npos);
+  w.model_dir = "/some/folder";  // a model folder makes the preset irrelevant
+  EXPECT_EQ(message(w), "no error");
+}
+
+TEST(BenchmarkTest, EngineConfigHoldsTheWorkloadAsOneBatch) {
+  DecodeWorkload w = tiny_workload();
+  w.batch = 300;
+  EngineConfig base;
+  base.max_num_seqs = 8;
+  base.max_num_batched_tokens = 16;
+  const EngineConfig c = benchmark_engine_config(w, base);
+  EXPECT_EQ(c.max_num_seqs, 300);
+  EXPECT_EQ(c.max_num_batched_tokens, 300);
+  EXPECT_EQ(c.max_model_len, 11);
+  base.max_model_len = 64;  // an explicit length is kept
+  EXPECT_EQ(benchmark_engine_config(w, base).max_model_len, 64);
+}
+
+TEST(BenchmarkTest, TinyRunOnCpuHasExactCountsAndConsistentRates) {
+  const DecodeWorkload w = tiny_workload();
+  std::unique_ptr<Engine> engine = make_benchmark_engine(w, cpu_config());
+  BenchmarkOptions options;
+  options.trace_steps = 2;  // the CPU backend has no trace: the run goes on without
+  const BenchmarkReport r = run_benchmark(*engine, w, options);
+
+  EXPECT_EQ(r.model, "tiny (random weights)");
+  EXPECT_EQ(r.backend, "cpu");
+  EXPECT_EQ(r.page_size, 16);
+  EXPECT_EQ(r.prompt_tokens, 15);
+  EXPECT_EQ(r.generated_tokens, 18);
+  EXPECT_EQ(r.decode_tokens, 15);
+  // One prefill step gives every request its first token; then one step per token.
+  EXPECT_EQ(r.decode_steps, 5);
+  EXPECT_EQ(r.graph_steps, 0);
+  EXPECT_FALSE(r.trace.has_value());
+  EXPECT_NE(r.trace_unavailable.find("cpu backend has no kernel trace"), std::string::npos)
+      << r.trace_unavailable;
+
+  for (double v : {r.prefill_seconds, r.decode_seconds, r.median_step_seconds, r.prefill_tok_s(),
+                   r.decode_tok_s(), r.e2e_tok_s(), r.achieved_bytes_per_s}) {
+    EXPECT_TRUE(std::isfinite(v) && v > 0) << v;
+  }
+  EXPECT_NEAR(r.decode_tok_s(), 15 / r.decode_seconds, 1e-9 * r.decode_tok_s());
+  EXPECT_NEAR(r.e2e_tok_s(), 18 / (r.prefill_seconds + r.decode_seconds), 1e-9 * r.e2e_tok_s());
+  EXPECT_GE(r.host_gap_seconds, 0.0);
+  EXPECT_TRUE(std::isfinite(r.host_gap_fraction()));
+
+  // Bytes a step must read: the tiny model's weights (untied: the embedding table is only
+  // gathered) and the K/V of the average context, 5 + 6 / 2 = 8 tokens.
+  const Qwen3Config& mc = engine->model().config();
+  const double weight_size = static_cast<double>(dtype_size(engine->backend().weight_dtype()));
+  const double kv_size = static_cast<double>(dtype_size(engine->backend().kv_dtype()));
+  EXPECT_EQ(r.weight_bytes, engine->model().weight_bytes());
+  ASSERT_FALSE(mc.tie_word_embeddings);
+  EXPECT_DOUBLE_EQ(r.weight_read_bytes,
+                   static_cast<double>(r.weight_bytes) - mc.vocab_size * mc.hidden_size * weight_size);
+  EXPECT_DOUBLE_EQ(r.kv_read_bytes,
+                   2.0 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * kv_size * 8 * 3);
+  ASSERT_TRUE(r.bandwidth_bytes_per_s.has_value());
+  EXPECT_GT(*r.bandwidth_bytes_per_s, 0);
+  ASSERT_TRUE(r.fraction_of_limit().has_value());
+  EXPECT_GT(*r.fraction_of_limit(), 0.0);
+  EXPECT_LE(*r.fraction_of_limit(), 1.0);
+  ASSERT_TRUE(r.limit_tok_s().has_value());
+  EXPECT_GT(*r.limit_tok_s(), r.decode_tok_s());  // below the limit, as the fraction says
+
+  // The engine is idle again and holds no page.
+  EXPECT_FALSE(engine->has_unfinished());
+  engine->check_invariants();
+  EXPECT_EQ(engine->allocator().num_free(), engine->allocator().num_usable());
+
+  const nlohmann::json j = nlohmann::json::parse(benchmark_json_line(r));
+  EXPECT_EQ(j.at("model"), "tiny (random weights)");
+  EXPECT_EQ(j.at("backend"), "cpu");
+  EXPECT_EQ(j.at("batch"), 3);
+  EXPECT_EQ(j.at("prompt_len"), 5);
+  EXPECT_EQ(j.at("output_len"), 6);
+  EXPECT_DOUBLE_EQ(j.at("decode_tok_s").get<double>(), r.decode_tok_s());
+  EXPECT_DOUBLE_EQ(j.at("prefill_tok_s").get<double>(), r.prefill_tok_s());
+  EXPECT_DOUBLE_EQ(j.at("e2e_tok_s").get<double>(), r.e2e_tok_s());
+  EXPECT_DOUBLE_EQ(j.at("median_step_ms").get<double>(), r.median_step_seconds * 1e3);
+  EXPECT_DOUBLE_EQ(j.at("host_gap_us").get<double>(), r.host_gap_seconds * 1e6);
+  EXPECT_DOUBLE_EQ(j.at("bandwidth_gbs").get<double>(), *r.bandwidth_bytes_per_s / 1e9);
+  EXPECT_DOUBLE_EQ(j.at("fraction_of_limit").get<double>(), *r.fraction_of_limit());
+  EXPECT_DOUBLE_EQ(j.at("limit_tok_s").get<double>(), *r.limit_tok_s());
+  EXPECT_EQ(j.size(), 13u);
+}
+
+TEST(BenchmarkTest, WithoutBandwidthTheLimitFiguresAreAbsent) {
+  DecodeWorkload w = tiny_workload();
+  w.batch = 1;
+  w.output_len = 2;
+  std::unique_ptr<Engine> engine = make_benchmark_engine(w, cpu_config());
+  BenchmarkOptions options;
+  options.measure_bandwidth = false;
+  const BenchmarkReport r = run_benchmark(*engine, w, options);
+  EXPECT_EQ(r.decode_steps, 1);
+  EXPECT_EQ(r.decode_tokens, 1);
+  EXPECT_FALSE(r.bandwidth_bytes_per_s.has_value());
+  EXPECT_FALSE(r.fraction_of_limit().has_value());
+  EXPECT_FALSE(r.limit_tok_s().has_value());
+  const nlohmann::json j = nlohmann::json::parse(benchmark_json_line(r));
+  EXPECT_TRUE(j.at("fraction_of_limit").is_null());
+  EXPECT_TRUE(j.at("bandwidth_gbs").is_null());
+  EXPECT_TRUE(j.at("limit_tok_s").is_null());
+  // The same engine runs a second workload (it was left idle) ...
+  w.prompt_len = 3;
+  w.output_len = 3;
+  const BenchmarkReport again = run_benchmark(*engine, w, options);
+  EXPECT_EQ(again.generated_tokens, 3);
+  EXPECT_EQ(again.decode_steps, 2);
+  // ... but not one wider than it was made for: the figures would be of several waves.
+  w.batch = 2;
+  try {
+    run_benchmark(*engine, w, options);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the engine runs at most 1 sequences at once but the "
+                                         "workload's batch is 2"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(BenchmarkTest, AnEngineTooSmallForTheWorkloadIsAnError) {
+  const DecodeWorkload w = tiny_workload();
+  EngineConfig c = cpu_config();
+  c.max_model_len = 8;  // the workload needs 5 + 6
+  std::unique_ptr<Engine> engine = make_benchmark_engine(w, c);
+  try {
+    run_benchmark(*engine, w);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_model_len is 8 but the workload needs 5 prompt + 6 "
+                                         "output tokens"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(engine->has_unfinished());
+}
+
+}  // namespace
+}  // namespace pagellm
