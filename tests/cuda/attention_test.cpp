@@ -663,24 +663,6 @@ TEST_F(PagedAttention, DecodeTmaKernelOnQwen3ShapesAndStalePages) {
   }
 }
 
-TEST(PagedAttentionDecodeKernel, EnvironmentPicksTheVariant) {
-  const test::ScopedEnv restore("PAGELLM_DECODE_KERNEL", nullptr);
-  EXPECT_EQ(decode_kernel_from_env(), kDefaultDecodeKernel);
-  ::setenv("PAGELLM_DECODE_KERNEL", "", 1);
-  EXPECT_EQ(decode_kernel_from_env(), kDefaultDecodeKernel);
-  for (DecodeKernel k : kDecodeKernels) {
-    ::setenv("PAGELLM_DECODE_KERNEL", decode_kernel_name(k), 1);
-    EXPECT_EQ(decode_kernel_from_env(), k);
-  }
-  ::setenv("PAGELLM_DECODE_KERNEL", "wgmma", 1);
-  try {
-    decode_kernel_from_env();
-    ADD_FAILURE() << "PAGELLM_DECODE_KERNEL=wgmma was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("tma or cpasync"), std::string::npos) << e.what();
-  }
-}
-
 TEST(PagedAttentionDecodeKernel, TmaNeedsHeadDim128PagesOf16AndThePoolExtent) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -915,24 +897,6 @@ TEST_F(PagedAttention, RejectsUnsupportedArguments) {
   p.workspace_bytes = 16;
   EXPECT_THROW(paged_decode_attention(p, nullptr), Error);
   PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
-}
-
-TEST(PagedAttentionPrefillKernel, EnvironmentPicksTheVariant) {
-  const test::ScopedEnv restore("PAGELLM_PREFILL_KERNEL", nullptr);
-  EXPECT_EQ(prefill_kernel_from_env(), kDefaultPrefillKernel);
-  ::setenv("PAGELLM_PREFILL_KERNEL", "", 1);
-  EXPECT_EQ(prefill_kernel_from_env(), kDefaultPrefillKernel);
-  for (PrefillKernel k : kPrefillKernels) {
-    ::setenv("PAGELLM_PREFILL_KERNEL", prefill_kernel_name(k), 1);
-    EXPECT_EQ(prefill_kernel_from_env(), k);
-  }
-  ::setenv("PAGELLM_PREFILL_KERNEL", "v9", 1);
-  try {
-    prefill_kernel_from_env();
-    ADD_FAILURE() << "PAGELLM_PREFILL_KERNEL=v9 was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("v2 or v3"), std::string::npos) << e.what();
-  }
 }
 
 TEST(PagedAttentionPlan, SplitsFitTheWorkspaceAndFillTheDevice) {

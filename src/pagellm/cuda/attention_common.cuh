@@ -154,25 +154,6 @@ __device__ __forceinline__ int swizzle(int row, int chunk) {
   return row * D + ((chunk ^ (row & 7)) << 3);
 }
 
-/// The kernel variant environment variable `var` names (read at every call), `fallback`
-/// when it is unset or empty. Throws Error for any other value, naming the accepted ones
-/// ("use a or b (or leave it unset for a)"). `what` names the kind, e.g. "decode kernel".
-template <class Variant, size_t N>
-Variant variant_from_env(const char* var, const char* what, const Variant (&all)[N],
-                         Variant fallback, const char* (*name)(Variant)) {
-  const char* env = std::getenv(var);
-  if (env == nullptr || env[0] == '\0') return fallback;
-  std::string accepted;
-  for (size_t i = 0; i < N; ++i) {
-    if (std::strcmp(env, name(all[i])) == 0) return all[i];
-    accepted += (i == 0 ? "" : i + 1 == N ? " or " : ", ");
-    accepted += name(all[i]);
-  }
-  PAGELLM_CHECK(false) << var << "=" << env << " is not a " << what << ": use " << accepted
-                       << " (or leave it unset for " << name(fallback) << ")";
-  return fallback;
-}
-
 /// log2(page_size) if it is a power of two, else -1 (host side).
 inline int32_t page_shift_of(int32_t page_size) {
   if (page_size <= 0 || (page_size & (page_size - 1)) != 0) return -1;

@@ -841,16 +841,6 @@ int32_t plan_decode_splits(const PagedAttentionParams& p) {
   return static_cast<int32_t>(splits);
 }
 
-const char* decode_kernel_name(DecodeKernel k) {
-  return k == DecodeKernel::kTma ? "tma" : "cpasync";
-}
-
-DecodeKernel decode_kernel_from_env() {
-  static constexpr DecodeKernel kAll[] = {DecodeKernel::kTma, DecodeKernel::kCpAsync};
-  return attn::variant_from_env("PAGELLM_DECODE_KERNEL", "decode kernel", kAll,
-                                kDefaultDecodeKernel, decode_kernel_name);
-}
-
 bool decode_tma_supported(const PagedAttentionParams& p) {
   const int64_t rows = static_cast<int64_t>(p.num_pages) * p.num_kv_heads * p.page_size;
   return p.head_dim == 128 && p.page_size % 16 == 0 && p.num_pages > 0 &&
@@ -858,7 +848,7 @@ bool decode_tma_supported(const PagedAttentionParams& p) {
 }
 
 void paged_decode_attention(const PagedAttentionParams& p, cudaStream_t stream) {
-  paged_decode_attention_with(p, decode_kernel_from_env(), stream);
+  paged_decode_attention_with(p, CudaSettings::process().decode_kernel, stream);
 }
 
 void paged_decode_attention_with(const PagedAttentionParams& p, DecodeKernel kernel,

@@ -1,7 +1,8 @@
 // Selectable implementations of paged_decode_attention, for tests and benchmarks.
 //
-// paged_decode_attention (attention.h) runs the variant named by the environment variable
-// PAGELLM_DECODE_KERNEL (tma or cpasync; unset or empty means the default, tma). The test
+// paged_decode_attention (attention.h) runs the variant CudaSettings::decode_kernel names
+// (PAGELLM_DECODE_KERNEL: tma or cpasync; unset or empty means the default, tma); the CUDA
+// backend runs its own settings' variant through paged_decode_attention_with. The test
 // runs every variant on every decode case and the benchmark times each of them, so a
 // variant that turns out slower or wrong on some GPU can be switched off without a rebuild.
 #pragma once
@@ -9,10 +10,11 @@
 #include <cuda_runtime.h>
 
 #include "pagellm/cuda/attention.h"
+#include "pagellm/cuda/cuda_settings.h"
 
 namespace pagellm::cuda {
 
-/// The decode kernels. Both compute the same thing (the contract of attention.h) with the
+/// The decode kernels (DecodeKernel, cuda_settings.h). Both compute the same thing (the contract of attention.h) with the
 /// same CTA layout (one CTA of 4 warps per sequence, KV head and split; each warp streams
 /// every 4th 16-key tile through a private 3-stage ring; tensor-core tiles; the warps'
 /// softmax states merged at the end). They differ in how K/V reach shared memory:
@@ -21,18 +23,6 @@ namespace pagellm::cuda {
 ///  - kTma: one lane per warp issues TMA boxes for a whole tile (4 KB of K, 4 KB of V)
 ///    from tensor maps of the pools. Needs head_dim 128, a page size that is a multiple of
 ///    16, p.num_pages (the pools' extent) and sm_90; other calls run kCpAsync.
-enum class DecodeKernel { kCpAsync, kTma };
-
-/// The variant paged_decode_attention uses when PAGELLM_DECODE_KERNEL is unset.
-inline constexpr DecodeKernel kDefaultDecodeKernel = DecodeKernel::kTma;
-
-/// "cpasync" or "tma".
-const char* decode_kernel_name(DecodeKernel k);
-
-/// The variant PAGELLM_DECODE_KERNEL names (read at every call, so a benchmark may switch
-/// it between calls), kDefaultDecodeKernel when it is unset or empty. Throws
-/// pagellm::Error for any other value, naming the accepted ones.
-DecodeKernel decode_kernel_from_env();
 
 /// Whether kTma can run `p` (head_dim 128, page_size % 16 == 0, num_pages > 0 with fewer
 /// than 2^31 pool rows, a device of compute capability 9.0 or newer).

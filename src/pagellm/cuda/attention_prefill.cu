@@ -52,6 +52,7 @@
 #include "pagellm/cuda/attention_common.cuh"
 #include "pagellm/cuda/attention_prefill_variants.h"
 #include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/cuda_settings.h"
 
 namespace pagellm::cuda {
 namespace attn {
@@ -481,12 +482,6 @@ const char* prefill_kernel_name(PrefillKernel k) {
   return "?";
 }
 
-PrefillKernel prefill_kernel_from_env() {
-  static constexpr PrefillKernel kAll[] = {PrefillKernel::kV2, PrefillKernel::kV3};
-  return attn::variant_from_env("PAGELLM_PREFILL_KERNEL", "prefill kernel", kAll,
-                                kDefaultPrefillKernel, prefill_kernel_name);
-}
-
 void paged_prefill_attention_with(const PagedAttentionParams& p, PrefillKernel kernel,
                                   cudaStream_t stream) {
   attn::validate_params(p, "paged_prefill_attention");
@@ -512,7 +507,10 @@ void paged_prefill_attention_with(const PagedAttentionParams& p, PrefillKernel k
 }
 
 void paged_prefill_attention(const PagedAttentionParams& p, cudaStream_t stream) {
-  paged_prefill_attention_with(p, prefill_kernel_from_env(), stream);
+  // CudaSettings::prefill_kernel (PAGELLM_PREFILL_KERNEL), validated when parsed.
+  const PrefillKernel kernel =
+      CudaSettings::process().prefill_kernel == "v3" ? PrefillKernel::kV3 : PrefillKernel::kV2;
+  paged_prefill_attention_with(p, kernel, stream);
 }
 
 }  // namespace pagellm::cuda

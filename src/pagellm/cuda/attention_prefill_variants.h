@@ -29,11 +29,6 @@ inline constexpr PrefillKernel kDefaultPrefillKernel = PrefillKernel::kV2;
 /// "v2" or "v3".
 const char* prefill_kernel_name(PrefillKernel k);
 
-/// The variant PAGELLM_PREFILL_KERNEL names (read at every call, so a benchmark may switch
-/// it between calls), kDefaultPrefillKernel when it is unset or empty. Throws
-/// pagellm::Error for any other value, naming the accepted ones.
-PrefillKernel prefill_kernel_from_env();
-
 /// paged_prefill_attention with an explicit variant (same contract, same errors).
 void paged_prefill_attention_with(const PagedAttentionParams& p, PrefillKernel kernel,
                                   cudaStream_t stream);

@@ -19,6 +19,7 @@
 #include "pagellm/attention/planner.h"
 #include "pagellm/common/random.h"
 #include "pagellm/cuda/attention.h"
+#include "pagellm/cuda/attention_decode_variants.h"
 #include "pagellm/cuda/cuda_check.h"
 #if PAGELLM_HAVE_CUDNN
 #include "pagellm/cuda/cudnn_attention.h"
@@ -138,9 +139,10 @@ class CudaGraph final : public RecordedGraph {
 }
 
 // The crossover tables `auto` may use: the shipped data/attention (beside the binary or
-// in the source tree it was built from), then $PAGELLM_ATTENTION_TABLES.
-std::vector<std::string> crossover_table_paths() {
-  std::vector<std::string> found = default_crossover_table_paths();
+// in the source tree it was built from), then `extra` ($PAGELLM_ATTENTION_TABLES).
+std::vector<std::string> crossover_table_paths(const std::vector<std::string>& extra) {
+  std::vector<std::string> found = shipped_crossover_table_paths();
+  found.insert(found.end(), extra.begin(), extra.end());
 #ifdef PAGELLM_SOURCE_DIR
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -182,7 +184,8 @@ struct AttentionRoute {
 
 // ---- set-up -----------------------------------------------------------------------------
 
-CudaBackend::CudaBackend(int device) : device_(device) {
+CudaBackend::CudaBackend(int device, const CudaSettings& settings)
+    : device_(device), settings_(settings) {
   int count = 0;
   const cudaError_t count_err = cudaGetDeviceCount(&count);
   if (count_err != cudaSuccess) {
@@ -207,16 +210,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
       << " is not supported; the CUDA backend needs compute capability 8.0 or newer (bf16 "
          "tensor cores); use the cpu backend instead";
   total_memory_ = prop.totalGlobalMem;
-  if (const char* env = std::getenv("PAGELLM_PACKED_WEIGHTS")) {
-    const std::string v = env;
-    PAGELLM_CHECK(v.empty() || v == "auto" || v == "0" || v == "1")
-        << "PAGELLM_PACKED_WEIGHTS=" << v
-        << " is not accepted; use auto (pack while the copies fit in a quarter of GPU memory), "
-           "1 (pack every decode matrix) or 0 (never pack)";
-    pack_policy_ = v == "1"   ? PackPolicy::kAlways
-                   : v == "0" ? PackPolicy::kNever
-                              : PackPolicy::kAuto;
-  }
   PAGELLM_CUDA_CHECK(cudaSetDevice(device));
   const cudaError_t image = probe_kernel_image();
   PAGELLM_CHECK(image == cudaSuccess)
@@ -235,7 +228,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     attention_workspace_ = allocate(attention_workspace_bytes_);
     // Decode's split counters start at zero (attention.h); every call leaves them so.
     PAGELLM_CUDA_CHECK(cudaMemset(attention_workspace_, 0, attention_workspace_bytes_));
-    matmul_ = std::make_unique<LtMatmul>(matmul_workspace_, matmul_workspace_bytes_);
+    matmul_ = std::make_unique<LtMatmul>(matmul_workspace_, matmul_workspace_bytes_,
+                                         settings_.matmul_path, settings_.matmul_autotune);
 
     uint64_t table[kPruneTableSize];
     fill_prune_table(table);
@@ -851,7 +845,7 @@ void CudaBackend::attention(const Tensor& q, const LayerKv& kv, const AttentionS
 #endif
   ++r.stats.native_calls;
   if (max_query_len <= 1) {
-    paged_decode_attention(p, as_stream(stream_));
+    paged_decode_attention_with(p, settings_.decode_kernel, as_stream(stream_));
   } else {
     paged_prefill_attention(p, as_stream(stream_));
   }
@@ -905,7 +899,7 @@ void CudaBackend::configure_attention(AttentionBackendChoice c) {
     r.device.cc_minor = prop.minor;
 #endif
     try {
-      r.tables = CrossoverTables::load(crossover_table_paths());
+      r.tables = CrossoverTables::load(crossover_table_paths(settings_.attention_tables));
     } catch (const Error& e) {
       // A broken table is reported, and `auto` stays native rather than failing.
       std::fprintf(stderr,
@@ -999,11 +993,9 @@ void CudaBackend::matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_
   // Fused when the product would take the skinny kernel (decode batches), heads are the
   // kernel's 128-row tiles and every operand has the shape and type the fused kernel
   // writes; otherwise the two ops, which check their operands and name what is wrong.
-  // PAGELLM_DISABLE_QKV_FUSION=1 keeps them apart (an ablation switch).
-  static const bool fusion_off = [] {
-    const char* env = std::getenv("PAGELLM_DISABLE_QKV_FUSION");
-    return env != nullptr && env[0] != '\0' && std::strcmp(env, "0") != 0;
-  }();
+  // PAGELLM_DISABLE_QKV_FUSION=1 (settings_.qkv_fusion false) keeps them apart (an
+  // ablation switch).
+  const bool fusion_off = !settings_.qkv_fusion;
   const int64_t Hq = shape.num_q_heads, Hkv = shape.num_kv_heads, D = shape.head_dim;
   const int64_t T = x.ndim == 0 ? 0 : x.size(0);
   const int64_t N = (Hq + 2 * Hkv) * D;
@@ -1050,7 +1042,7 @@ void CudaBackend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tens
 }
 
 size_t CudaBackend::prepare_matrix(const Tensor& w, int64_t gated_inter) {
-  if (pack_policy_ == PackPolicy::kNever || w.dtype != DType::BF16 || w.ndim != 2) return 0;
+  if (settings_.packed_weights == PackPolicy::kNever || w.dtype != DType::BF16 || w.ndim != 2) return 0;
   const int64_t N = w.size(0), K = w.size(1);
   // Only matrices the skinny kernel can stream (sm_90, K % 8, 16-byte aligned).
   if (!skinny_gemm_supported(w.data, w.data, w.data, 1, N, K)) return 0;
@@ -1067,12 +1059,12 @@ size_t CudaBackend::prepare_matrix(const Tensor& w, int64_t gated_inter) {
   }
   size_t allocated = 0;
   if (it == packed_.end()) {
-    if (pack_policy_ == PackPolicy::kAuto && packed_bytes_ + bytes > total_memory_ / 4) return 0;
+    if (settings_.packed_weights == PackPolicy::kAuto && packed_bytes_ + bytes > total_memory_ / 4) return 0;
     void* copy = nullptr;
     try {
       copy = allocate(bytes);
     } catch (const Error&) {
-      if (pack_policy_ == PackPolicy::kAlways) throw;
+      if (settings_.packed_weights == PackPolicy::kAlways) throw;
       // Packing is an optimisation: without memory for it, the products read w.
       cudaGetLastError();
       return 0;
@@ -1283,7 +1275,7 @@ std::vector<SampledToken> CudaBackend::sample(const Tensor& logits,
 }  // namespace cuda
 
 std::unique_ptr<Backend> make_cuda_backend(int device) {
-  return std::make_unique<cuda::CudaBackend>(device);
+  return std::make_unique<cuda::CudaBackend>(device, cuda::CudaSettings::from_environment());
 }
 
 }  // namespace pagellm

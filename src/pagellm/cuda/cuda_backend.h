@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "pagellm/backend/backend.h"
+#include "pagellm/cuda/cuda_settings.h"
 
 struct CUstream_st;
 struct CUevent_st;
@@ -51,7 +52,12 @@ class CudaBackend final : public Backend {
   /// Opens `device`; throws Error with a readable reason when there is no usable GPU (no
   /// driver, no device, device index out of range, compute capability below 8.0, a build
   /// without kernels for this GPU) or not enough memory for the backend's workspaces.
-  explicit CudaBackend(int device = 0);
+  /// `settings` (by default the environment's; from_environment throws Error naming a bad
+  /// variable) choose the matmul path, packing, qkv fusion, the decode kernel and the extra
+  /// crossover tables of this backend; PDL, the prefill kernel and the cuDNN library are
+  /// process-wide and come from CudaSettings::process().
+  explicit CudaBackend(int device = 0,
+                       const CudaSettings& settings = CudaSettings::from_environment());
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -113,13 +119,13 @@ class CudaBackend final : public Backend {
   void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) override;
   /// Packs w for the skinny decode kernel (pack_skinny_weights: each pipeline stage's
   /// 16 KiB as one contiguous block, 2-9 % faster per product on the H200, same bits) when
-  /// PAGELLM_PACKED_WEIGHTS allows: "auto" (the default) packs bf16 matrices the kernel can
-  /// read (sm_90) while all packed copies fit in a quarter of the device's memory and the
-  /// allocation succeeds; "1" packs every such matrix and fails when memory runs out; "0"
-  /// packs none. The copy is keyed by w.data and used by matmul, matmul_silu_mul (when
-  /// gated_inter matches) and matmul_qk_norm_rope_store_kv whenever they run the skinny
-  /// kernel on a w of that shape; cuBLASLt (prefill, large batches) reads w. deallocate()
-  /// of the buffer holding w frees the copy.
+  /// settings().packed_weights (PAGELLM_PACKED_WEIGHTS) allows: "auto" (the default) packs
+  /// bf16 matrices the kernel can read (sm_90) while all packed copies fit in a quarter of
+  /// the device's memory and the allocation succeeds; "1" packs every such matrix and fails
+  /// when memory runs out; "0" packs none. The copy is keyed by w.data and used by matmul,
+  /// matmul_silu_mul (when gated_inter matches) and matmul_qk_norm_rope_store_kv whenever
+  /// they run the skinny kernel on a w of that shape; cuBLASLt (prefill, large batches)
+  /// reads w. deallocate() of the buffer holding w frees the copy.
   size_t prepare_matrix(const Tensor& w, int64_t gated_inter = 0) override;
 
   /// GPU sampling with the host sampler's semantics (sampling/sampler.h); returns after one
@@ -156,6 +162,8 @@ class CudaBackend final : public Backend {
   CUstream_st* stream() const { return stream_; }
   /// The CUDA device index.
   int device() const { return device_; }
+  /// The settings this backend was made with.
+  const CudaSettings& settings() const { return settings_; }
   /// For example "NVIDIA H200 (device 0, compute capability 9.0, 139.8 GiB)".
   const std::string& device_description() const { return description_; }
   /// Bytes of the decode-attention split-KV workspace (fixed at construction).
@@ -202,6 +210,7 @@ class CudaBackend final : public Backend {
   void attention_between_forwards(bool before_capture);
 
   int device_ = 0;
+  CudaSettings settings_;
   std::string description_;
   CUstream_st* stream_ = nullptr;
 
@@ -216,14 +225,12 @@ class CudaBackend final : public Backend {
     size_t bytes = 0;
     int64_t rows = 0, cols = 0, gated_inter = 0;
   };
-  enum class PackPolicy { kAuto, kAlways, kNever };
   using PackedMap = std::unordered_map<const void*, PackedMatrix>;
   PackedMap packed_;
   // Frees a packed copy and forgets it (deallocate, and prepare_matrix when another matrix
   // took the address); returns the entry after it.
   PackedMap::iterator drop_packed(PackedMap::iterator it);
   size_t packed_bytes_ = 0;
-  PackPolicy pack_policy_ = PackPolicy::kAuto;
   bool packed_enabled_ = true;
 
   // cuBLASLt.

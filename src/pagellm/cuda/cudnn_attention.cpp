@@ -18,6 +18,7 @@
 
 #include "pagellm/cuda/cudnn_attention.h"
 #include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/cuda_settings.h"
 
 // The frontend's dynamic loader reads the library handle from here.
 namespace cudnn_frontend {
@@ -161,9 +162,15 @@ const CudnnLibrary& cudnn_library() {
   static const CudnnLibrary library = [] {
     CudnnLibrary lib;
     std::vector<std::string> candidates;
-    if (const char* env = std::getenv("PAGELLM_CUDNN_LIB")) {
-      if (*env) candidates.push_back(env);
+    // PAGELLM_CUDNN_LIB, through the process's settings (cuDNN is loaded once).
+    std::string configured;
+    try {
+      configured = CudaSettings::process().cudnn_library;
+    } catch (const Error& e) {
+      lib.error = e.what();  // never throws: a bad setting reads as no cuDNN, with why
+      return lib;
     }
+    if (!configured.empty()) candidates.push_back(configured);
     for (const char* c : {"libcudnn.so.9", "/usr/local/cuda/lib64/libcudnn.so.9",
                           "/usr/lib/x86_64-linux-gnu/libcudnn.so.9"}) {
       candidates.push_back(c);

@@ -53,9 +53,10 @@ struct CudnnLibrary {
   std::string error;         // why nothing was loaded (every path tried, dlerror's reasons)
 };
 
-/// Loads cuDNN once (thread-safe, never throws). Tried in order: $PAGELLM_CUDNN_LIB (a
-/// path to libcudnn.so.9), "libcudnn.so.9" through the loader (LD_LIBRARY_PATH, ld.so
-/// cache), /usr/local/cuda/lib64 and /usr/lib/x86_64-linux-gnu. Needs cuDNN 9.
+/// Loads cuDNN once (thread-safe, never throws). Tried in order: $PAGELLM_CUDNN_LIB
+/// (CudaSettings::process().cudnn_library: a path to libcudnn.so.9), "libcudnn.so.9"
+/// through the loader (LD_LIBRARY_PATH, ld.so cache), /usr/local/cuda/lib64 and
+/// /usr/lib/x86_64-linux-gnu. Needs cuDNN 9.
 const CudnnLibrary& cudnn_library();
 
 /// The profile of CUDA device `device` (name, SM count, compute capability) with the

@@ -99,49 +99,18 @@ std::string MatmulPlanInfo::summary() const {
   return text;
 }
 
-const char* matmul_path_name(MatmulPath path) {
-  switch (path) {
-    case MatmulPath::kAuto: return "auto";
-    case MatmulPath::kCublasLt: return "cublaslt";
-    case MatmulPath::kSkinny: return "skinny";
-  }
-  return "?";
-}
-
 bool skinny_gemm_preferred(int64_t M, int64_t N, int64_t K) {
   (void)N;
   (void)K;
   return M <= kSkinnyAutoMaxM;
 }
 
-MatmulPath parse_matmul_path(const std::string& value) {
-  if (value == "auto" || value.empty()) return MatmulPath::kAuto;
-  if (value == "cublaslt") return MatmulPath::kCublasLt;
-  if (value == "skinny") return MatmulPath::kSkinny;
-  PAGELLM_CHECK(false) << "PAGELLM_MATMUL=" << value
-                       << " is not a matmul path; use cublaslt, skinny or auto";
-  return MatmulPath::kAuto;
-}
-
-bool parse_matmul_autotune(const std::string& value) {
-  if (value.empty() || value == "1") return true;
-  if (value == "0") return false;
-  PAGELLM_CHECK(false) << "PAGELLM_MATMUL_AUTOTUNE=" << value
-                       << " is not accepted; use 1 (autotune cuBLASLt algorithms) or 0 (take "
-                          "the heuristic's first choice)";
-  return true;
-}
-
 size_t LtMatmul::KeyHash::operator()(const Key& k) const {
   return hash_values(k.m, k.n, k.k, k.out_type, k.align);
 }
 
-LtMatmul::LtMatmul(void* workspace, size_t workspace_bytes)
-    : workspace_(workspace), workspace_bytes_(workspace_bytes) {
-  if (const char* env = std::getenv("PAGELLM_MATMUL")) path_ = parse_matmul_path(env);
-  if (const char* env = std::getenv("PAGELLM_MATMUL_AUTOTUNE")) {
-    autotune_ = parse_matmul_autotune(env);
-  }
+LtMatmul::LtMatmul(void* workspace, size_t workspace_bytes, MatmulPath path, bool autotune)
+    : workspace_(workspace), workspace_bytes_(workspace_bytes), path_(path), autotune_(autotune) {
   PAGELLM_CUBLAS_CHECK(cublasLtCreate(&handle_));
   try {
     prepare_skinny_gemm();

@@ -2,7 +2,7 @@
 // or float32 output, through our decode kernel (skinny_gemm.h: TMA + wgmma, programmatic
 // dependent launch, optional fused SiLU-and-multiply) or cuBLASLt.
 //
-// Dispatch: PAGELLM_MATMUL=auto|cublaslt|skinny, read when an LtMatmul is made. "auto"
+// Dispatch: PAGELLM_MATMUL=auto|cublaslt|skinny (CudaSettings::matmul_path). "auto"
 // (default) uses the skinny kernel for M <= kSkinnyAutoMaxM where it applies (sm_90,
 // aligned operands) and cuBLASLt otherwise; "cublaslt" uses cuBLASLt everywhere; "skinny"
 // uses the skinny kernel wherever it applies, any M (docs/design.md has the numbers).
@@ -39,10 +39,9 @@
 #include <string>
 #include <unordered_map>
 
-namespace pagellm::cuda {
+#include "pagellm/cuda/cuda_settings.h"
 
-/// Which implementation LtMatmul::run uses.
-enum class MatmulPath { kAuto, kCublasLt, kSkinny };
+namespace pagellm::cuda {
 
 /// Largest M whose cuBLASLt plan is autotuned (decode graph buckets reach max_num_seqs + 31);
 /// larger (prefill) products take the heuristic's first choice, so that each new prefill
@@ -52,9 +51,6 @@ constexpr int64_t kAutotuneMaxM = 512;
 /// Most heuristic candidates timed per shape.
 constexpr int kAutotuneCandidates = 16;
 
-/// "auto", "cublaslt" or "skinny".
-const char* matmul_path_name(MatmulPath path);
-
 /// Largest M that PAGELLM_MATMUL=auto sends to the skinny kernel. On the H200 the skinny
 /// kernel (with its fused SiLU and programmatic dependent launch) made Qwen3-4B decode 5 %
 /// faster than cuBLASLt at batch 32 and 12 % at batch 1, and 2 % slower at batch 64.
@@ -63,12 +59,6 @@ constexpr int64_t kSkinnyAutoMaxM = 32;
 /// Whether PAGELLM_MATMUL=auto sends this (supported) product to the skinny kernel rather
 /// than cuBLASLt: M <= kSkinnyAutoMaxM (docs/design.md has the measurements behind it).
 bool skinny_gemm_preferred(int64_t M, int64_t N, int64_t K);
-
-/// Parses a PAGELLM_MATMUL value; throws Error naming the accepted values otherwise.
-MatmulPath parse_matmul_path(const std::string& value);
-
-/// Parses a PAGELLM_MATMUL_AUTOTUNE value: "1" or "" (on), "0" (off); throws Error otherwise.
-bool parse_matmul_autotune(const std::string& value);
 
 /// What a cached cuBLASLt plan runs (diagnostics, tests, the benchmark).
 struct MatmulPlanInfo {
@@ -92,9 +82,11 @@ struct MatmulPlanInfo {
 /// workspace is shared between launches).
 class LtMatmul {
  public:
-  /// `workspace` (device memory of workspace_bytes) must outlive this object. Reads
-  /// PAGELLM_MATMUL and PAGELLM_MATMUL_AUTOTUNE (throws Error for values they do not accept).
-  LtMatmul(void* workspace, size_t workspace_bytes);
+  /// `workspace` (device memory of workspace_bytes) must outlive this object. `path` and
+  /// `autotune` as CudaSettings::matmul_path and matmul_autotune (the backend passes its
+  /// settings; the defaults are those of an empty environment).
+  LtMatmul(void* workspace, size_t workspace_bytes, MatmulPath path = MatmulPath::kAuto,
+           bool autotune = true);
   ~LtMatmul();
   LtMatmul(const LtMatmul&) = delete;
   LtMatmul& operator=(const LtMatmul&) = delete;
@@ -122,12 +114,12 @@ class LtMatmul {
   MatmulPath path_for(const void* x, const void* w, const void* out, cudaDataType_t out_type,
                       int64_t M, int64_t N, int64_t K) const;
 
-  /// Forces a path (tests, benchmarks); the constructor sets it from PAGELLM_MATMUL.
+  /// Forces a path (tests, benchmarks); the constructor's `path`.
   void set_path(MatmulPath path) { path_ = path; }
   MatmulPath path() const { return path_; }
 
   /// Turns autotuning of plans made from now on on or off (plans already cached keep their
-  /// algorithm); the constructor sets it from PAGELLM_MATMUL_AUTOTUNE.
+  /// algorithm); the constructor's `autotune`.
   void set_autotune(bool on) { autotune_ = on; }
   bool autotune() const { return autotune_; }
 

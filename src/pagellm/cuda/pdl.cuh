@@ -39,10 +39,10 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <cstdlib>
 #include <utility>
 
 #include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/cuda_settings.h"
 
 namespace pagellm::cuda {
 
@@ -61,12 +61,10 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-/// False when PAGELLM_DISABLE_PDL is set to anything but "" or "0" (read once per process).
+/// CudaSettings::process().pdl: false when PAGELLM_DISABLE_PDL is set to anything but ""
+/// or "0" (read once per process).
 inline bool pdl_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("PAGELLM_DISABLE_PDL");
-    return env == nullptr || env[0] == '\0' || (env[0] == '0' && env[1] == '\0');
-  }();
+  static const bool enabled = CudaSettings::process().pdl;
   return enabled;
 }
 
