@@ -170,9 +170,14 @@ struct AttentionRoute {
   std::unique_ptr<CudnnPlanCache> cudnn;
 #endif
   std::unique_ptr<AttentionPlanner> planner;
-  const AttentionPlan* plan = nullptr;  // this forward's (valid while `planned`)
-  bool planned = false;
-  AttentionDomain domain;
+  // A planner replaced during a forward (cuDNN failed under auto): `plan` may point into
+  // it, so it lives until the forward ends.
+  std::unique_ptr<AttentionPlanner> retired_planner;
+  // This forward's plan (null between forwards) and the serial plan_attention gave it.
+  const AttentionPlan* plan = nullptr;
+  uint64_t serial = 0;
+  uint64_t plans_made = 0;
+  AttentionDomain domain;  // the shape `plan` was made for
   // The key `auto` requested in the last forward (rule 5), and that forward's last call:
   // a plan built for it at begin_capture is run once on those buffers before capturing.
   bool pending_valid = false;
@@ -743,8 +748,55 @@ void CudaBackend::qk_norm_rope_store_kv(const Tensor& qkv, const Tensor& q_norm,
   launch_qk_norm_rope_store_kv(a, as_stream(stream_));
 }
 
+namespace {
+
+AttentionDomain attention_domain(const AttentionShape& shape) {
+  AttentionDomain domain;
+  domain.dtype = DType::BF16;
+  domain.num_q_heads = static_cast<int32_t>(shape.num_q_heads);
+  domain.num_kv_heads = static_cast<int32_t>(shape.num_kv_heads);
+  domain.head_dim = static_cast<int32_t>(shape.head_dim);
+  domain.page_size = static_cast<int32_t>(shape.page_size);
+  domain.scale = shape.scale;
+  return domain;
+}
+
+}  // namespace
+
+AttentionPlanRef CudaBackend::plan_attention(const BatchTensors& batch,
+                                             const AttentionShape& shape, const LayerKv& kv) {
+  PAGELLM_CHECK(batch.host != nullptr)
+      << "cuda backend: plan_attention needs the batch's host metadata (BatchTensors::host)";
+  PAGELLM_CHECK(kv.k.ndim == 4)
+      << "cuda backend: plan_attention: KV pools " << kv.k.shape_string()
+      << " are not [pages, kv heads, page size, head_dim]";
+  const ForwardBatch& host = *batch.host;
+  AttentionRoute& r = attention_route();
+  r.domain = attention_domain(shape);
+#if PAGELLM_HAVE_CUDNN
+  if (r.cudnn && r.cudnn->num_pages() != kv.k.size(0)) r.cudnn->set_num_pages(kv.k.size(0));
+#endif
+  // Graph mode whenever the forward may be replayed: the decision must then hold for every
+  // replay (and never routes a ragged batch, whose arrays are uploaded per forward).
+  const LaunchMode mode =
+      host.kv_len_capacity > 0 || capturing() ? LaunchMode::kGraph : LaunchMode::kEager;
+  r.plan = &r.planner->plan(r.domain, batch_view(host), mode);
+  r.serial = ++r.plans_made;
+  ++r.stats.forwards_planned;
+  r.pending_valid = r.plan->decided_by == static_cast<int>(AdmissionRule::kPlanReady);
+  if (r.pending_valid) r.pending_key = r.plan->cudnn_key;
+#if PAGELLM_HAVE_CUDNN
+  if (r.plan->provider == AttentionProvider::kCudnn) r.cudnn->upload(*r.plan, as_stream(stream_));
+#endif
+  AttentionPlanRef ref;
+  ref.serial = r.serial;
+  ref.plan = r.plan;
+  return ref;
+}
+
 void CudaBackend::attention(const Tensor& q, const LayerKv& kv, const AttentionShape& shape,
-                            const BatchTensors& batch, Tensor& out) {
+                            const BatchTensors& batch, const AttentionPlanRef& plan,
+                            Tensor& out) {
   const char* op = "attention";
   expect_dtype(q, DType::BF16, op, "q");
   expect_dtype(out, DType::BF16, op, "output");
@@ -766,6 +818,18 @@ void CudaBackend::attention(const Tensor& q, const LayerKv& kv, const AttentionS
       << "cuda backend: attention: malformed batch tensors (page table "
       << batch.page_table.shape_string() << ", " << batch.query_start.numel()
       << " query offsets for " << batch.kv_lens.numel() << " sequences)";
+  // The plan must be this forward's: upload_batch and begin_capture end a forward.
+  AttentionRoute& r = attention_route();
+  PAGELLM_CHECK(plan.serial != 0 && r.plan != nullptr && plan.serial == r.serial &&
+                plan.plan == r.plan)
+      << "cuda backend: attention needs this forward's plan: call plan_attention once per "
+         "forward, after upload_batch (and begin_capture), and pass its result to every "
+         "layer (got "
+      << (plan.serial == 0 ? std::string("no plan") : "the plan of an earlier forward") << ")";
+  PAGELLM_CHECK(attention_domain(shape) == r.domain)
+      << "cuda backend: attention: the layer's shape (" << Hq << " q heads, " << Hkv
+      << " kv heads, head_dim " << D << ", page size " << shape.page_size
+      << ") is not the one plan_attention was given";
   if (T == 0) return;
   PagedAttentionParams p;
   p.q = q.data;
@@ -791,38 +855,12 @@ void CudaBackend::attention(const Tensor& q, const LayerKv& kv, const AttentionS
   p.workspace_bytes = attention_workspace_bytes_;
   p.num_splits = 0;
 
-  // The first call of a forward plans it; every layer reuses the plan (the domain is the
-  // same for every layer of a model; a different one is planned anew).
-  AttentionRoute& r = attention_route();
-  AttentionDomain domain;
-  domain.dtype = DType::BF16;
-  domain.num_q_heads = p.num_q_heads;
-  domain.num_kv_heads = p.num_kv_heads;
-  domain.head_dim = p.head_dim;
-  domain.page_size = p.page_size;
-  domain.scale = p.scale;
-  if (!r.planned || domain != r.domain) {
-    r.domain = domain;
-#if PAGELLM_HAVE_CUDNN
-    if (r.cudnn && r.cudnn->num_pages() != kv.k.size(0)) r.cudnn->set_num_pages(kv.k.size(0));
-#endif
-    // Graph mode whenever the call may be replayed: the decision must then hold for every
-    // replay (and never routes a ragged batch, whose arrays are uploaded per forward).
-    const LaunchMode mode =
-        host.kv_len_capacity > 0 || capturing() ? LaunchMode::kGraph : LaunchMode::kEager;
-    r.plan = &r.planner->plan(domain, batch_view(host), mode);
-    r.planned = true;
-    ++r.stats.forwards_planned;
-    r.pending_valid = r.plan->decided_by == static_cast<int>(AdmissionRule::kPlanReady);
-    if (r.pending_valid) r.pending_key = r.plan->cudnn_key;
-#if PAGELLM_HAVE_CUDNN
-    if (r.plan->provider == AttentionProvider::kCudnn) r.cudnn->upload(*r.plan, as_stream(stream_));
-#endif
-  }
   r.last_call = p;
   r.last_call_valid = true;
 #if PAGELLM_HAVE_CUDNN
-  if (r.plan->provider == AttentionProvider::kCudnn) {
+  // After a cuDNN failure under auto (choice now native), the rest of the forward runs
+  // natively although its plan said cuDNN.
+  if (r.plan->provider == AttentionProvider::kCudnn && r.choice != AttentionBackendChoice::kNative) {
     try {
       r.cudnn->run(p, *r.plan, as_stream(stream_));
       ++r.stats.cudnn_calls;
@@ -837,8 +875,9 @@ void CudaBackend::attention(const Tensor& q, const LayerKv& kv, const AttentionS
       r.choice = AttentionBackendChoice::kNative;
       AttentionPlannerConfig native;
       native.choice = AttentionBackendChoice::kNative;
+      // r.plan points into the old planner: keep it until the forward ends.
+      r.retired_planner = std::move(r.planner);
       r.planner = std::make_unique<AttentionPlanner>(native);
-      r.planned = false;
       r.pending_valid = false;
     }
   }
@@ -917,8 +956,9 @@ void CudaBackend::configure_attention(AttentionBackendChoice c) {
   config.registry = r.cudnn.get();
 #endif
   r.planner = std::make_unique<AttentionPlanner>(config);
+  r.retired_planner.reset();
   r.plan = nullptr;
-  r.planned = false;
+  r.serial = 0;
   r.pending_valid = false;
 }
 
@@ -953,10 +993,12 @@ void CudaBackend::attention_between_forwards(bool before_capture) {
   (void)before_capture;
 #endif
   r.pending_valid = false;
-  // The buffers of the last call may be reused or regrown by the next upload.
+  // The buffers of the last call may be reused or regrown by the next upload, and the
+  // forward's plan ends with it.
   r.last_call_valid = false;
-  r.planned = false;
   r.plan = nullptr;
+  r.serial = 0;
+  r.retired_planner.reset();
 }
 
 std::string CudaBackend::attention_backend() const {

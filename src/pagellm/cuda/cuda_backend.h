@@ -37,7 +37,7 @@ struct AttentionRoute;
 /// What the attention dispatcher did since the backend was made (for tests and logs).
 /// Calls are counted when launched or captured, not when a graph replays them.
 struct AttentionRouteStats {
-  int64_t forwards_planned = 0;  // plan() calls (one per forward)
+  int64_t forwards_planned = 0;  // plan_attention() calls (one per forward)
   int64_t native_calls = 0;      // layer calls run on the native kernels
   int64_t cudnn_calls = 0;       // layer calls run through cuDNN
   int64_t plans_built = 0;       // cuDNN plans built off the hot path (requested by auto)
@@ -95,15 +95,19 @@ class CudaBackend final : public Backend {
   void qk_norm_rope_store_kv(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
                              float eps, const RopeParams& rope, const AttentionShape& shape,
                              const BatchTensors& batch, Tensor& q_out, LayerKv& kv) override;
-  /// Paged attention through the attention dispatcher (attention/planner.h): the first
-  /// call of a forward plans it from BatchTensors::host (graph mode when the batch declares
-  /// kv_len_capacity or the stream is capturing, else eager) and, when cuDNN was chosen,
-  /// uploads its per-forward arrays; every layer then runs cuDNN or the native kernels
-  /// (decode kernel when every query length is 1, prefill kernel otherwise, so a graph
-  /// captured for decode stays decode). A captured graph keeps the provider it was
-  /// captured with for every replay.
+  /// Plans the forward's attention through the dispatcher (attention/planner.h) from
+  /// BatchTensors::host: graph mode when the batch declares kv_len_capacity or the stream
+  /// is capturing, else eager; when cuDNN is chosen for a prefill, uploads its per-forward
+  /// arrays. The plan lives until the next upload_batch or begin_capture.
+  AttentionPlanRef plan_attention(const BatchTensors& batch, const AttentionShape& shape,
+                                  const LayerKv& kv) override;
+  /// Paged attention as `plan` says: cuDNN, or the native kernels (decode kernel when every
+  /// query length is 1, prefill kernel otherwise, so a graph captured for decode stays
+  /// decode). A captured graph keeps the provider it was captured with for every replay.
+  /// Throws Error for a plan that is not this forward's or a shape it was not made for.
   void attention(const Tensor& q, const LayerKv& kv, const AttentionShape& shape,
-                 const BatchTensors& batch, Tensor& out) override;
+                 const BatchTensors& batch, const AttentionPlanRef& plan,
+                 Tensor& out) override;
   /// "auto" (the default), "native" or "cudnn"; see Backend::set_attention_backend.
   /// "cudnn" throws Error at once when no usable cuDNN 9 can be loaded (or this build has
   /// no cuDNN route), naming what was tried. Not while capturing.
@@ -205,8 +209,8 @@ class CudaBackend final : public Backend {
   // The packed copy of w for products of this kind (gated_inter as in prepare_matrix), or
   // null when there is none or packing is turned off.
   const void* packed_for(const Tensor& w, int64_t gated_inter) const;
-  // Between forwards (upload_batch, begin_capture): builds requested cuDNN plans and marks
-  // the next attention() as the first of a forward.
+  // Between forwards (upload_batch, begin_capture): builds requested cuDNN plans and ends
+  // the forward's attention plan.
   void attention_between_forwards(bool before_capture);
 
   int device_ = 0;
