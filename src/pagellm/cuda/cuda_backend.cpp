@@ -1209,10 +1209,6 @@ std::vector<SampledToken> CudaBackend::sample(const Tensor& logits,
   std::vector<GpuSamplingRow> params(static_cast<size_t>(R));
   std::vector<GpuPenaltyEntry> entries;
   int32_t penalised_rows = 0;
-  if (penalty_counts_.size() < static_cast<size_t>(V)) {
-    penalty_counts_.assign(static_cast<size_t>(V), 0);
-    penalty_seen_.assign(static_cast<size_t>(V), 0);
-  }
   for (int64_t r = 0; r < R; ++r) {
     const SamplingRow& row = rows[static_cast<size_t>(r)];
     try {
@@ -1230,41 +1226,13 @@ std::vector<SampledToken> CudaBackend::sample(const Tensor& logits,
       g.flags = (sp.greedy() ? kSampleGreedy : 0u) |
                 (sp.processed_logprobs ? kSampleProcessedLogprobs : 0u);
       g.stream_key = sampling_stream_key(row.seed, static_cast<uint64_t>(row.output_index));
-      const bool repetition = sp.repetition_penalty != 1.0f;
-      if (repetition || sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f) {
-        auto check_ids = [V](const std::vector<int32_t>* ids, const char* what) {
-          if (ids == nullptr) return;
-          for (int32_t t : *ids) {
-            PAGELLM_CHECK(t >= 0 && t < V) << "sampling: " << what << " token id " << t
-                                           << " is outside the vocabulary [0, " << V << ")";
-          }
-        };
-        check_ids(row.output_tokens, "output");
-        if (repetition) check_ids(row.prompt_tokens, "prompt");
+      if (penalties_enabled(sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty)) {
+        // The host sampler's counting (sampling/rules.h); the kernel applies the same rule.
         g.flags |= kSamplePenalties;
         g.scratch_row = penalised_rows++;
         g.penalty_begin = static_cast<int32_t>(entries.size());
-        penalty_touched_.clear();
-        auto mark = [this](int32_t t) {
-          if (!penalty_seen_[static_cast<size_t>(t)]) {
-            penalty_seen_[static_cast<size_t>(t)] = 1;
-            penalty_touched_.push_back(t);
-          }
-        };
-        if (row.output_tokens != nullptr) {
-          for (int32_t t : *row.output_tokens) {
-            mark(t);
-            ++penalty_counts_[static_cast<size_t>(t)];
-          }
-        }
-        if (repetition && row.prompt_tokens != nullptr) {
-          for (int32_t t : *row.prompt_tokens) mark(t);
-        }
-        for (int32_t t : penalty_touched_) {
-          entries.push_back({t, penalty_counts_[static_cast<size_t>(t)]});
-          penalty_seen_[static_cast<size_t>(t)] = 0;
-          penalty_counts_[static_cast<size_t>(t)] = 0;
-        }
+        penalty_counter_.count(row.prompt_tokens, row.output_tokens,
+                               sp.repetition_penalty != 1.0f, V, entries);
         g.penalty_count = static_cast<int32_t>(entries.size()) - g.penalty_begin;
       }
     } catch (const Error& e) {

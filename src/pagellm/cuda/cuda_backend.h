@@ -266,9 +266,7 @@ class CudaBackend final : public Backend {
   size_t sampling_bytes_ = 0;
   float* sampling_scratch_ = nullptr;      // [rows with penalties, V]
   size_t sampling_scratch_floats_ = 0;
-  std::vector<int32_t> penalty_counts_;    // [V] host scratch, all 0 between rows
-  std::vector<uint8_t> penalty_seen_;      // [V]
-  std::vector<int32_t> penalty_touched_;
+  PenaltyCounter penalty_counter_;         // the rows' penalty lists (sampling/rules.h)
 };
 
 }  // namespace cuda

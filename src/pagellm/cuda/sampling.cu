@@ -484,15 +484,12 @@ __global__ void __launch_bounds__(kThreads)
   if (penalised) {
     for (int32_t i = threadIdx.x; i < vocab; i += kThreads) xs[i] = sanitize(row_logits[i]);
     __syncthreads();
-    const bool repetition = p.repetition_penalty != 1.0f;
     for (int32_t e = threadIdx.x; e < p.penalty_count; e += kThreads) {
       const GpuPenaltyEntry entry = penalties[p.penalty_begin + e];
-      float v = xs[entry.token];
-      if (repetition) v = v > 0.0f ? v / p.repetition_penalty : __fmul_rn(v, p.repetition_penalty);
-      if (entry.output_count > 0) {
-        v = __fsub_rn(v, __fmul_rn(p.frequency_penalty, static_cast<float>(entry.output_count)));
-        v = __fsub_rn(v, p.presence_penalty);
-      }
+      // The host sampler's rule (sampling/rules.h).
+      const float v = penalised_logit(xs[entry.token], p.repetition_penalty,
+                                      p.frequency_penalty, p.presence_penalty,
+                                      entry.output_count);
       xs[entry.token] = sanitize(v);
     }
     __syncthreads();
@@ -703,12 +700,9 @@ __global__ void __launch_bounds__(kThreads)
       const float v = x(i);
       if (!(v > -INFINITY) || double(v) < threshold) continue;
       const double gap = best0 - double(v);
-      if (gap > kGumbelMax) continue;
+      if (race_out_of_reach(gap)) continue;
       const uint64_t bits = sampling_bits(key, static_cast<uint32_t>(i));
-      if (gap > 1e-9) {
-        const int j = static_cast<int>((gap - 1e-9) * kPruneStepsPerNat);
-        if ((bits >> 11) < s.prune[j]) continue;
-      }
+      if (race_pruned(gap, bits, s.prune)) continue;
       consider(double(v) + gumbel_from_bits(bits), i, best);
     }
   }
@@ -726,11 +720,7 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void fill_prune_table(uint64_t* table) {
-  for (int j = 0; j < kPruneTableSize; ++j) {
-    const double u = std::exp(-std::exp(-double(j) / kPruneStepsPerNat));
-    const double k = std::floor(u * 0x1p53) - 4096.0;
-    table[j] = k <= 0.0 ? 0 : static_cast<uint64_t>(k);
-  }
+  for (int j = 0; j < kPruneTableSize; ++j) table[j] = prune_table_entry(j);
 }
 
 void launch_sample_rows(const float* logits, int32_t num_rows, int32_t vocab,

@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "pagellm/sampling/rules.h"
+
 namespace pagellm::cuda {
 
 /// Per-row sampling parameters as the kernel reads them (built on the host).
@@ -43,11 +45,8 @@ inline constexpr uint32_t kSamplePenalties = 4u;
 
 /// One entry of the penalty list: a distinct token of the row's prompt or output and how
 /// many times it occurs in the output (0: prompt only; only listed when the repetition
-/// penalty is on).
-struct GpuPenaltyEntry {
-  int32_t token;
-  int32_t output_count;
-};
+/// penalty is on), as PenaltyCounter (sampling/rules.h) lists it for both samplers.
+using GpuPenaltyEntry = PenaltyCount;
 
 /// What the kernel returns per row.
 struct GpuSampledToken {
@@ -61,13 +60,8 @@ inline constexpr int32_t kSampleOk = 0;
 inline constexpr int32_t kSampleNoFiniteLogit = 1;         // every raw logit is NaN or -inf
 inline constexpr int32_t kSampleNoFiniteAfterPenalties = 2;
 
-/// Entries of the Gumbel-race pruning table (see fill_prune_table).
-inline constexpr int kPruneStepsPerNat = 8;
-inline constexpr int kPruneTableSize = static_cast<int>(36.75 * kPruneStepsPerNat) + 2;
-
-/// Fills table[kPruneTableSize] on the host exactly as the host sampler builds its own:
-/// entry j = floor(exp(-exp(-j / 8)) * 2^53) - 4096 (0 if negative). A token whose gap to
-/// the best score is in [j/8, (j+1)/8) can only win if its 53-bit draw is >= entry j.
+/// Fills table[kPruneTableSize] on the host with the Gumbel race's pruning table
+/// (prune_table_entry of sampling/rules.h, the host sampler's own).
 void fill_prune_table(uint64_t* table);
 
 /// Samples one token per row of logits [num_rows, vocab] (float32, device). rows,
