@@ -92,6 +92,9 @@ class Backend {
 
   /// Copies the batch metadata to the device; the result stays valid until the next call.
   virtual BatchTensors upload_batch(const ForwardBatch& batch) = 0;
+  /// Whether upload_batch accepts ForwardBatch's persistent page table (seq_slots,
+  /// page_table_updates) instead of a dense page_table.
+  virtual bool supports_persistent_page_table() const { return false; }
 
   // ---- operations ---------------------------------------------------------------------
   // Weights (matrices, norm vectors) passed to an operation must not be written by work

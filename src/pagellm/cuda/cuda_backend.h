@@ -85,7 +85,17 @@ class CudaBackend final : public Backend {
   /// beyond the capacities grows them (synchronising, and invalidating graphs captured
   /// before; call reserve_batch first to avoid that). Must not be called while capturing.
   /// `batch` must outlive the returned tensors (BatchTensors::host points at it).
+  ///
+  /// With seq_slots (the persistent page table), the same single copy carries seq_slots
+  /// and the table's changed runs instead of the dense page table; then, on the stream and
+  /// outside any graph, one kernel applies the runs to the device-resident table (grown
+  /// to page_table_rows x max_pages_per_seq, zero-filled, on demand) and another gathers
+  /// the batch's rows into the page-table region, so that attention reads the same
+  /// [B, max_pages_per_seq] table at the same address as on the dense path. Throws Error
+  /// for slots or runs outside the table, runs that write row 0, or values that do not
+  /// match the runs.
   BatchTensors upload_batch(const ForwardBatch& batch) override;
+  bool supports_persistent_page_table() const override { return true; }
 
   void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
@@ -195,10 +205,21 @@ class CudaBackend final : public Backend {
   // Element offsets of the batch regions for the current capacities.
   struct BatchLayout {
     size_t token_ids, positions, slot_mapping, query_start, kv_lens, logits_indices,
-        page_table, total;
+        seq_slots, page_runs, page_values, page_table, total;
+  };
+  // What the batch regions must hold (elements; runs of the persistent page table).
+  struct BatchCapacity {
+    int64_t tokens = 0, seqs = 0, page_entries = 0, rows = 0;
+    int64_t slots = 0, runs = 0, values = 0;  // persistent page table only
   };
   BatchLayout batch_layout() const;
-  void grow_batch_buffers(int64_t tokens, int64_t seqs, int64_t page_entries, int64_t rows);
+  void grow_batch_buffers(const BatchCapacity& need);
+  // `need` raised to what the reserved batch (reserve_batch) needs of the persistent regions.
+  BatchCapacity with_persistent_reserve(BatchCapacity need) const;
+  // Grows the persistent page table to at least rows x cols (zero-filled, keeping its rows).
+  void ensure_page_table(int64_t rows, int64_t cols);
+  // Throws Error naming what is wrong with a persistent batch's seq_slots and updates.
+  void check_persistent_page_table(const ForwardBatch& batch) const;
   void ensure_sampling_capacity(size_t bytes, size_t scratch_floats);
   bool capturing() const;
   void release_all() noexcept;
@@ -252,6 +273,15 @@ class CudaBackend final : public Backend {
   // region per array sized by these capacities.
   int32_t* batch_device_ = nullptr;
   int64_t cap_tokens_ = 0, cap_seqs_ = 0, cap_page_entries_ = 0, cap_rows_ = 0;
+  int64_t cap_slots_ = 0, cap_runs_ = 0, cap_values_ = 0;  // 0 until a persistent batch
+  int64_t reserved_seqs_ = 0, reserved_pages_per_seq_ = 0;  // reserve_batch's largest
+
+  // The persistent page table [table_rows_, table_cols_] (device, int32, zero-filled at
+  // allocation), and which rows this step's runs named (a stamp per row).
+  int32_t* page_table_ = nullptr;
+  int64_t table_rows_ = 0, table_cols_ = 0;
+  std::vector<uint64_t> run_seen_;
+  uint64_t run_stamp_ = 0;
   PinnedSlot batch_staging_[2];
   int batch_slot_ = 0;
 
