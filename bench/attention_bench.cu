@@ -30,9 +30,9 @@
 #include <string>
 #include <vector>
 
-#include "pagellm/cuda/attention.h"
-#include "pagellm/cuda/attention_decode_variants.h"
-#include "pagellm/cuda/attention_prefill_variants.h"
+#include "pagellm/cuda/attention/attention.h"
+#include "pagellm/cuda/attention/attention_decode_variants.h"
+#include "pagellm/cuda/attention/attention_prefill_variants.h"
 
 #include "cuda_bench_util.cuh"
 

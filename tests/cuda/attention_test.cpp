@@ -11,7 +11,7 @@
 //     is off by more than 3e-2 relative.
 // Long sequences are checked on a sample of rows (first, last and random ones); all rows are
 // still checked for finiteness.
-#include "pagellm/cuda/attention.h"
+#include "pagellm/cuda/attention/attention.h"
 
 #include <cuda_runtime.h>
 #include <stdlib.h>
@@ -33,9 +33,9 @@
 #include "cuda/cuda_test_util.h"
 #include "pagellm/common/check.h"
 #include "pagellm/common/dtype.h"
-#include "pagellm/cuda/attention_decode_variants.h"
-#include "pagellm/cuda/attention_prefill_variants.h"
-#include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/attention/attention_decode_variants.h"
+#include "pagellm/cuda/attention/attention_prefill_variants.h"
+#include "pagellm/cuda/support/cuda_check.h"
 
 namespace pagellm::cuda {
 namespace {

@@ -18,18 +18,18 @@
 
 #include "pagellm/attention/planner.h"
 #include "pagellm/common/random.h"
-#include "pagellm/cuda/attention.h"
-#include "pagellm/cuda/attention_decode_variants.h"
-#include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/attention/attention.h"
+#include "pagellm/cuda/attention/attention_decode_variants.h"
+#include "pagellm/cuda/support/cuda_check.h"
 #if PAGELLM_HAVE_CUDNN
-#include "pagellm/cuda/cudnn_attention.h"
+#include "pagellm/cuda/attention/cudnn_attention.h"
 #endif
-#include "pagellm/cuda/kernel_trace.h"
-#include "pagellm/cuda/kernels.h"
-#include "pagellm/cuda/matmul.h"
-#include "pagellm/cuda/page_table.h"
-#include "pagellm/cuda/sampling.h"
-#include "pagellm/cuda/skinny_gemm.h"
+#include "pagellm/cuda/support/kernel_trace.h"
+#include "pagellm/cuda/elementwise/kernels.h"
+#include "pagellm/cuda/matmul/matmul.h"
+#include "pagellm/cuda/attention/page_table.h"
+#include "pagellm/cuda/sampling/sampling.h"
+#include "pagellm/cuda/matmul/skinny_gemm.h"
 #include "pagellm/sampling/sampler.h"
 
 namespace pagellm {

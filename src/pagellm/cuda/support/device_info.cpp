@@ -1,8 +1,8 @@
-#include "pagellm/cuda/device_info.h"
+#include "pagellm/cuda/support/device_info.h"
 
 #include <cuda_runtime.h>
 
-#include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/support/cuda_check.h"
 
 namespace pagellm::cuda {
 

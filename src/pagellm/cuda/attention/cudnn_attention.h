@@ -42,7 +42,7 @@
 #include <vector>
 
 #include "pagellm/attention/planner.h"
-#include "pagellm/cuda/attention.h"
+#include "pagellm/cuda/attention/attention.h"
 
 namespace pagellm::cuda {
 

@@ -1,9 +1,11 @@
-// Host-side checks shared by the paged-attention launchers.
+// Host-side checks shared by the paged-attention launchers: parameter validation that
+// names what is wrong before any kernel runs. No kernel lives here (so no roofline); the
+// device helpers the kernels share are in attention_common.cuh.
 #include <cmath>
 #include <cstdint>
 
 #include "pagellm/common/check.h"
-#include "pagellm/cuda/attention_common.cuh"
+#include "pagellm/cuda/attention/attention_common.cuh"
 
 namespace pagellm::cuda::attn {
 

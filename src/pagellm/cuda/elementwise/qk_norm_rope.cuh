@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "pagellm/cuda/kernels.h"
+#include "pagellm/cuda/elementwise/kernels.h"
 
 namespace pagellm::cuda {
 

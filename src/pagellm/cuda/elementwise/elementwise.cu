@@ -21,9 +21,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "pagellm/cuda/cuda_check.h"
-#include "pagellm/cuda/kernels.h"
-#include "pagellm/cuda/pdl.cuh"
+#include "pagellm/cuda/support/cuda_check.h"
+#include "pagellm/cuda/elementwise/kernels.h"
+#include "pagellm/cuda/support/pdl.cuh"
 
 namespace pagellm::cuda {
 namespace {

@@ -22,10 +22,10 @@
 
 #include <cstdint>
 
-#include "pagellm/cuda/cuda_check.h"
-#include "pagellm/cuda/kernels.h"
-#include "pagellm/cuda/pdl.cuh"
-#include "pagellm/cuda/qk_norm_rope.cuh"
+#include "pagellm/cuda/support/cuda_check.h"
+#include "pagellm/cuda/elementwise/kernels.h"
+#include "pagellm/cuda/support/pdl.cuh"
+#include "pagellm/cuda/elementwise/qk_norm_rope.cuh"
 
 namespace pagellm::cuda {
 namespace {

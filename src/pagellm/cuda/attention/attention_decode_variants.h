@@ -9,7 +9,7 @@
 
 #include <cuda_runtime.h>
 
-#include "pagellm/cuda/attention.h"
+#include "pagellm/cuda/attention/attention.h"
 #include "pagellm/cuda/cuda_settings.h"
 
 namespace pagellm::cuda {

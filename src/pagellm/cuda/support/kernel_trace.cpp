@@ -1,4 +1,4 @@
-#include "pagellm/cuda/kernel_trace.h"
+#include "pagellm/cuda/support/kernel_trace.h"
 
 #include <cupti_activity.h>
 #include <cxxabi.h>

@@ -21,7 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "pagellm/cuda/kernels.h"
+#include "pagellm/cuda/elementwise/kernels.h"
 
 namespace pagellm::cuda {
 

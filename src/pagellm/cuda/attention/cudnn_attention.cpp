@@ -16,8 +16,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "pagellm/cuda/cudnn_attention.h"
-#include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/attention/cudnn_attention.h"
+#include "pagellm/cuda/support/cuda_check.h"
 #include "pagellm/cuda/cuda_settings.h"
 
 // The frontend's dynamic loader reads the library handle from here.

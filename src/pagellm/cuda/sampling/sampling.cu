@@ -26,6 +26,13 @@
 //
 // Penalties need a modified copy of the row: rows with penalties get a scratch row
 // (sanitised logits, penalties applied in place by the CTA, then divided by temperature).
+// The penalty of a logit, the penalty lists and the race's pruning are the host sampler's
+// own rules (sampling/rules.h), not copies of them.
+//
+// Roofline: every pass is an L2 read of the row (600 KB, ~3-5 µs at L2 bandwidth per
+// SM-limited CTA); the typical request above needs passes 1, 3 and 4 plus the candidates'
+// work in shared memory, so a step's sampling is bound by the number of passes and their
+// barriers, not by HBM (the logits never leave L2).
 //
 // Arithmetic that decides a token is done exactly as on the host: exp_nonpositive with
 // round-to-nearest intrinsics (no FMA contraction), sums of probabilities in double, in
@@ -40,9 +47,9 @@
 #include <cooperative_groups.h>
 
 #include "pagellm/common/random.h"
-#include "pagellm/cuda/cuda_check.h"
-#include "pagellm/cuda/pdl.cuh"
-#include "pagellm/cuda/sampling.h"
+#include "pagellm/cuda/support/cuda_check.h"
+#include "pagellm/cuda/support/pdl.cuh"
+#include "pagellm/cuda/sampling/sampling.h"
 
 namespace pagellm::cuda {
 namespace {

@@ -21,8 +21,8 @@
 
 #include <cstdint>
 
-#include "pagellm/cuda/cuda_check.h"
-#include "pagellm/cuda/page_table.h"
+#include "pagellm/cuda/support/cuda_check.h"
+#include "pagellm/cuda/attention/page_table.h"
 
 namespace pagellm::cuda {
 namespace {

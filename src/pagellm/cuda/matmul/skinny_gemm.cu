@@ -54,7 +54,7 @@
 //
 // wgmma and the TMA tensor maps need sm_90a; the compute_90 PTX of this file (the portable
 // target) carries a kernel that traps, and skinny_gemm_supported() is false off sm_90.
-#include "pagellm/cuda/skinny_gemm.h"
+#include "pagellm/cuda/matmul/skinny_gemm.h"
 
 #include <cooperative_groups.h>
 #include <cuda.h>
@@ -63,12 +63,12 @@
 #include <algorithm>
 #include <mutex>
 
-#include "pagellm/cuda/cuda_check.h"
-#include "pagellm/cuda/device_info.h"
-#include "pagellm/cuda/pdl.cuh"
-#include "pagellm/cuda/qk_norm_rope.cuh"
-#include "pagellm/cuda/tma.cuh"
-#include "pagellm/cuda/tma.h"
+#include "pagellm/cuda/support/cuda_check.h"
+#include "pagellm/cuda/support/device_info.h"
+#include "pagellm/cuda/support/pdl.cuh"
+#include "pagellm/cuda/elementwise/qk_norm_rope.cuh"
+#include "pagellm/cuda/support/tma.cuh"
+#include "pagellm/cuda/support/tma.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PAGELLM_SKINNY_WGMMA 1

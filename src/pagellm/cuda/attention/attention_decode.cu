@@ -51,13 +51,13 @@
 #include <cstdint>
 
 #include "pagellm/common/check.h"
-#include "pagellm/cuda/attention.h"
-#include "pagellm/cuda/attention_decode_variants.h"
-#include "pagellm/cuda/attention_common.cuh"
-#include "pagellm/cuda/cuda_check.h"
-#include "pagellm/cuda/device_info.h"
-#include "pagellm/cuda/tma.cuh"
-#include "pagellm/cuda/tma.h"
+#include "pagellm/cuda/attention/attention.h"
+#include "pagellm/cuda/attention/attention_decode_variants.h"
+#include "pagellm/cuda/attention/attention_common.cuh"
+#include "pagellm/cuda/support/cuda_check.h"
+#include "pagellm/cuda/support/device_info.h"
+#include "pagellm/cuda/support/tma.cuh"
+#include "pagellm/cuda/support/tma.h"
 
 namespace pagellm::cuda {
 namespace attn {

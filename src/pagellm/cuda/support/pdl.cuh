@@ -41,7 +41,7 @@
 #include <cstddef>
 #include <utility>
 
-#include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/support/cuda_check.h"
 #include "pagellm/cuda/cuda_settings.h"
 
 namespace pagellm::cuda {

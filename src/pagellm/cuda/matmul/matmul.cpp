@@ -1,4 +1,4 @@
-#include "pagellm/cuda/matmul.h"
+#include "pagellm/cuda/matmul/matmul.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "pagellm/common/hash.h"
-#include "pagellm/cuda/cuda_check.h"
-#include "pagellm/cuda/skinny_gemm.h"
+#include "pagellm/cuda/support/cuda_check.h"
+#include "pagellm/cuda/matmul/skinny_gemm.h"
 
 namespace pagellm::cuda {
 namespace {

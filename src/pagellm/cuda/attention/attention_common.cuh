@@ -14,8 +14,8 @@
 #include <string>
 
 #include "pagellm/common/check.h"
-#include "pagellm/cuda/attention.h"
-#include "pagellm/cuda/pdl.cuh"
+#include "pagellm/cuda/attention/attention.h"
+#include "pagellm/cuda/support/pdl.cuh"
 
 namespace pagellm::cuda::attn {
 

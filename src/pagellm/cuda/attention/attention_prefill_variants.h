@@ -8,7 +8,7 @@
 
 #include <cuda_runtime.h>
 
-#include "pagellm/cuda/attention.h"
+#include "pagellm/cuda/attention/attention.h"
 
 namespace pagellm::cuda {
 

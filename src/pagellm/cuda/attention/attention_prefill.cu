@@ -48,10 +48,10 @@
 #include <cstdint>
 
 #include "pagellm/common/check.h"
-#include "pagellm/cuda/attention.h"
-#include "pagellm/cuda/attention_common.cuh"
-#include "pagellm/cuda/attention_prefill_variants.h"
-#include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/attention/attention.h"
+#include "pagellm/cuda/attention/attention_common.cuh"
+#include "pagellm/cuda/attention/attention_prefill_variants.h"
+#include "pagellm/cuda/support/cuda_check.h"
 #include "pagellm/cuda/cuda_settings.h"
 
 namespace pagellm::cuda {

@@ -1,4 +1,4 @@
-#include "pagellm/cuda/tma.h"
+#include "pagellm/cuda/support/tma.h"
 
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
@@ -9,7 +9,7 @@
 
 #include "pagellm/common/check.h"
 #include "pagellm/common/hash.h"
-#include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/support/cuda_check.h"
 
 namespace pagellm::cuda {
 namespace {
