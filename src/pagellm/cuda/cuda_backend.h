@@ -7,6 +7,13 @@
 // copy_to_*, upload_batch (one async copy from pinned memory) and sample (one async copy
 // each way and one synchronisation to return the tokens).
 //
+// The backend is made of rooms with one job each, composed here: DeviceMemory (opening the
+// device, allocations, transfers; device_memory.h), PackedWeights (matmul/packed_weights.h),
+// BatchStaging (batch metadata and the persistent page table; batch_staging.h),
+// AttentionDispatch (plan and run of paged attention; attention/attention_dispatch.h),
+// GpuSampler (sampling/gpu_sampler.h) and the graph helpers (graphs.h). The operations
+// below check their operands and launch their kernel; the rooms hold the state.
+//
 // This header includes no CUDA header, so that the backend factory (and anything else
 // outside src/pagellm/cuda) can include it in a build without CUDA include paths. The
 // stream is exposed as CUstream_st*, which is what cudaStream_t is.
@@ -20,10 +27,10 @@
 #include <vector>
 
 #include "pagellm/backend/backend.h"
+#include "pagellm/cuda/attention/attention_dispatch.h"
 #include "pagellm/cuda/cuda_settings.h"
 
 struct CUstream_st;
-struct CUevent_st;
 
 namespace pagellm {
 
@@ -32,18 +39,10 @@ struct AttentionPlan;
 namespace cuda {
 
 class LtMatmul;
-struct AttentionRoute;
-
-/// What the attention dispatcher did since the backend was made (for tests and logs).
-/// Calls are counted when launched or captured, not when a graph replays them.
-struct AttentionRouteStats {
-  int64_t forwards_planned = 0;  // plan_attention() calls (one per forward)
-  int64_t native_calls = 0;      // layer calls run on the native kernels
-  int64_t cudnn_calls = 0;       // layer calls run through cuDNN
-  int64_t plans_built = 0;       // cuDNN plans built off the hot path (requested by auto)
-  int64_t plans_refused = 0;     // requested shapes cuDNN refused to build
-  int64_t warmups = 0;           // freshly built plans run once before a capture
-};
+class DeviceMemory;
+class PackedWeights;
+class BatchStaging;
+class GpuSampler;
 
 /// Backend on one CUDA device (compute capability 8.0 or newer, with kernels built for it).
 /// Not thread-safe: one host thread drives it.
@@ -181,7 +180,7 @@ class CudaBackend final : public Backend {
   /// For example "NVIDIA H200 (device 0, compute capability 9.0, 139.8 GiB)".
   const std::string& device_description() const { return description_; }
   /// Bytes of the decode-attention split-KV workspace (fixed at construction).
-  size_t attention_workspace_bytes() const { return attention_workspace_bytes_; }
+  size_t attention_workspace_bytes() const;
   /// The attention backend choice ("auto", "native" or "cudnn").
   std::string attention_backend() const;
   /// What the attention dispatcher did so far.
@@ -189,114 +188,31 @@ class CudaBackend final : public Backend {
   /// The plan of the last forward that ran attention (nullptr before the first).
   const AttentionPlan* last_attention_plan() const;
   /// Bytes held by prepare_matrix's packed copies.
-  size_t packed_weight_bytes() const { return packed_bytes_; }
+  size_t packed_weight_bytes() const;
   /// Number of matrices with a packed copy.
-  size_t packed_matrices() const { return packed_.size(); }
+  size_t packed_matrices() const;
   /// Whether the products read the packed copies (default true). Tests turn it off to run
   /// the same weights through the row-major path; capture graphs after setting it.
-  void set_packed_weights_enabled(bool on) { packed_enabled_ = on; }
+  void set_packed_weights_enabled(bool on);
 
  private:
-  struct PinnedSlot {
-    void* host = nullptr;        // pinned
-    CUevent_st* done = nullptr;  // recorded after the copy that reads `host`
-  };
-
-  // Element offsets of the batch regions for the current capacities.
-  struct BatchLayout {
-    size_t token_ids, positions, slot_mapping, query_start, kv_lens, logits_indices,
-        seq_slots, page_runs, page_values, page_table, total;
-  };
-  // What the batch regions must hold (elements; runs of the persistent page table).
-  struct BatchCapacity {
-    int64_t tokens = 0, seqs = 0, page_entries = 0, rows = 0;
-    int64_t slots = 0, runs = 0, values = 0;  // persistent page table only
-  };
-  BatchLayout batch_layout() const;
-  void grow_batch_buffers(const BatchCapacity& need);
-  // `need` raised to what the reserved batch (reserve_batch) needs of the persistent regions.
-  BatchCapacity with_persistent_reserve(BatchCapacity need) const;
-  // Grows the persistent page table to at least rows x cols (zero-filled, keeping its rows).
-  void ensure_page_table(int64_t rows, int64_t cols);
-  // Throws Error naming what is wrong with a persistent batch's seq_slots and updates.
-  void check_persistent_page_table(const ForwardBatch& batch) const;
-  void ensure_sampling_capacity(size_t bytes, size_t scratch_floats);
   bool capturing() const;
   void release_all() noexcept;
-  // The dispatcher's state, made on first use (a native-only backend never loads cuDNN).
-  AttentionRoute& attention_route();
-  // Sets the choice and rebuilds the planner (set_attention_backend without its checks).
-  void configure_attention(AttentionBackendChoice choice);
-  // The packed copy of w for products of this kind (gated_inter as in prepare_matrix), or
-  // null when there is none or packing is turned off.
-  const void* packed_for(const Tensor& w, int64_t gated_inter) const;
-  // Between forwards (upload_batch, begin_capture): builds requested cuDNN plans and ends
-  // the forward's attention plan.
-  void attention_between_forwards(bool before_capture);
 
   int device_ = 0;
   CudaSettings settings_;
   std::string description_;
   CUstream_st* stream_ = nullptr;
 
-  // Allocations made by allocate(), with their sizes (deallocate frees the packed copies
-  // of matrices inside them).
-  std::unordered_map<void*, size_t> allocations_;
-  size_t total_memory_ = 0;
-
-  // prepare_matrix's packed copies, keyed by the row-major matrix's address.
-  struct PackedMatrix {
-    void* data = nullptr;
-    size_t bytes = 0;
-    int64_t rows = 0, cols = 0, gated_inter = 0;
-  };
-  using PackedMap = std::unordered_map<const void*, PackedMatrix>;
-  PackedMap packed_;
-  // Frees a packed copy and forgets it (deallocate, and prepare_matrix when another matrix
-  // took the address); returns the entry after it.
-  PackedMap::iterator drop_packed(PackedMap::iterator it);
-  size_t packed_bytes_ = 0;
-  bool packed_enabled_ = true;
-
-  // cuBLASLt.
-  void* matmul_workspace_ = nullptr;
+  // The rooms (made in this order at construction, released in reverse).
+  std::unique_ptr<DeviceMemory> memory_;
+  void* matmul_workspace_ = nullptr;  // cuBLASLt's
   size_t matmul_workspace_bytes_ = 0;
   std::unique_ptr<LtMatmul> matmul_;
-
-  // Decode attention's split-KV partials.
-  void* attention_workspace_ = nullptr;
-  size_t attention_workspace_bytes_ = 0;
-  // The attention dispatcher: planner, crossover tables, cuDNN plan cache.
-  std::unique_ptr<AttentionRoute> attention_route_;
-
-  // Batch metadata: device buffer and two pinned staging slots used alternately, with a
-  // region per array sized by these capacities.
-  int32_t* batch_device_ = nullptr;
-  int64_t cap_tokens_ = 0, cap_seqs_ = 0, cap_page_entries_ = 0, cap_rows_ = 0;
-  int64_t cap_slots_ = 0, cap_runs_ = 0, cap_values_ = 0;  // 0 until a persistent batch
-  int64_t reserved_seqs_ = 0, reserved_pages_per_seq_ = 0;  // reserve_batch's largest
-
-  // The persistent page table [table_rows_, table_cols_] (device, int32, zero-filled at
-  // allocation), and which rows this step's runs named (a stamp per row).
-  int32_t* page_table_ = nullptr;
-  int64_t table_rows_ = 0, table_cols_ = 0;
-  std::vector<uint64_t> run_seen_;
-  uint64_t run_stamp_ = 0;
-  PinnedSlot batch_staging_[2];
-  int batch_slot_ = 0;
-
-  // Upload staging: two pinned chunks, converted on the host, copied asynchronously.
-  PinnedSlot upload_staging_[2];
-  size_t upload_chunk_bytes_ = 0;
-
-  // Sampling.
-  uint64_t* prune_table_ = nullptr;        // device
-  void* sampling_device_ = nullptr;        // rows | penalties | results
-  void* sampling_host_ = nullptr;          // pinned mirror of the same layout
-  size_t sampling_bytes_ = 0;
-  float* sampling_scratch_ = nullptr;      // [rows with penalties, V]
-  size_t sampling_scratch_floats_ = 0;
-  PenaltyCounter penalty_counter_;         // the rows' penalty lists (sampling/rules.h)
+  std::unique_ptr<PackedWeights> packed_;
+  std::unique_ptr<AttentionDispatch> attention_;
+  std::unique_ptr<BatchStaging> batch_;
+  std::unique_ptr<GpuSampler> sampler_;
 };
 
 }  // namespace cuda
