@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "pagellm/cuda/attention.h"
-#include "pagellm/cuda/attention_decode_variants.h"
+#include "pagellm/cuda/attention/attention.h"
+#include "pagellm/cuda/attention/attention_decode_variants.h"
 
 #include "cuda_bench_util.cuh"
 

@@ -38,10 +38,10 @@
 #include "pagellm/attention/crossover_table.h"
 #include "pagellm/attention/planner.h"
 #include "pagellm/common/check.h"
-#include "pagellm/cuda/attention.h"
-#include "pagellm/cuda/cuda_check.h"
-#include "pagellm/cuda/attention_timing.h"
-#include "pagellm/cuda/cudnn_attention.h"
+#include "pagellm/cuda/attention/attention.h"
+#include "pagellm/cuda/attention/attention_timing.h"
+#include "pagellm/cuda/attention/cudnn_attention.h"
+#include "pagellm/cuda/support/cuda_check.h"
 
 using namespace pagellm;
 using namespace pagellm::cuda;

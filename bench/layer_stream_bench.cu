@@ -28,9 +28,9 @@
 #include <vector>
 
 #include "cuda_bench_util.cuh"
-#include "pagellm/cuda/pdl.cuh"
-#include "pagellm/cuda/tma.cuh"
-#include "pagellm/cuda/tma.h"
+#include "pagellm/cuda/support/pdl.cuh"
+#include "pagellm/cuda/support/tma.cuh"
+#include "pagellm/cuda/support/tma.h"
 
 namespace {
 

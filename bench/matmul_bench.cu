@@ -33,8 +33,8 @@
 #include <vector>
 
 #include "pagellm/common/check.h"
-#include "pagellm/cuda/matmul.h"
-#include "pagellm/cuda/skinny_gemm.h"
+#include "pagellm/cuda/matmul/matmul.h"
+#include "pagellm/cuda/matmul/skinny_gemm.h"
 
 namespace {
 

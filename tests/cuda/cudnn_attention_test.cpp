@@ -11,7 +11,7 @@
 //
 // cuDNN must be loadable on the GPU machine (set PAGELLM_CUDNN_LIB to libcudnn.so.9 if the
 // loader cannot find it); PAGELLM_ALLOW_NO_CUDNN=1 turns its absence into a skip.
-#include "pagellm/cuda/cudnn_attention.h"
+#include "pagellm/cuda/attention/cudnn_attention.h"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "pagellm/common/dtype.h"
-#include "pagellm/cuda/cuda_check.h"
+#include "pagellm/cuda/support/cuda_check.h"
 
 namespace pagellm::cuda {
 namespace {

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "cuda/cuda_test_util.h"
-#include "pagellm/cuda/cuda_check.h"
-#include "pagellm/cuda/matmul.h"
+#include "pagellm/cuda/support/cuda_check.h"
+#include "pagellm/cuda/matmul/matmul.h"
 
 namespace pagellm {
 namespace {

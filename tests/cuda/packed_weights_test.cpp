@@ -24,7 +24,7 @@
 #include "common/reference_qwen3.h"
 #include "cuda/cuda_test_util.h"
 #include "pagellm/cuda/cuda_backend.h"
-#include "pagellm/cuda/device_info.h"
+#include "pagellm/cuda/support/device_info.h"
 #include "pagellm/engine/engine.h"
 
 namespace pagellm {

@@ -52,11 +52,11 @@
 
 #include "cuda/cuda_test_util.h"
 #include "pagellm/common/dtype.h"
-#include "pagellm/cuda/attention.h"
-#include "pagellm/cuda/cuda_check.h"
-#include "pagellm/cuda/kernels.h"
-#include "pagellm/cuda/pdl.cuh"
-#include "pagellm/cuda/sampling.h"
+#include "pagellm/cuda/attention/attention.h"
+#include "pagellm/cuda/support/cuda_check.h"
+#include "pagellm/cuda/elementwise/kernels.h"
+#include "pagellm/cuda/support/pdl.cuh"
+#include "pagellm/cuda/sampling/sampling.h"
 
 extern char** environ;
 

@@ -15,7 +15,7 @@
 // order), a CUDA graph of launches replays correctly more than once, a chain of dependent
 // products launched with programmatic dependent launch reads each input only once it is
 // written, and LtMatmul's paths.
-#include "pagellm/cuda/skinny_gemm.h"
+#include "pagellm/cuda/matmul/skinny_gemm.h"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -31,9 +31,9 @@
 #include "cuda/cuda_test_util.h"
 #include "pagellm/common/check.h"
 #include "pagellm/common/dtype.h"
-#include "pagellm/cuda/cuda_check.h"
-#include "pagellm/cuda/kernels.h"
-#include "pagellm/cuda/matmul.h"
+#include "pagellm/cuda/support/cuda_check.h"
+#include "pagellm/cuda/elementwise/kernels.h"
+#include "pagellm/cuda/matmul/matmul.h"
 
 namespace pagellm::cuda {
 namespace {

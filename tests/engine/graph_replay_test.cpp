@@ -85,8 +85,8 @@ class RecordingBackend : public CpuBackend {
     PAGELLM_RECORD(CpuBackend::qk_norm_rope_store_kv(qkv, qn, kn, eps, rope, shape, batch, q, kv));
   }
   void attention(const Tensor& q, const LayerKv& kv, const AttentionShape& shape,
-                 const BatchTensors& batch, Tensor& out) override {
-    PAGELLM_RECORD(CpuBackend::attention(q, kv, shape, batch, out));
+                 const BatchTensors& batch, const AttentionPlanRef& plan, Tensor& out) override {
+    PAGELLM_RECORD(CpuBackend::attention(q, kv, shape, batch, plan, out));
   }
   void silu_mul(const Tensor& gu, Tensor& out) override { PAGELLM_RECORD(CpuBackend::silu_mul(gu, out)); }
   void gather_rows(const Tensor& x, const Tensor& idx, Tensor& out) override {

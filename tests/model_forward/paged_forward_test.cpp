@@ -119,6 +119,45 @@ void run_case(int32_t page_size, bool tied, uint64_t seed) {
   }
 }
 
+// Attention runs with the forward's plan (plan/run): without one it is refused, naming the
+// call that makes it.
+TEST(PagedForward, AttentionNeedsTheForwardsPlan) {
+  auto backend = create_backend("cpu");
+  const int64_t Hq = 2, Hkv = 1, D = 4, P = 4, pages = 2;
+  ForwardBatch fb;
+  fb.page_size = P;
+  fb.max_pages_per_seq = 1;
+  fb.token_ids = {3};
+  fb.positions = {0};
+  fb.slot_mapping = {P};
+  fb.query_start = {0, 1};
+  fb.kv_lens = {1};
+  fb.page_table = {1};
+  fb.logits_indices = {0};
+  fb.validate();
+  const BatchTensors bt = backend->upload_batch(fb);
+  DeviceBuffer kbuf(backend.get(), pages * Hkv * P * D * 4), vbuf(backend.get(), pages * Hkv * P * D * 4);
+  LayerKv kv{kbuf.tensor(DType::F32, {pages, Hkv, P, D}), vbuf.tensor(DType::F32, {pages, Hkv, P, D})};
+  backend->fill(kv.k, 1.0f);
+  backend->fill(kv.v, 2.0f);
+  DeviceBuffer qbuf(backend.get(), Hq * D * 4), obuf(backend.get(), Hq * D * 4);
+  Tensor q = qbuf.tensor(DType::F32, {1, Hq, D}), out = obuf.tensor(DType::F32, {1, Hq * D});
+  backend->fill(q, 0.5f);
+  AttentionShape shape{Hq, Hkv, D, P, 0.5f};
+  try {
+    backend->attention(q, kv, shape, bt, AttentionPlanRef{}, out);
+    ADD_FAILURE() << "attention without a plan was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("plan_attention"), std::string::npos) << e.what();
+  }
+  const AttentionPlanRef plan = backend->plan_attention(bt, shape, kv);
+  EXPECT_NE(plan.serial, 0u);
+  backend->fill(out, std::nanf(""));
+  backend->attention(q, kv, shape, bt, plan, out);
+  // One key: the output is its value row.
+  for (float v : backend->download_f32(out)) EXPECT_EQ(v, 2.0f);
+}
+
 TEST(PagedForward, MatchesNaiveReferencePageSize1) { run_case(1, false, 11); }
 TEST(PagedForward, MatchesNaiveReferencePageSize16) { run_case(16, false, 12); }
 TEST(PagedForward, MatchesNaiveReferencePageSize64Tied) { run_case(64, true, 13); }

@@ -364,7 +364,25 @@ CrossoverTables CrossoverTables::load(const std::vector<std::string>& paths, boo
   return tables;
 }
 
+std::vector<std::string> split_crossover_table_paths(const std::string& value) {
+  std::vector<std::string> paths;
+  std::stringstream ss(value);
+  std::string item;
+  while (std::getline(ss, item, ':')) {
+    if (!item.empty()) paths.push_back(item);
+  }
+  return paths;
+}
+
 std::vector<std::string> default_crossover_table_paths() {
+  std::vector<std::string> paths = shipped_crossover_table_paths();
+  if (const char* env = std::getenv("PAGELLM_ATTENTION_TABLES")) {
+    for (std::string& p : split_crossover_table_paths(env)) paths.push_back(std::move(p));
+  }
+  return paths;
+}
+
+std::vector<std::string> shipped_crossover_table_paths() {
   std::vector<std::string> paths;
   // The shipped tables: data/attention in the source tree, found from the binary's folder
   // (build/, build/bench/, build/tests/<area>/) or an installed share/pagellm/attention.
@@ -383,13 +401,6 @@ std::vector<std::string> default_crossover_table_paths() {
       }
       if (dir == dir.parent_path()) break;
       dir = dir.parent_path();
-    }
-  }
-  if (const char* env = std::getenv("PAGELLM_ATTENTION_TABLES")) {
-    std::stringstream ss(env);
-    std::string item;
-    while (std::getline(ss, item, ':')) {
-      if (!item.empty()) paths.push_back(item);
     }
   }
   return paths;

@@ -125,6 +125,11 @@ class CrossoverTables {
 /// (data/attention beside the source tree or the installed binary), then
 /// $PAGELLM_ATTENTION_TABLES (a colon-separated list of files or directories).
 std::vector<std::string> default_crossover_table_paths();
+/// The shipped directory alone (default_crossover_table_paths without the environment),
+/// for callers that read PAGELLM_ATTENTION_TABLES themselves (the CUDA backend's settings).
+std::vector<std::string> shipped_crossover_table_paths();
+/// Splits a PAGELLM_ATTENTION_TABLES value at ':' (empty items dropped).
+std::vector<std::string> split_crossover_table_paths(const std::string& value);
 
 /// The file name calibration writes for a device: "crossover-nvidia-h200-132sm-cc90-cudnn91400.json".
 std::string crossover_file_name(const DeviceProfile& device);

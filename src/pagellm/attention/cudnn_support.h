@@ -1,6 +1,6 @@
 // What cuDNN's paged SDPA forward supports, by version, checked on the host at run time.
 //
-// The cuDNN route (src/pagellm/cuda/cudnn_attention.h) builds one graph per shape:
+// The cuDNN route (src/pagellm/cuda/attention/cudnn_attention.h) builds one graph per shape:
 //   Q, O      bf16 [B, Hq, s_q, D], token-major (strides D for heads, Hq*D for tokens);
 //             prefill: ragged, per-sequence element offsets query_start[b] * Hq * D;
 //             decode:  dense, one token per sequence (s_q = 1)

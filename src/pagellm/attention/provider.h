@@ -11,8 +11,8 @@ namespace pagellm {
 
 /// The implementation that runs one paged-attention call.
 enum class AttentionProvider : uint8_t {
-  kNative,  // pagellm's own kernels (src/pagellm/cuda/attention.h)
-  kCudnn,   // cuDNN's SDPA forward over the same paged pools (src/pagellm/cuda/cudnn_attention.h)
+  kNative,  // pagellm's own kernels (src/pagellm/cuda/attention/attention.h)
+  kCudnn,   // cuDNN's SDPA forward over the same paged pools (src/pagellm/cuda/attention/cudnn_attention.h)
 };
 
 /// What `--attention-backend` asked for.

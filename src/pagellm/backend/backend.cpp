@@ -28,6 +28,16 @@ std::vector<SampledToken> Backend::sample(const Tensor& logits,
   return sample_rows(host.data(), num_rows, vocab_size, rows);
 }
 
+AttentionPlanRef Backend::plan_attention(const BatchTensors& batch, const AttentionShape& shape,
+                                         const LayerKv& kv) {
+  (void)batch;
+  (void)shape;
+  (void)kv;
+  AttentionPlanRef ref;
+  ref.serial = 1;
+  return ref;
+}
+
 void Backend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up,
                               Tensor& out) {
   matmul(x, w_gate_up, gate_up);

@@ -41,6 +41,21 @@ struct AttentionShape {
   float scale = 0.0f;  // softmax scale, 1/sqrt(head_dim)
 };
 
+struct AttentionPlan;
+
+/// One forward's attention plan (plan/run, as FlashInfer splits it): made once per forward
+/// by Backend::plan_attention from the batch's host metadata, before the first layer, and
+/// passed unchanged to every layer's Backend::attention. It is valid until the backend's
+/// next upload_batch or begin_capture; a backend rejects a plan of another forward. A
+/// graph captured over a forward keeps the plan it was captured with for every replay.
+struct AttentionPlanRef {
+  /// Which plan_attention call of the backend made it (0: none; attention throws).
+  uint64_t serial = 0;
+  /// The attention dispatcher's decision (provider, the rule that decided) where the
+  /// backend has a dispatcher (CUDA); null on a backend with one kernel (CPU).
+  const AttentionPlan* plan = nullptr;
+};
+
 /// A recorded sequence of backend operations, replayed on the same buffers (a CUDA graph).
 class RecordedGraph {
  public:
@@ -77,6 +92,9 @@ class Backend {
 
   /// Copies the batch metadata to the device; the result stays valid until the next call.
   virtual BatchTensors upload_batch(const ForwardBatch& batch) = 0;
+  /// Whether upload_batch accepts ForwardBatch's persistent page table (seq_slots,
+  /// page_table_updates) instead of a dense page_table.
+  virtual bool supports_persistent_page_table() const { return false; }
 
   // ---- operations ---------------------------------------------------------------------
   // Weights (matrices, norm vectors) passed to an operation must not be written by work
@@ -108,10 +126,20 @@ class Backend {
                                             const AttentionShape& shape,
                                             const BatchTensors& batch, Tensor& q_out,
                                             LayerKv& kv);
+  /// Plans this forward's attention from the batch's host metadata (BatchTensors::host):
+  /// call once per forward, after upload_batch and before the first layer's attention,
+  /// with the layers' shape and one layer's KV pools (every layer's have the same extent).
+  /// Host work plus, at most, an upload of per-forward arrays the plan's kernels read; part
+  /// of a captured forward. The default (one kernel, nothing to decide) returns a plan with
+  /// a serial of 1.
+  virtual AttentionPlanRef plan_attention(const BatchTensors& batch,
+                                          const AttentionShape& shape, const LayerKv& kv);
   /// Causal (bottom-right aligned) grouped-query attention of q [T, Hq, D] over the paged
-  /// cache, reading only positions < kv_lens[b]; out is [T, Hq·D].
+  /// cache, reading only positions < kv_lens[b]; out is [T, Hq·D]. `plan` is this
+  /// forward's plan_attention result (throws Error for a missing or stale one).
   virtual void attention(const Tensor& q, const LayerKv& kv, const AttentionShape& shape,
-                         const BatchTensors& batch, Tensor& out) = 0;
+                         const BatchTensors& batch, const AttentionPlanRef& plan,
+                         Tensor& out) = 0;
   /// out[t, i] = silu(gate_up[t, i]) · gate_up[t, I + i]
   virtual void silu_mul(const Tensor& gate_up, Tensor& out) = 0;
   /// The MLP's first half: out[t, i] = silu(g) · u with [g | u] = x · w_gate_upᵀ, where

@@ -233,7 +233,11 @@ void CpuBackend::qk_norm_rope_store_kv(const Tensor& qkv, const Tensor& q_norm,
 }
 
 void CpuBackend::attention(const Tensor& q, const LayerKv& kv, const AttentionShape& shape,
-                           const BatchTensors& batch, Tensor& out) {
+                           const BatchTensors& batch, const AttentionPlanRef& plan,
+                           Tensor& out) {
+  PAGELLM_CHECK(plan.serial != 0)
+      << "cpu backend: attention needs this forward's plan (call plan_attention once per "
+         "forward, before the first layer)";
   const ForwardBatch& fb = *batch.host;
   const int64_t Hq = shape.num_q_heads, Hkv = shape.num_kv_heads, D = shape.head_dim;
   const int64_t P = shape.page_size, group = Hq / Hkv;

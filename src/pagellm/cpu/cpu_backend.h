@@ -38,8 +38,10 @@ class CpuBackend : public Backend {
   void qk_norm_rope_store_kv(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
                              float eps, const RopeParams& rope, const AttentionShape& shape,
                              const BatchTensors& batch, Tensor& q_out, LayerKv& kv) override;
+  /// `plan` is plan_attention's (the default's: one kernel, nothing to decide).
   void attention(const Tensor& q, const LayerKv& kv, const AttentionShape& shape,
-                 const BatchTensors& batch, Tensor& out) override;
+                 const BatchTensors& batch, const AttentionPlanRef& plan,
+                 Tensor& out) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) override;
 };

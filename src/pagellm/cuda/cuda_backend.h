@@ -7,6 +7,13 @@
 // copy_to_*, upload_batch (one async copy from pinned memory) and sample (one async copy
 // each way and one synchronisation to return the tokens).
 //
+// The backend is made of rooms with one job each, composed here: DeviceMemory (opening the
+// device, allocations, transfers; device_memory.h), PackedWeights (matmul/packed_weights.h),
+// BatchStaging (batch metadata and the persistent page table; batch_staging.h),
+// AttentionDispatch (plan and run of paged attention; attention/attention_dispatch.h),
+// GpuSampler (sampling/gpu_sampler.h) and the graph helpers (graphs.h). The operations
+// below check their operands and launch their kernel; the rooms hold the state.
+//
 // This header includes no CUDA header, so that the backend factory (and anything else
 // outside src/pagellm/cuda) can include it in a build without CUDA include paths. The
 // stream is exposed as CUstream_st*, which is what cudaStream_t is.
@@ -20,9 +27,10 @@
 #include <vector>
 
 #include "pagellm/backend/backend.h"
+#include "pagellm/cuda/attention/attention_dispatch.h"
+#include "pagellm/cuda/cuda_settings.h"
 
 struct CUstream_st;
-struct CUevent_st;
 
 namespace pagellm {
 
@@ -31,18 +39,10 @@ struct AttentionPlan;
 namespace cuda {
 
 class LtMatmul;
-struct AttentionRoute;
-
-/// What the attention dispatcher did since the backend was made (for tests and logs).
-/// Calls are counted when launched or captured, not when a graph replays them.
-struct AttentionRouteStats {
-  int64_t forwards_planned = 0;  // plan() calls (one per forward)
-  int64_t native_calls = 0;      // layer calls run on the native kernels
-  int64_t cudnn_calls = 0;       // layer calls run through cuDNN
-  int64_t plans_built = 0;       // cuDNN plans built off the hot path (requested by auto)
-  int64_t plans_refused = 0;     // requested shapes cuDNN refused to build
-  int64_t warmups = 0;           // freshly built plans run once before a capture
-};
+class DeviceMemory;
+class PackedWeights;
+class BatchStaging;
+class GpuSampler;
 
 /// Backend on one CUDA device (compute capability 8.0 or newer, with kernels built for it).
 /// Not thread-safe: one host thread drives it.
@@ -51,7 +51,12 @@ class CudaBackend final : public Backend {
   /// Opens `device`; throws Error with a readable reason when there is no usable GPU (no
   /// driver, no device, device index out of range, compute capability below 8.0, a build
   /// without kernels for this GPU) or not enough memory for the backend's workspaces.
-  explicit CudaBackend(int device = 0);
+  /// `settings` (by default the environment's; from_environment throws Error naming a bad
+  /// variable) choose the matmul path, packing, qkv fusion, the decode kernel and the extra
+  /// crossover tables of this backend; PDL, the prefill kernel and the cuDNN library are
+  /// process-wide and come from CudaSettings::process().
+  explicit CudaBackend(int device = 0,
+                       const CudaSettings& settings = CudaSettings::from_environment());
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -79,7 +84,17 @@ class CudaBackend final : public Backend {
   /// beyond the capacities grows them (synchronising, and invalidating graphs captured
   /// before; call reserve_batch first to avoid that). Must not be called while capturing.
   /// `batch` must outlive the returned tensors (BatchTensors::host points at it).
+  ///
+  /// With seq_slots (the persistent page table), the same single copy carries seq_slots
+  /// and the table's changed runs instead of the dense page table; then, on the stream and
+  /// outside any graph, one kernel applies the runs to the device-resident table (grown
+  /// to page_table_rows x max_pages_per_seq, zero-filled, on demand) and another gathers
+  /// the batch's rows into the page-table region, so that attention reads the same
+  /// [B, max_pages_per_seq] table at the same address as on the dense path. Throws Error
+  /// for slots or runs outside the table, runs that write row 0, or values that do not
+  /// match the runs.
   BatchTensors upload_batch(const ForwardBatch& batch) override;
+  bool supports_persistent_page_table() const override { return true; }
 
   void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
@@ -89,15 +104,19 @@ class CudaBackend final : public Backend {
   void qk_norm_rope_store_kv(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
                              float eps, const RopeParams& rope, const AttentionShape& shape,
                              const BatchTensors& batch, Tensor& q_out, LayerKv& kv) override;
-  /// Paged attention through the attention dispatcher (attention/planner.h): the first
-  /// call of a forward plans it from BatchTensors::host (graph mode when the batch declares
-  /// kv_len_capacity or the stream is capturing, else eager) and, when cuDNN was chosen,
-  /// uploads its per-forward arrays; every layer then runs cuDNN or the native kernels
-  /// (decode kernel when every query length is 1, prefill kernel otherwise, so a graph
-  /// captured for decode stays decode). A captured graph keeps the provider it was
-  /// captured with for every replay.
+  /// Plans the forward's attention through the dispatcher (attention/planner.h) from
+  /// BatchTensors::host: graph mode when the batch declares kv_len_capacity or the stream
+  /// is capturing, else eager; when cuDNN is chosen for a prefill, uploads its per-forward
+  /// arrays. The plan lives until the next upload_batch or begin_capture.
+  AttentionPlanRef plan_attention(const BatchTensors& batch, const AttentionShape& shape,
+                                  const LayerKv& kv) override;
+  /// Paged attention as `plan` says: cuDNN, or the native kernels (decode kernel when every
+  /// query length is 1, prefill kernel otherwise, so a graph captured for decode stays
+  /// decode). A captured graph keeps the provider it was captured with for every replay.
+  /// Throws Error for a plan that is not this forward's or a shape it was not made for.
   void attention(const Tensor& q, const LayerKv& kv, const AttentionShape& shape,
-                 const BatchTensors& batch, Tensor& out) override;
+                 const BatchTensors& batch, const AttentionPlanRef& plan,
+                 Tensor& out) override;
   /// "auto" (the default), "native" or "cudnn"; see Backend::set_attention_backend.
   /// "cudnn" throws Error at once when no usable cuDNN 9 can be loaded (or this build has
   /// no cuDNN route), naming what was tried. Not while capturing.
@@ -113,13 +132,13 @@ class CudaBackend final : public Backend {
   void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) override;
   /// Packs w for the skinny decode kernel (pack_skinny_weights: each pipeline stage's
   /// 16 KiB as one contiguous block, 2-9 % faster per product on the H200, same bits) when
-  /// PAGELLM_PACKED_WEIGHTS allows: "auto" (the default) packs bf16 matrices the kernel can
-  /// read (sm_90) while all packed copies fit in a quarter of the device's memory and the
-  /// allocation succeeds; "1" packs every such matrix and fails when memory runs out; "0"
-  /// packs none. The copy is keyed by w.data and used by matmul, matmul_silu_mul (when
-  /// gated_inter matches) and matmul_qk_norm_rope_store_kv whenever they run the skinny
-  /// kernel on a w of that shape; cuBLASLt (prefill, large batches) reads w. deallocate()
-  /// of the buffer holding w frees the copy.
+  /// settings().packed_weights (PAGELLM_PACKED_WEIGHTS) allows: "auto" (the default) packs
+  /// bf16 matrices the kernel can read (sm_90) while all packed copies fit in a quarter of
+  /// the device's memory and the allocation succeeds; "1" packs every such matrix and fails
+  /// when memory runs out; "0" packs none. The copy is keyed by w.data and used by matmul,
+  /// matmul_silu_mul (when gated_inter matches) and matmul_qk_norm_rope_store_kv whenever
+  /// they run the skinny kernel on a w of that shape; cuBLASLt (prefill, large batches)
+  /// reads w. deallocate() of the buffer holding w frees the copy.
   size_t prepare_matrix(const Tensor& w, int64_t gated_inter = 0) override;
 
   /// GPU sampling with the host sampler's semantics (sampling/sampler.h); returns after one
@@ -156,10 +175,12 @@ class CudaBackend final : public Backend {
   CUstream_st* stream() const { return stream_; }
   /// The CUDA device index.
   int device() const { return device_; }
+  /// The settings this backend was made with.
+  const CudaSettings& settings() const { return settings_; }
   /// For example "NVIDIA H200 (device 0, compute capability 9.0, 139.8 GiB)".
   const std::string& device_description() const { return description_; }
   /// Bytes of the decode-attention split-KV workspace (fixed at construction).
-  size_t attention_workspace_bytes() const { return attention_workspace_bytes_; }
+  size_t attention_workspace_bytes() const;
   /// The attention backend choice ("auto", "native" or "cudnn").
   std::string attention_backend() const;
   /// What the attention dispatcher did so far.
@@ -167,97 +188,31 @@ class CudaBackend final : public Backend {
   /// The plan of the last forward that ran attention (nullptr before the first).
   const AttentionPlan* last_attention_plan() const;
   /// Bytes held by prepare_matrix's packed copies.
-  size_t packed_weight_bytes() const { return packed_bytes_; }
+  size_t packed_weight_bytes() const;
   /// Number of matrices with a packed copy.
-  size_t packed_matrices() const { return packed_.size(); }
+  size_t packed_matrices() const;
   /// Whether the products read the packed copies (default true). Tests turn it off to run
   /// the same weights through the row-major path; capture graphs after setting it.
-  void set_packed_weights_enabled(bool on) { packed_enabled_ = on; }
+  void set_packed_weights_enabled(bool on);
 
  private:
-  struct PinnedSlot {
-    void* host = nullptr;        // pinned
-    CUevent_st* done = nullptr;  // recorded after the copy that reads `host`
-  };
-
-  // Element offsets of the batch regions for the current capacities.
-  struct BatchLayout {
-    size_t token_ids, positions, slot_mapping, query_start, kv_lens, logits_indices,
-        page_table, total;
-  };
-  BatchLayout batch_layout() const;
-  void grow_batch_buffers(int64_t tokens, int64_t seqs, int64_t page_entries, int64_t rows);
-  void ensure_sampling_capacity(size_t bytes, size_t scratch_floats);
   bool capturing() const;
   void release_all() noexcept;
-  // The dispatcher's state, made on first use (a native-only backend never loads cuDNN).
-  AttentionRoute& attention_route();
-  // Sets the choice and rebuilds the planner (set_attention_backend without its checks).
-  void configure_attention(AttentionBackendChoice choice);
-  // The packed copy of w for products of this kind (gated_inter as in prepare_matrix), or
-  // null when there is none or packing is turned off.
-  const void* packed_for(const Tensor& w, int64_t gated_inter) const;
-  // Between forwards (upload_batch, begin_capture): builds requested cuDNN plans and marks
-  // the next attention() as the first of a forward.
-  void attention_between_forwards(bool before_capture);
 
   int device_ = 0;
+  CudaSettings settings_;
   std::string description_;
   CUstream_st* stream_ = nullptr;
 
-  // Allocations made by allocate(), with their sizes (deallocate frees the packed copies
-  // of matrices inside them).
-  std::unordered_map<void*, size_t> allocations_;
-  size_t total_memory_ = 0;
-
-  // prepare_matrix's packed copies, keyed by the row-major matrix's address.
-  struct PackedMatrix {
-    void* data = nullptr;
-    size_t bytes = 0;
-    int64_t rows = 0, cols = 0, gated_inter = 0;
-  };
-  enum class PackPolicy { kAuto, kAlways, kNever };
-  using PackedMap = std::unordered_map<const void*, PackedMatrix>;
-  PackedMap packed_;
-  // Frees a packed copy and forgets it (deallocate, and prepare_matrix when another matrix
-  // took the address); returns the entry after it.
-  PackedMap::iterator drop_packed(PackedMap::iterator it);
-  size_t packed_bytes_ = 0;
-  PackPolicy pack_policy_ = PackPolicy::kAuto;
-  bool packed_enabled_ = true;
-
-  // cuBLASLt.
-  void* matmul_workspace_ = nullptr;
+  // The rooms (made in this order at construction, released in reverse).
+  std::unique_ptr<DeviceMemory> memory_;
+  void* matmul_workspace_ = nullptr;  // cuBLASLt's
   size_t matmul_workspace_bytes_ = 0;
   std::unique_ptr<LtMatmul> matmul_;
-
-  // Decode attention's split-KV partials.
-  void* attention_workspace_ = nullptr;
-  size_t attention_workspace_bytes_ = 0;
-  // The attention dispatcher: planner, crossover tables, cuDNN plan cache.
-  std::unique_ptr<AttentionRoute> attention_route_;
-
-  // Batch metadata: device buffer and two pinned staging slots used alternately, with a
-  // region per array sized by these capacities.
-  int32_t* batch_device_ = nullptr;
-  int64_t cap_tokens_ = 0, cap_seqs_ = 0, cap_page_entries_ = 0, cap_rows_ = 0;
-  PinnedSlot batch_staging_[2];
-  int batch_slot_ = 0;
-
-  // Upload staging: two pinned chunks, converted on the host, copied asynchronously.
-  PinnedSlot upload_staging_[2];
-  size_t upload_chunk_bytes_ = 0;
-
-  // Sampling.
-  uint64_t* prune_table_ = nullptr;        // device
-  void* sampling_device_ = nullptr;        // rows | penalties | results
-  void* sampling_host_ = nullptr;          // pinned mirror of the same layout
-  size_t sampling_bytes_ = 0;
-  float* sampling_scratch_ = nullptr;      // [rows with penalties, V]
-  size_t sampling_scratch_floats_ = 0;
-  std::vector<int32_t> penalty_counts_;    // [V] host scratch, all 0 between rows
-  std::vector<uint8_t> penalty_seen_;      // [V]
-  std::vector<int32_t> penalty_touched_;
+  std::unique_ptr<PackedWeights> packed_;
+  std::unique_ptr<AttentionDispatch> attention_;
+  std::unique_ptr<BatchStaging> batch_;
+  std::unique_ptr<GpuSampler> sampler_;
 };
 
 }  // namespace cuda

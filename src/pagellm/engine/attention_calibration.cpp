@@ -2,7 +2,7 @@
 
 #include "pagellm/common/check.h"
 #ifdef PAGELLM_HAVE_CUDA
-#include "pagellm/cuda/attention_calibration.h"
+#include "pagellm/cuda/attention/attention_calibration.h"
 #endif
 
 namespace pagellm {

@@ -8,6 +8,15 @@
 
 namespace pagellm {
 
+/// A run of entries of one row of the engine's persistent page table that changed since the
+/// previous batch: entries [begin, end) of row `row` now hold the next end - begin values
+/// of ForwardBatch::page_table_values.
+struct PageTableUpdate {
+  int32_t row = 0;
+  int32_t begin = 0;
+  int32_t end = 0;
+};
+
 /// Host-resident metadata of one forward step: B sequences contributing T tokens in total.
 ///
 /// Sequence b owns tokens [query_start[b], query_start[b+1]) of the step. Its KV length
@@ -26,6 +35,14 @@ struct ForwardBatch {
   std::vector<int32_t> query_start;     // [B + 1], query_start[0] == 0
   std::vector<int32_t> kv_lens;         // [B]
   std::vector<int32_t> page_table;      // [B * max_pages_per_seq]
+  /// Persistent page table (the engine's path). When seq_slots is non-empty, sequence b's
+  /// logical block j lives in page table[seq_slots[b]][j] of a table of page_table_rows rows
+  /// that the backend keeps across steps and updates with page_table_updates before the
+  /// step; `page_table` above is then empty. Row 0 is the reserved all-zero row (padding).
+  std::vector<int32_t> seq_slots;                    // [B]
+  int32_t page_table_rows = 0;                       // rows of the persistent table
+  std::vector<PageTableUpdate> page_table_updates;   // in order; later runs overwrite earlier
+  std::vector<int32_t> page_table_values;            // concatenated values of the updates
   std::vector<int32_t> logits_indices;  // [R] token rows whose logits are wanted
   /// 0, or an upper bound of kv_lens over every replay of a graph captured with this batch:
   /// kernels then size their grids from it rather than from max_kv_len().

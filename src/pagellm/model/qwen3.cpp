@@ -141,6 +141,8 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
   Tensor act = ws_.act.rows(0, T);
 
   backend_.embedding(embed_, batch.token_ids, residual);
+  // One attention plan for the forward (every layer has the same shape and pool extent).
+  const AttentionPlanRef attention_plan = backend_.plan_attention(batch, shape, kv[0]);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Qwen3LayerWeights& w = layers_[l];
     if (l == 0) {
@@ -150,7 +152,7 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
     }
     backend_.matmul_qk_norm_rope_store_kv(hidden, w.qkv, qkv, w.q_norm, w.k_norm, eps, rope, shape,
                                           batch, q, kv[l]);
-    backend_.attention(q, kv[l], shape, batch, attn);
+    backend_.attention(q, kv[l], shape, batch, attention_plan, attn);
     backend_.matmul(attn, w.o_proj, proj);
     backend_.add_rms_norm(residual, proj, w.post_norm, eps, hidden);
     backend_.matmul_silu_mul(hidden, w.gate_up, gate_up, act);

@@ -25,6 +25,7 @@
 
 #include "pagellm/common/check.h"
 #include "pagellm/common/random.h"
+#include "pagellm/sampling/rules.h"
 
 namespace pagellm {
 namespace {
@@ -107,26 +108,14 @@ RawStats raw_stats(const float* logits, int64_t vocab_size) {
 }
 
 bool has_penalties(const SamplingParams& p) {
-  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
-         p.frequency_penalty != 0.0f;
+  return penalties_enabled(p.repetition_penalty, p.presence_penalty, p.frequency_penalty);
 }
 
-// Race pruning: a token whose Gumbel noise must exceed `gap` to beat the best score can
-// only do so if its 53-bit draw k = bits >> 11 is at least kPruneTable[floor(gap * 8)].
-// Entry j = floor(exp(-exp(-j / 8)) * 2^53) - 4096: u >= exp(-exp(-gap)) is necessary for
-// -log(-log u) >= gap, u <= (k + 1) 2^-53, and the 4096 (u - 4.5e-13) absorbs the rounding
-// of both logarithms with room to spare. Gaps above kGumbelMax cannot be bridged at all.
-constexpr int kPruneStepsPerNat = 8;
-constexpr int kPruneTableSize = static_cast<int>(kGumbelMax * kPruneStepsPerNat) + 2;
-
+// The race's pruning table (sampling/rules.h), built once.
 const std::array<uint64_t, kPruneTableSize>& prune_table() {
   static const std::array<uint64_t, kPruneTableSize> table = [] {
     std::array<uint64_t, kPruneTableSize> t{};
-    for (int j = 0; j < kPruneTableSize; ++j) {
-      const double u = std::exp(-std::exp(-double(j) / kPruneStepsPerNat));
-      const double k = std::floor(u * 0x1p53) - 4096.0;
-      t[j] = k <= 0.0 ? 0 : static_cast<uint64_t>(k);
-    }
+    for (int j = 0; j < kPruneTableSize; ++j) t[j] = prune_table_entry(j);
     return t;
   }();
   return table;
@@ -194,59 +183,23 @@ class RowSampler {
     ws_.reserve(vocab_size);
   }
 
-  // Step 2 on an arbitrary buffer (the public apply_penalties and the sampler's copy).
+  // Step 2 on an arbitrary buffer (the public apply_penalties and the sampler's copy):
+  // the rules of sampling/rules.h, which the GPU sampler shares. Leaves the touched
+  // tokens in ws.penalties_ for clamp_touched.
   static void penalise(float* x, int64_t vocab, const SamplingParams& p,
                        const std::vector<int32_t>* prompt, const std::vector<int32_t>* output,
                        SamplerWorkspace& ws) {
-    const bool repetition = p.repetition_penalty != 1.0f;
+    ws.penalties_.clear();
     if (!has_penalties(p)) return;
-    // Check every id before marking anything, so that a throw leaves the workspace clean.
-    auto check_ids = [&](const std::vector<int32_t>* ids, const char* what) {
-      if (ids == nullptr) return;
-      for (int32_t t : *ids)
-        PAGELLM_CHECK(t >= 0 && t < vocab)
-            << "sampling: " << what << " token id " << t << " is outside the vocabulary [0, "
-            << vocab << ")";
-    };
-    check_ids(output, "output");
-    if (repetition) check_ids(prompt, "prompt");
-    ws.reserve(vocab);
-
-    std::vector<int32_t>& touched = ws.touched_;
-    touched.clear();
-    auto mark = [&](int32_t t) {
-      if (!ws.seen_[t]) {
-        ws.seen_[t] = 1;
-        touched.push_back(t);
-      }
-    };
-    if (output != nullptr) {
-      for (int32_t t : *output) {
-        mark(t);
-        ++ws.counts_[t];
-      }
-    }
-    if (repetition && prompt != nullptr)
-      for (int32_t t : *prompt) mark(t);
-
-    const float rp = p.repetition_penalty;
-    const float fp = p.frequency_penalty;
-    const float pp = p.presence_penalty;
-    for (int32_t t : touched) {
-      float v = x[t];
-      if (repetition) v = v > 0.0f ? v / rp : v * rp;
-      const int32_t c = ws.counts_[t];
-      if (c > 0) {
-        v = v - fp * static_cast<float>(c);
-        v = v - pp;
-      }
-      x[t] = v;
-      ws.seen_[t] = 0;
-      ws.counts_[t] = 0;
+    ws.penalty_counter_.count(prompt, output, p.repetition_penalty != 1.0f, vocab,
+                              ws.penalties_);
+    for (const PenaltyCount& e : ws.penalties_) {
+      x[e.token] = penalised_logit(x[e.token], p.repetition_penalty, p.frequency_penalty,
+                                   p.presence_penalty, e.output_count);
     }
   }
 
-  static void forget_touched(SamplerWorkspace& ws) { ws.touched_.clear(); }
+  static void forget_touched(SamplerWorkspace& ws) { ws.penalties_.clear(); }
 
   SampledToken sample() {
     const SamplingParams& p = *row_.params;
@@ -345,8 +298,8 @@ class RowSampler {
 
   // Penalties can push FLT_MAX to +inf; keep every value below +inf.
   void clamp_touched(float* x) const {
-    for (int32_t t : ws_.touched_) x[t] = sanitize(x[t]);
-    ws_.touched_.clear();
+    for (const PenaltyCount& e : ws_.penalties_) x[e.token] = sanitize(x[e.token]);
+    ws_.penalties_.clear();
   }
 
   // The k-th largest value of x (k < V); -inf when fewer than k values are finite.
@@ -452,12 +405,9 @@ class RowSampler {
     double best = double(row.max_value) + gumbel_from_bits(sampling_bits(key, best_id));
     auto visit = [&](float v, int32_t id) {
       const double gap = best - double(v);
-      if (gap > kGumbelMax) return;
+      if (race_out_of_reach(gap)) return;
       const uint64_t bits = sampling_bits(key, static_cast<uint32_t>(id));
-      if (gap > 1e-9) {
-        const int j = static_cast<int>((gap - 1e-9) * kPruneStepsPerNat);
-        if ((bits >> 11) < table[j]) return;
-      }
+      if (race_pruned(gap, bits, table.data())) return;
       const double score = double(v) + gumbel_from_bits(bits);
       if (score > best || (score == best && id < best_id)) {
         best = score;
@@ -491,8 +441,6 @@ using detail::RowSampler;
 void SamplerWorkspace::reserve(int64_t vocab_size) {
   const size_t v = static_cast<size_t>(vocab_size);
   if (processed_.size() != v) processed_.assign(v, 0.0f);
-  if (counts_.size() < v) counts_.resize(v, 0);
-  if (seen_.size() < v) seen_.resize(v, 0);
 }
 
 void apply_penalties(float* logits, int64_t vocab_size, const SamplingParams& params,

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "pagellm/sampling/rules.h"
 #include "pagellm/sampling/sampling_params.h"
 
 namespace pagellm {
@@ -78,9 +79,8 @@ class SamplerWorkspace {
   void reserve(int64_t vocab_size);
 
   std::vector<float> processed_;      // [V]
-  std::vector<int32_t> counts_;       // [V] occurrences in the output; all 0 between rows
-  std::vector<uint8_t> seen_;         // [V] 1 if in prompt or output; all 0 between rows
-  std::vector<int32_t> touched_;      // distinct ids with counts_ or seen_ set
+  PenaltyCounter penalty_counter_;     // the penalties' token counts (sampling/rules.h)
+  std::vector<PenaltyCount> penalties_;  // the row's touched tokens, until clamped
   std::vector<float> top_k_heap_;     // min-heap of the k largest values, or nth_element copy
   std::vector<Candidate> candidates_; // superset of the kept set, when one is known
 };

@@ -1,0 +1,898 @@
+// Paged decode attention: one query token per sequence against its whole paged KV history.
+//
+// What: out[t, h, :] = softmax(q[t, h, :] · K[0..kv)ᵀ · scale) · V[0..kv) for every query
+// token t, reading K/V through the page table, all query heads of a GQA group at once.
+//
+// Why this shape. Decode attention is memory-bound: each K/V byte is used once per query
+// head of its group, far below the ~200 FLOP/B at which the H200 turns compute-bound, so
+// the roofline is (bytes of K/V) / (HBM bandwidth). The goals: read each K/V page once,
+// with 16-byte loads, many in flight, on every SM, and spend few instructions per byte.
+//  - One CTA (4 warps) per (sequence, KV head, split). The CTA's query heads (the GQA
+//    group, up to 16; larger groups take several CTAs) are the 16 rows of one mma tile, so
+//    each K/V row is read once for all of them, and S = Q Kᵀ and O += P V run on tensor
+//    cores (mma.sync m16n8k16, bf16 in, f32 accumulate) like the prefill kernel. With rows
+//    padded to 16 the tensor cores do up to 16x the needed work, which still costs less
+//    than 1/10 of their rate at full HBM speed; what matters is that a 16-key step costs a
+//    warp ~300 instructions instead of ~1,100 on CUDA cores (shuffle reductions, converts),
+//    so one or two CTAs per SM keep the memory system busy.
+//  - Each warp streams its own 16-key K/V tiles (every 4th tile of the split) through a
+//    private 3-stage ring in shared memory (2 tiles = 16 KB in flight per warp at
+//    D = 128). Two kernels fill the ring (attention_decode_variants.h): the TMA kernel
+//    (D = 128, pages a multiple of 16, sm_90; the default) has lane 0 issue four TMA boxes
+//    per tile, since a tile of one KV head is 4 KB of contiguous K and 4 KB of V in a
+//    page; the cp.async kernel (any shape) has lane l copy half of row l % 16, so each row
+//    costs one page-table read and each load instruction fetches 16 whole 32-byte sectors.
+//    The TMA kernel reaches the copy bandwidth from 4k keys where the cp.async one stops
+//    near 80 % (H200, 2026-11-29). Warps never wait for one another in the loop
+//    (__syncwarp only); each keeps its own online-softmax state, and the four states are
+//    merged through shared memory at the end. The tile math and the merge are shared.
+//  - Split-KV: at small batch, num_seqs x Hkv CTAs cannot fill 132 SMs, so each sequence's
+//    keys are cut into num_splits chunks (a host-side constant, fixed within a CUDA graph);
+//    the chunk length comes from the device kv_len, so every split of a sequence gets an
+//    equal share of the real length (at least kMinKeysPerSplit keys) and splits past it
+//    exit at once. Each split writes an unnormalised f32 partial output with its (max,
+//    sum) in the log2 domain and counts itself done on a counter in the workspace; the
+//    last split of a (sequence, CTA row) to arrive merges them and resets the counter
+//    (merge_if_last_split), so there is no merge kernel and no second grid boundary. A
+//    sequence with one split is written directly.
+//  - Programmatic dependent launch (pdl.cuh): q and the newest K/V rows come from the kernel
+//    just before, so they are read after pdl_wait(); but the tiles of a sequence's history
+//    (positions before its query tokens, written by earlier steps) go out before the wait,
+//    so the first K/V bytes stream in while that kernel still runs. The split kernel lets
+//    its dependent (the output projection) launch only once a CTA's key loop is done: at
+//    large batches its grid has several waves, and even for one wave, letting the output
+//    projection in early measured slower (W1 8,161 against 8,451 tok/s, H200, 2026-11-29).
+// Roofline: Qwen3-8B (8 KV heads, D = 128) reads 4 KB of K/V per cached token, so a batch
+// of 64 sequences at 4k context moves 1.07 GB: 0.25 ms at the H200's ~4.3 TB/s copy rate.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "pagellm/common/check.h"
+#include "pagellm/cuda/attention/attention.h"
+#include "pagellm/cuda/attention/attention_decode_variants.h"
+#include "pagellm/cuda/attention/attention_common.cuh"
+#include "pagellm/cuda/support/cuda_check.h"
+#include "pagellm/cuda/support/device_info.h"
+#include "pagellm/cuda/support/tma.cuh"
+#include "pagellm/cuda/support/tma.h"
+
+namespace pagellm::cuda {
+namespace attn {
+namespace {
+
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeThreads = kDecodeWarps * 32;
+// Query heads per CTA: the rows of one m16 mma tile.
+constexpr int kHeadsPerCta = 16;
+// Planning: split until the CTAs fill (without exceeding) this many per SM, each split
+// holding at least this many keys. The host applies the minimum to max_kv_len (in a
+// graph: the capacity), the kernel to each sequence's real kv_len, so a short sequence in
+// a graph planned for long ones runs fewer, fuller splits and merges fewer partials
+// (batch 1 at ~320 keys: 380.5 against 374.6 tok/s with 64-key chunks, H200, session (f)).
+constexpr int kTargetCtasPerSm = 2;
+constexpr int kMinKeysPerSplit = 128;
+
+template <int D>
+struct DecodeShape {
+  static constexpr int kWarpKeys = 16;                       // keys per warp tile
+  static constexpr int kCtaKeys = kDecodeWarps * kWarpKeys;  // split chunks are multiples
+  static constexpr int kStages = 3;                          // per-warp cp.async ring
+  static constexpr int kChunks = D / 8;                      // 16-byte chunks per row
+  static constexpr int kTileElems = kWarpKeys * D;           // one K (or V) warp tile
+  static constexpr int kWarpElems = kStages * 2 * kTileElems;
+  static constexpr int kQElems = kHeadsPerCta * D;
+  static constexpr int kPipeBytes = (kQElems + kDecodeWarps * kWarpElems) * 2;
+  // End of the token: per-warp O [warps][16][D] f32 and (max, sum) [warps][16].
+  static constexpr int kReduceBytes = kDecodeWarps * kHeadsPerCta * (D * 4 + 8);
+  static constexpr int kSmemBytes = kPipeBytes > kReduceBytes ? kPipeBytes : kReduceBytes;
+  static_assert(kChunks >= 8 && kChunks % 2 == 0, "the swizzle permutes 8 chunks");
+  static_assert(kHeadsPerCta * kChunks % kDecodeThreads == 0, "even q loads");
+};
+
+/// How the keys of one sequence are cut: `chunk` keys per split (a multiple of the CTA
+/// tile), the first `n_active` splits non-empty. The same function runs in both kernels.
+struct SplitPlan {
+  int32_t chunk;
+  int32_t n_active;
+};
+// Each split's chunk: an equal share of kv_len, at least min_chunk keys, rounded up to
+// whole tiles; n_active splits hold keys, the rest exit at once.
+__host__ __device__ __forceinline__ SplitPlan plan_split(int32_t kv_len, int32_t num_splits,
+                                                         int32_t tile_keys, int32_t min_chunk) {
+  if (kv_len <= 0) return {tile_keys, 0};
+  int32_t chunk = max((kv_len + num_splits - 1) / num_splits, min_chunk);
+  chunk = (chunk + tile_keys - 1) / tile_keys * tile_keys;
+  return {chunk, (kv_len + chunk - 1) / chunk};
+}
+
+struct DecodeArgs {
+  PagedAttentionParams p;
+  float* partial_o;    // [num_splits, num_tokens, Hq, D] f32, unnormalised
+  int32_t* counters;   // [kSplitCounters]: splits done per (sequence, CTA row); zero when idle
+  float2* partial_ml;  // [num_splits, num_tokens, Hq] (max, sum), log2 domain
+  int32_t num_splits;
+  int32_t subgroups;   // CTAs per KV head: ceil(group / kHeadsPerCta)
+  int32_t page_shift;  // log2(page_size) or -1
+  float scale_log2;    // scale * log2(e)
+};
+
+/// Bytes of the two workspace arrays for `splits` splits of `tokens` tokens.
+size_t partial_o_bytes(int64_t tokens, int64_t heads, int64_t head_dim, int64_t splits) {
+  const size_t raw = static_cast<size_t>(splits * tokens * heads * head_dim) * sizeof(float);
+  return (raw + 255) / 256 * 256;
+}
+size_t partial_ml_bytes(int64_t tokens, int64_t heads, int64_t splits) {
+  const size_t raw = static_cast<size_t>(splits * tokens * heads) * sizeof(float2);
+  return (raw + 255) / 256 * 256;
+}
+/// The split counters sit at the start of the workspace, the same bytes for every call
+/// whatever its shape, so that the zeros each call leaves there are what the next finds.
+/// One counter per (sequence, CTA row of the grid) of a call with several splits.
+constexpr int64_t kSplitCounters = 65536;
+constexpr size_t kCounterBytes = kSplitCounters * sizeof(int32_t);
+
+/// Byte offset of 16-byte chunk `chunk` of row `row` in a 16-key K or V tile in shared
+/// memory. Two layouts, both XOR-swizzled by row % 8 so that the 8 rows an ldmatrix reads
+/// at one logical chunk sit in 8 different bank groups:
+///  - kHalves false (the cp.async kernel): rows of D * 2 bytes, chunk c at (c ^ (row % 8)).
+///  - kHalves true (the TMA kernel, D = 128): two [16][64] halves of 2 KB, each as the TMA
+///    writes a box of 128-byte rows with 128-byte swizzle (chunk c % 8 of half c / 8 at
+///    (c % 8) ^ (row % 8)); the halves must start 1024-byte aligned.
+template <int D, bool kHalves>
+__device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
+  if constexpr (kHalves) {
+    static_assert(D == 128, "two 64-column halves");
+    return ((chunk >> 3) << 11) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+  } else {
+    return static_cast<uint32_t>(swizzle<D>(row, chunk)) * 2;
+  }
+}
+
+/// One warp's online-softmax state over its tiles: O (16 query rows x D, mma C fragments),
+/// running max (log2 domain) and sum for rows g and g + 8.
+template <int D>
+struct WarpState {
+  float o[D / 8][4];
+  float row_max[2];
+  float row_sum[2];
+
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
+    }
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.0f;
+  }
+};
+
+/// Folds one 16-key tile (keys n0 .. n0 + 15, those >= end masked out) into the warp's
+/// state: S = Q Kᵀ on tensor cores, online softmax, O += P V. k_base / v_base: shared
+/// addresses of the K and V tiles in the layout tile_offset<D, kHalves> describes. Rows of V
+/// at keys >= end must be finite (zero-filled): P is 0 there, but 0 x NaN is NaN.
+template <int D, bool kHalves>
+__device__ __forceinline__ void attend_tile(const uint32_t (&qa)[D / 16][4], uint32_t k_base,
+                                            uint32_t v_base, int n0, int end, float scale_log2,
+                                            WarpState<D>& st) {
+  const int lane = threadIdx.x % 32;
+  const int t4 = lane % 4;
+  const int k_row = (lane & 7) + ((lane >> 4) << 3);
+  const int k_chunk_hi = (lane >> 3) & 1;
+  const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3);
+  const int v_chunk_hi = lane >> 4;
+
+  float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t kb[4];
+    ldmatrix_x4(kb, k_base + tile_offset<D, kHalves>(k_row, kk * 2 + k_chunk_hi));
+    mma_bf16_16816(s[0], qa[kk], kb[0], kb[1]);
+    mma_bf16_16816(s[1], qa[kk], kb[2], kb[3]);
+  }
+  if (n0 + 16 > end) {  // the last tile: keys >= end do not exist
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (n0 + nt * 8 + t4 * 2 + (e & 1) >= end) s[nt][e] = -INFINITY;
+      }
+    }
+  }
+  // Online softmax for rows g (h = 0) and g + 8 (h = 1); a row lives in one quad. O is
+  // rescaled only when some row of the warp raised its running max (else alpha == 1).
+  float alpha[2];
+  bool max_changed = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float new_max = fmaxf(st.row_max[h], mx * scale_log2);
+    const float base = new_max == -INFINITY ? 0.0f : new_max;
+    alpha[h] = fast_exp2(st.row_max[h] - base);
+    max_changed |= new_max != st.row_max[h];
+    st.row_max[h] = new_max;
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float pr = fast_exp2(fmaf(s[nt][2 * h + e], scale_log2, -base));
+        s[nt][2 * h + e] = pr;
+        sum += pr;
+      }
+    }
+    st.row_sum[h] = st.row_sum[h] * alpha[h] + sum;
+  }
+  if (__any_sync(0xffffffffu, max_changed)) {
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st.o[dt][e] *= alpha[e / 2];
+    }
+  }
+  // O += P V: the two n8 tiles of S form the A fragment of one k16 step.
+  uint32_t pa[4];
+  pa[0] = pack_bf16x2(s[0][0], s[0][1]);
+  pa[1] = pack_bf16x2(s[0][2], s[0][3]);
+  pa[2] = pack_bf16x2(s[1][0], s[1][1]);
+  pa[3] = pack_bf16x2(s[1][2], s[1][3]);
+#pragma unroll
+  for (int dp = 0; dp < D / 16; ++dp) {
+    uint32_t vb[4];
+    ldmatrix_x4_trans(vb, v_base + tile_offset<D, kHalves>(v_row, dp * 2 + v_chunk_hi));
+    mma_bf16_16816(st.o[2 * dp], pa, vb[0], vb[1]);
+    mma_bf16_16816(st.o[2 * dp + 1], pa, vb[2], vb[3]);
+  }
+}
+
+/// Copies the CTA's query heads of `token` into q_smem ([16][D], swizzle<D>; rows past
+/// n_heads are zeros). Plain loads: q is the previous kernel's output.
+template <int D>
+__device__ __forceinline__ void load_q_tile(const PagedAttentionParams& p, int token, int head0,
+                                            int n_heads, __nv_bfloat16* q_smem) {
+  using S = DecodeShape<D>;
+  const auto* qp = static_cast<const __nv_bfloat16*>(p.q);
+#pragma unroll
+  for (int c = 0; c < kHeadsPerCta * S::kChunks / kDecodeThreads; ++c) {
+    const int idx = threadIdx.x + c * kDecodeThreads;
+    const int r = idx / S::kChunks;
+    const int ch = idx % S::kChunks;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < n_heads) {
+      v = *reinterpret_cast<const uint4*>(
+          qp + (static_cast<int64_t>(token) * p.num_q_heads + head0 + r) * D + ch * 8);
+    }
+    *reinterpret_cast<uint4*>(q_smem + swizzle<D>(r, ch)) = v;
+  }
+}
+
+/// The Q fragments of the warp's mma tiles, from q_smem (after the barrier that published it).
+template <int D>
+__device__ __forceinline__ void load_q_fragments(const __nv_bfloat16* q_smem,
+                                                 uint32_t (&qa)[D / 16][4]) {
+  const int lane = threadIdx.x % 32;
+  const uint32_t q_addr = smem_addr(q_smem) + (lane & 15) * D * 2;
+  const int q_chunk_hi = lane >> 4;
+  const int r7 = lane & 7;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    ldmatrix_x4(qa[kk], q_addr + (((kk * 2 + q_chunk_hi) ^ r7) << 4));
+  }
+}
+
+/// End of one query token: merges the four warps' states through shared memory at `smem`
+/// (kReduceBytes, free to overwrite: every warp is done with its ring) and writes the
+/// token's output rows, normalised (one split) or as an f32 partial with its (max, sum).
+/// Call with all threads; returns after the CTA's last read of `smem`.
+template <int D>
+__device__ __forceinline__ void merge_warps_and_store(const DecodeArgs& a, unsigned char* smem,
+                                                      const WarpState<D>& st, int token,
+                                                      int head0, int n_heads, int split,
+                                                      bool direct) {
+  const PagedAttentionParams& p = a.p;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int t4 = lane % 4;
+  auto* out = static_cast<__nv_bfloat16*>(p.out);
+  // red_o [warps][16][D], red_ml [warps][16]; rows past n_heads are padding, never read.
+  float* red_o = reinterpret_cast<float*>(smem);
+  float2* red_ml = reinterpret_cast<float2*>(red_o + kDecodeWarps * kHeadsPerCta * D);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = g + 8 * h;
+    float sum = st.row_sum[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (r >= n_heads) continue;
+    float* dst = red_o + (warp * kHeadsPerCta + r) * D + t4 * 2;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(st.o[dt][2 * h], st.o[dt][2 * h + 1]);
+    }
+    if (t4 == 0) red_ml[warp * kHeadsPerCta + r] = make_float2(st.row_max[h], sum);
+  }
+  __syncthreads();
+  for (int item = tid; item < n_heads * (D / 4); item += kDecodeThreads) {
+    const int r = item / (D / 4);
+    const int d = (item % (D / 4)) * 4;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, red_ml[w * kHeadsPerCta + r].x);
+    const float base = mx == -INFINITY ? 0.0f : mx;
+    float sum = 0.0f;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float2 ml = red_ml[w * kHeadsPerCta + r];
+      const float wt = fast_exp2(ml.x - base);
+      sum += wt * ml.y;
+      const float4 v = *reinterpret_cast<const float4*>(red_o + (w * kHeadsPerCta + r) * D + d);
+      acc.x += wt * v.x;
+      acc.y += wt * v.y;
+      acc.z += wt * v.z;
+      acc.w += wt * v.w;
+    }
+    const int64_t row = static_cast<int64_t>(token) * p.num_q_heads + head0 + r;
+    if (direct) {
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      uint2 packed;
+      packed.x = pack_bf16x2(acc.x * inv, acc.y * inv);
+      packed.y = pack_bf16x2(acc.z * inv, acc.w * inv);
+      *reinterpret_cast<uint2*>(out + row * D + d) = packed;
+    } else {
+      const int64_t prow = static_cast<int64_t>(split) * p.num_tokens * p.num_q_heads + row;
+      *reinterpret_cast<float4*>(a.partial_o + prow * D + d) = acc;
+      if (d == 0) a.partial_ml[prow] = make_float2(mx, sum);
+    }
+  }
+  __syncthreads();
+}
+
+/// A sequence with no keys at all: its rows get zeros, written once by split 0.
+template <int D>
+__device__ __forceinline__ void write_zero_rows(const PagedAttentionParams& p, const SeqInfo& seq,
+                                                int head0, int n_heads) {
+  using S = DecodeShape<D>;
+  auto* out = static_cast<__nv_bfloat16*>(p.out);
+  const int per_token = n_heads * S::kChunks;
+  for (int item = threadIdx.x; item < seq.q_len * per_token; item += kDecodeThreads) {
+    const int i = item / per_token;
+    const int h = (item % per_token) / S::kChunks;
+    const int c = item % S::kChunks;
+    const int64_t row = static_cast<int64_t>(seq.q_begin + i) * p.num_q_heads + head0 + h;
+    *reinterpret_cast<uint4*>(out + row * D + c * 8) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+/// A decode CTA's place in the grid and its share of the sequence's keys (both kernels).
+/// Every tile is 16 keys; warp w owns tiles w, w + 4, w + 8, ... of [key_begin, key_end).
+struct DecodeCta {
+  int b, kv_head, split, head0, n_heads, warp, lane;
+  SeqInfo seq;
+  SplitPlan sp;
+  int key_begin, key_end;
+  const int32_t* page_row;
+
+  __device__ __forceinline__ DecodeCta(const DecodeArgs& a, int cta_keys) {
+    const PagedAttentionParams& p = a.p;
+    b = blockIdx.x;
+    kv_head = blockIdx.y / a.subgroups;
+    const int sub = blockIdx.y - kv_head * a.subgroups;
+    split = blockIdx.z;
+    const int group = p.num_q_heads / p.num_kv_heads;
+    head0 = kv_head * group + sub * kHeadsPerCta;
+    n_heads = min(kHeadsPerCta, group - sub * kHeadsPerCta);
+    warp = threadIdx.x / 32;
+    lane = threadIdx.x % 32;
+    seq = load_seq_info(p, b);
+    sp = plan_split(seq.kv_len, a.num_splits, cta_keys, kMinKeysPerSplit);
+    key_begin = split * sp.chunk;
+    key_end = min(seq.kv_len, key_begin + sp.chunk);
+    page_row = p.page_table + static_cast<int64_t>(b) * p.max_pages_per_seq;
+  }
+  /// Keys query token i of the sequence may see inside this split: [key_begin, end).
+  __device__ __forceinline__ int end_for(int i) const {
+    return min(key_end, seq.kv_len - seq.q_len + i + 1);
+  }
+  /// Tiles this warp owns below `end`.
+  __device__ __forceinline__ int my_tiles(int end) const {
+    const int n_tiles = end > key_begin ? (end - key_begin + 15) / 16 : 0;
+    return n_tiles > warp ? (n_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
+  }
+  /// How many of this warp's first `most` tiles of query token 0 hold only history
+  /// (positions before the batch's query tokens, written by earlier steps), which may be
+  /// loaded before the PDL wait; 0 for a CTA with nothing to do.
+  __device__ __forceinline__ int history_tiles(int most) const {
+    if (!(seq.q_len > 0 && sp.n_active > 0 && split < sp.n_active)) return 0;
+    const int n = min(most, my_tiles(end_for(0)));
+    const int old_end = seq.kv_len - seq.q_len;
+    int k = 0;
+    while (k < n && key_begin + (warp + k * kDecodeWarps + 1) * 16 <= old_end) ++k;
+    return k;
+  }
+  /// After the PDL wait: whether this CTA has keys to attend. A sequence with no query
+  /// token has nothing to write; one with no keys gets zero rows, written here by split 0.
+  template <int D>
+  __device__ __forceinline__ bool after_wait(const PagedAttentionParams& p) const {
+    if (seq.q_len == 0) return false;
+    if (sp.n_active == 0) {
+      if (split == 0) write_zero_rows<D>(p, seq, head0, n_heads);
+      return false;
+    }
+    return split < sp.n_active;
+  }
+};
+
+/// Merges the splits of one output row (query token, head): out = Σ w_s o_s / Σ w_s l_s
+/// with w_s = 2^(m_s - max m). One warp: lane s holds the (max, sum) of splits s and s + 32,
+/// and each lane owns 4 dims of the output. Reads the partials through L2 (__ldcg): other
+/// CTAs wrote them.
+template <int D>
+__device__ __forceinline__ void merge_split_row(const DecodeArgs& a, int n_active, int64_t row) {
+  static_assert(kMaxDecodeSplits <= 64, "two splits per lane");
+  const PagedAttentionParams& p = a.p;
+  const int lane = threadIdx.x % 32;
+  const int d = lane * 4;
+  const bool owns_dims = d < D;
+  auto* out = static_cast<__nv_bfloat16*>(p.out);
+  const int64_t split_stride = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
+  const float2 ml0 = lane < n_active ? __ldcg(&a.partial_ml[lane * split_stride + row])
+                                     : make_float2(-INFINITY, 0.0f);
+  const float2 ml1 = lane + 32 < n_active ? __ldcg(&a.partial_ml[(lane + 32) * split_stride + row])
+                                          : make_float2(-INFINITY, 0.0f);
+  float mx = fmaxf(ml0.x, ml1.x);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  const float base = mx == -INFINITY ? 0.0f : mx;
+  const float w0 = fast_exp2(ml0.x - base);
+  const float w1 = fast_exp2(ml1.x - base);
+  float sum = w0 * ml0.y + w1 * ml1.y;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+  for (int s = 0; s < n_active; ++s) {
+    const float w = __shfl_sync(0xffffffffu, s < 32 ? w0 : w1, s & 31);
+    if (owns_dims) {
+      const float4 v =
+          __ldcg(reinterpret_cast<const float4*>(a.partial_o + (s * split_stride + row) * D + d));
+      acc.x += w * v.x;
+      acc.y += w * v.y;
+      acc.z += w * v.z;
+      acc.w += w * v.w;
+    }
+  }
+  if (owns_dims) {
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    uint2 packed;
+    packed.x = pack_bf16x2(acc.x * inv, acc.y * inv);
+    packed.y = pack_bf16x2(acc.z * inv, acc.w * inv);
+    *reinterpret_cast<uint2*>(out + row * D + d) = packed;
+  }
+}
+
+/// End of a split CTA whose sequence has several active splits (call with all threads,
+/// after its partials are stored): the CTA counts itself done on its sequence's counter,
+/// and the last of the splits to arrive merges every split's partials into the output for
+/// the CTA's heads and tokens and resets the counter for the next call. So no merge kernel
+/// (and no second grid boundary) is needed; the order of the sum does not depend on which
+/// CTA merges.
+template <int D>
+__device__ __forceinline__ void merge_if_last_split(const DecodeArgs& a, const DecodeCta& c) {
+  __shared__ int last;
+  __threadfence();  // this CTA's partials are visible to the CTA that will merge them
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t* counter = a.counters + static_cast<int64_t>(c.b) * gridDim.y + blockIdx.y;
+    last = atomicAdd(counter, 1) == c.sp.n_active - 1;
+    if (last) atomicExch(counter, 0);  // every split has arrived: ready for the next call
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // the other splits' partials, published before their counts, are read after
+  const int rows = c.seq.q_len * c.n_heads;
+  for (int item = c.warp; item < rows; item += kDecodeWarps) {
+    const int i = item / c.n_heads, h = item % c.n_heads;
+    merge_split_row<D>(a, c.sp.n_active,
+                       static_cast<int64_t>(c.seq.q_begin + i) * a.p.num_q_heads + c.head0 + h);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kDecodeThreads)
+    decode_split_kernel(const __grid_constant__ DecodeArgs a) {
+  using S = DecodeShape<D>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  auto* q_smem = reinterpret_cast<__nv_bfloat16*>(smem);  // [16][D], swizzled
+
+  // Before pdl_wait() this kernel reads only what no kernel of the step writes: the batch
+  // arrays (uploaded by the host) and the K/V rows of positions older than the batch's
+  // query tokens. The kernel just before (qk_norm_rope_store_kv) writes q and the new rows;
+  // every kernel before that one has finished (pdl.cuh). So the first K/V tiles of the
+  // history stream in while that kernel runs.
+  const PagedAttentionParams& p = a.p;
+  const DecodeCta c(a, S::kCtaKeys);
+  const SeqInfo& seq = c.seq;
+  const int key_begin = c.key_begin;
+  const int warp = c.warp, lane = c.lane;
+  const auto* k_pool = static_cast<const __nv_bfloat16*>(p.k_pool);
+  const auto* v_pool = static_cast<const __nv_bfloat16*>(p.v_pool);
+  __nv_bfloat16* warp_smem = q_smem + S::kQElems + warp * S::kWarpElems;
+  // cp.async: lane l copies chunks (l / 16) + 2c of row l % 16 (two lanes = one sector).
+  const int copy_row = lane & 15;
+  const int copy_chunk0 = lane >> 4;
+
+  // Copies this warp's j-th tile (keys key_begin + (warp + 4 j) * 16 ..) into `stage`;
+  // keys >= end are zero-filled, so P V never sees garbage.
+  auto issue = [&](int j, int stage, int end) {
+    const int pos = key_begin + (warp + j * kDecodeWarps) * S::kWarpKeys + copy_row;
+    const bool valid = pos < end;
+    const int64_t off = valid ? kv_row_offset(c.page_row, pos, p.page_size, a.page_shift,
+                                              p.num_kv_heads, c.kv_head, D)
+                              : 0;
+    // off = 0 when invalid: the address stays inside the pool and is never read.
+    const __nv_bfloat16* k_src = k_pool + off + copy_chunk0 * 8;
+    const __nv_bfloat16* v_src = v_pool + off + copy_chunk0 * 8;
+    const uint32_t ks = smem_addr(warp_smem + stage * 2 * S::kTileElems);
+    const uint32_t vs = ks + S::kTileElems * 2;
+#pragma unroll
+    for (int c = 0; c < S::kChunks / 2; ++c) {
+      const uint32_t dst = swizzle<D>(copy_row, copy_chunk0 + 2 * c) * 2;
+      cp_async_16(ks + dst, k_src + 16 * c, valid);
+      cp_async_16(vs + dst, v_src + 16 * c, valid);
+    }
+  };
+  // Prologue tiles of token 0 made only of history go out before the wait, one cp.async
+  // group each (the same groups the loop below would have committed).
+  const int early = c.history_tiles(S::kStages - 1);
+  for (int j = 0; j < early; ++j) {
+    issue(j, j, c.end_for(0));
+    cp_async_commit();
+  }
+
+  // q and the newest K/V rows come from the kernel before; out and the partials may still
+  // be read by the kernels before that.
+  pdl_wait();
+  if (!c.after_wait<D>(p)) return;
+  const bool direct = c.sp.n_active == 1;
+
+  for (int i = 0; i < seq.q_len; ++i) {
+    const int token = seq.q_begin + i;
+    const int end = c.end_for(i);
+    const int n_mine = c.my_tiles(end);
+
+    // q must not join the K/V cp.async groups, hence plain loads.
+    load_q_tile<D>(p, token, c.head0, c.n_heads, q_smem);
+
+    // The prologue: tiles 0 .. kStages - 2, one group each (empty groups keep the wait
+    // count uniform); token 0's history tiles went out before the wait.
+    for (int s = i == 0 ? early : 0; s < S::kStages - 1; ++s) {
+      if (s < n_mine) issue(s, s, end);
+      cp_async_commit();
+    }
+    __syncthreads();  // q is in shared memory
+
+    uint32_t qa[D / 16][4];
+    load_q_fragments<D>(q_smem, qa);
+    WarpState<D> st;
+    st.reset();
+
+    for (int j = 0; j < n_mine; ++j) {
+      if (j + S::kStages - 1 < n_mine) {
+        issue(j + S::kStages - 1, (j + S::kStages - 1) % S::kStages, end);
+      }
+      cp_async_commit();
+      cp_async_wait<S::kStages - 1>();  // this lane's part of tile j has landed
+      __syncwarp();                     // ... and the other lanes' parts
+
+      const uint32_t k_base = smem_addr(warp_smem + (j % S::kStages) * 2 * S::kTileElems);
+      const uint32_t v_base = k_base + S::kTileElems * 2;
+      const int n0 = key_begin + (warp + j * kDecodeWarps) * S::kWarpKeys;
+      attend_tile<D, false>(qa, k_base, v_base, n0, end, a.scale_log2, st);
+      __syncwarp();  // every lane is done with this stage before it is refilled
+    }
+    cp_async_wait<0>();
+    // The key loop, this CTA's main work, is done: the next kernel may launch (it waits for
+    // this grid to finish before reading the output).
+    if (i == seq.q_len - 1) pdl_launch_dependents();
+    __syncthreads();  // every warp is done with q and its ring: reuse them below
+    merge_warps_and_store<D>(a, smem, st, token, c.head0, c.n_heads, c.split, direct);
+  }
+  if (!direct) merge_if_last_split<D>(a, c);
+}
+
+// ---- the TMA variant (D = 128, page_size a multiple of 16, sm_90) -------------------------
+//
+// The same CTA and warp layout, state and merge as decode_split_kernel; only the way K/V
+// tiles reach shared memory differs. A 16-key tile of one KV head is 16 consecutive rows
+// of its page ([num_pages, Hkv, page_size, 128] pools), i.e. 4 KB of contiguous K and 4 KB
+// of V, so lane 0 of the warp arms the stage's mbarrier with 8 KB and issues four TMA boxes
+// (64 columns x 16 rows each, 128-byte swizzle) from tensor maps of the pools seen as
+// [num_pages * Hkv * page_size, 128] matrices. The other 31 lanes issue nothing: the
+// cp.async kernel spends 16 copy instructions per lane and a page-table read per row on
+// each tile. Each lane keeps the pool row of one of the warp's next 32 tiles in a register
+// (read before the PDL wait where the tile is history), and lane 0 takes it with a shuffle.
+// Keys past the end of the last tile come in as whatever the page holds (the pool is not
+// zero-filled there); the warp zeroes those V rows before P V.
+struct DecodeTmaArgs {
+  CUtensorMap k_map;  // bf16 [num_pages * Hkv * page_size, 128], box 64 x 16
+  CUtensorMap v_map;
+  DecodeArgs a;
+};
+
+struct DecodeTmaShape {
+  static constexpr int D = 128;
+  // Per-warp ring of 3 stages: 2 tiles in flight, 101 KB of shared memory per CTA. A
+  // 2-stage ring (69 KB, so that a product's CTA fits beside two of these) measured 9 %
+  // slower on W1 (H200, 2026-11-29).
+  static constexpr int kStages = 3;
+  static constexpr int kTileBytes = 16 * D * 2;   // one K (or V) tile: 4 KB
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr int kRingBytes = kDecodeWarps * kStages * kStageBytes;
+  static constexpr int kQBytes = kHeadsPerCta * D * 2;
+  static constexpr int kBarBytes = kDecodeWarps * kStages * 8;
+  static constexpr int kAlign = 1024;  // 128-byte swizzle atoms
+  static constexpr int kSmemBytes = kRingBytes + kQBytes + kBarBytes + kAlign;
+  static_assert(DecodeShape<D>::kReduceBytes <= kRingBytes, "the merge reuses the ring");
+};
+
+__global__ void __launch_bounds__(kDecodeThreads)
+    decode_split_tma_kernel(const __grid_constant__ DecodeTmaArgs t) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using T = DecodeTmaShape;
+  constexpr int D = T::D;
+  constexpr int kStages = T::kStages;
+  using S = DecodeShape<D>;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t ring = (raw + T::kAlign - 1) & ~uint32_t(T::kAlign - 1);
+  unsigned char* const smem = smem_raw + (ring - raw);
+  auto* q_smem = reinterpret_cast<__nv_bfloat16*>(smem + T::kRingBytes);
+  const uint32_t bars = ring + T::kRingBytes + T::kQBytes;
+
+  const DecodeArgs& a = t.a;
+  const PagedAttentionParams& p = a.p;
+  if (threadIdx.x < kDecodeWarps * kStages) {
+    mbar_init(bars + threadIdx.x * 8, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  const DecodeCta c(a, S::kCtaKeys);
+  const SeqInfo& seq = c.seq;
+  const int key_begin = c.key_begin;
+  const int warp = c.warp, lane = c.lane;
+  const uint32_t warp_ring = ring + warp * kStages * T::kStageBytes;
+  const uint32_t warp_bars = bars + warp * kStages * 8;
+  const uint64_t policy = evict_first_policy();
+
+  // Pool row of the first key of the warp's tile j; lane l holds tile 32 * batch + l's.
+  int row_batch = -1;
+  int32_t my_row = 0;
+  auto tile_row = [&](int j) {  // warp-collective
+    if ((j >> 5) != row_batch) {
+      row_batch = j >> 5;
+      const int pos = key_begin + (warp + ((row_batch << 5) + lane) * kDecodeWarps) * 16;
+      // Rows fit int32: decode_tma_supported checks the pool has fewer than 2^31.
+      my_row = pos < seq.kv_len ? static_cast<int32_t>(kv_row(c.page_row, pos, p.page_size,
+                                                                a.page_shift, p.num_kv_heads,
+                                                                c.kv_head))
+                                : 0;
+    }
+    return __shfl_sync(0xffffffffu, my_row, j & 31);
+  };
+  // Loads the warp's tile j into `stage` (warp-collective; lane 0 issues).
+  auto issue = [&](int j, int stage) {
+    const int row = tile_row(j);
+    if (lane == 0) {
+      const uint32_t bar = warp_bars + stage * 8;
+      const uint32_t dst = warp_ring + stage * T::kStageBytes;
+      mbar_arrive_expect_tx(bar, T::kStageBytes);
+      tma_load_hint(dst, &t.k_map, 0, row, bar, policy);
+      tma_load_hint(dst + T::kTileBytes / 2, &t.k_map, 64, row, bar, policy);
+      tma_load_hint(dst + T::kTileBytes, &t.v_map, 0, row, bar, policy);
+      tma_load_hint(dst + T::kTileBytes * 3 / 2, &t.v_map, 64, row, bar, policy);
+    }
+  };
+  uint32_t phases = 0;  // bit s: the parity the next wait on stage s waits for
+
+  // Token 0's first tiles made only of history go out before the wait (as in the cp.async
+  // kernel: they do not depend on the kernel before).
+  const int early = c.history_tiles(kStages - 1);
+  for (int j = 0; j < early; ++j) issue(j, j);
+
+  pdl_wait();
+  if (!c.after_wait<D>(p)) return;
+  const bool direct = c.sp.n_active == 1;
+
+  for (int i = 0; i < seq.q_len; ++i) {
+    const int token = seq.q_begin + i;
+    const int end = c.end_for(i);
+    const int n_mine = c.my_tiles(end);
+
+    load_q_tile<D>(p, token, c.head0, c.n_heads, q_smem);
+    for (int s = i == 0 ? early : 0; s < kStages - 1 && s < n_mine; ++s) issue(s, s);
+    __syncthreads();  // q is in shared memory
+
+    uint32_t qa[D / 16][4];
+    load_q_fragments<D>(q_smem, qa);
+    WarpState<D> st;
+    st.reset();
+
+    for (int j = 0; j < n_mine; ++j) {
+      if (j + kStages - 1 < n_mine) issue(j + kStages - 1, (j + kStages - 1) % kStages);
+      const int stage = j % kStages;
+      mbar_wait(warp_bars + stage * 8, (phases >> stage) & 1u);
+      phases ^= 1u << stage;
+      const uint32_t k_base = warp_ring + stage * T::kStageBytes;
+      const uint32_t v_base = k_base + T::kTileBytes;
+      const int n0 = key_begin + (warp + j * kDecodeWarps) * 16;
+      if (n0 + 16 > end) {
+        // Rows of keys >= end hold whatever the page holds: zero their V (P is 0 there).
+        unsigned char* v_tile = smem + (v_base - ring);
+        for (int idx = lane; idx < 16 * 16; idx += 32) {
+          const int r = idx / 16, ch = idx % 16;
+          if (n0 + r >= end) {
+            *reinterpret_cast<uint4*>(v_tile + tile_offset<D, true>(r, ch)) = make_uint4(0, 0, 0, 0);
+          }
+        }
+        // Order these generic writes before the TMA that refills the stage next token.
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncwarp();
+      }
+      attend_tile<D, true>(qa, k_base, v_base, n0, end, a.scale_log2, st);
+      __syncwarp();  // every lane is done with this stage before it is refilled
+    }
+    if (i == seq.q_len - 1) pdl_launch_dependents();
+    __syncthreads();  // every warp is done with q and its ring: reuse them below
+    merge_warps_and_store<D>(a, smem, st, token, c.head0, c.n_heads, c.split, direct);
+    // The merge wrote the ring through the generic proxy; the next token's TMA refills it.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+  }
+  if (!direct) merge_if_last_split<D>(a, c);
+#else
+  __trap();  // launched only on sm_90 and newer (decode_tma_supported)
+#endif
+}
+
+template <int D>
+void launch_decode(const DecodeArgs& args, cudaStream_t stream) {
+  using S = DecodeShape<D>;
+  static const bool smem_set = [] {
+    PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(
+        decode_split_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes));
+    return true;
+  }();
+  (void)smem_set;
+  const PagedAttentionParams& p = args.p;
+  const dim3 grid(p.num_seqs, p.num_kv_heads * args.subgroups, args.num_splits);
+  launch_kernel(decode_split_kernel<D>, grid, dim3(kDecodeThreads), S::kSmemBytes, stream, 1,
+                args);
+}
+
+void launch_decode_tma(const DecodeArgs& args, cudaStream_t stream) {
+  using T = DecodeTmaShape;
+  static const bool smem_set = [] {
+    PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(
+        decode_split_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+    return true;
+  }();
+  (void)smem_set;
+  const PagedAttentionParams& p = args.p;
+  const int64_t rows = static_cast<int64_t>(p.num_pages) * p.num_kv_heads * p.page_size;
+  DecodeTmaArgs t;
+  t.k_map = bf16_tensor_map(p.k_pool, rows, T::D, 64, 16, "paged_decode_attention");
+  t.v_map = bf16_tensor_map(p.v_pool, rows, T::D, 64, 16, "paged_decode_attention");
+  t.a = args;
+  const dim3 grid(p.num_seqs, p.num_kv_heads * args.subgroups, args.num_splits);
+  launch_kernel(decode_split_tma_kernel, grid, dim3(kDecodeThreads), T::kSmemBytes, stream, 1, t);
+}
+
+
+}  // namespace
+}  // namespace attn
+
+size_t paged_attention_workspace_bytes(int32_t max_tokens, int32_t num_q_heads, int32_t head_dim,
+                                       int32_t max_splits) {
+  PAGELLM_CHECK(max_tokens >= 0 && num_q_heads >= 0 && head_dim >= 0 && max_splits >= 0)
+      << "paged_attention_workspace_bytes: arguments must be >= 0, got max_tokens " << max_tokens
+      << ", num_q_heads " << num_q_heads << ", head_dim " << head_dim << ", max_splits "
+      << max_splits;
+  if (max_splits <= 1) return 0;  // one split writes the output directly
+  return attn::kCounterBytes + attn::partial_o_bytes(max_tokens, num_q_heads, head_dim, max_splits) +
+         attn::partial_ml_bytes(max_tokens, num_q_heads, max_splits);
+}
+
+size_t paged_decode_workspace_bytes(int32_t num_q_heads, int32_t head_dim) {
+  return paged_attention_workspace_bytes(128, num_q_heads, head_dim, 8);
+}
+
+int32_t plan_decode_splits(const PagedAttentionParams& p) {
+  if (p.num_seqs <= 0 || p.num_tokens <= 0 || p.num_kv_heads <= 0 || p.num_q_heads <= 0) {
+    return 1;
+  }
+  const int group = std::max(1, p.num_q_heads / p.num_kv_heads);
+  const int subgroups = (group + attn::kHeadsPerCta - 1) / attn::kHeadsPerCta;
+  const int64_t ctas = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads * subgroups;
+  // One wave: the largest split count whose CTAs still fit the device's CTA slots (a
+  // partial second wave would leave SMs idle; fewer, fuller CTAs are cheaper than that).
+  int sms = 0;
+  current_device_info(&sms);
+  PAGELLM_CHECK(sms > 0) << "plan_decode_splits: no CUDA device is current";
+  const int64_t slots = static_cast<int64_t>(attn::kTargetCtasPerSm) * sms;
+  int64_t splits = slots / ctas;
+  splits = std::min<int64_t>(
+      splits, (std::max(p.max_kv_len, 1) + attn::kMinKeysPerSplit - 1) / attn::kMinKeysPerSplit);
+  splits = std::clamp<int64_t>(splits, 1, kMaxDecodeSplits);
+  while (splits > 1 &&
+         (p.workspace == nullptr ||
+          paged_attention_workspace_bytes(p.num_tokens, p.num_q_heads, p.head_dim,
+                                          static_cast<int32_t>(splits)) > p.workspace_bytes)) {
+    --splits;
+  }
+  return static_cast<int32_t>(splits);
+}
+
+bool decode_tma_supported(const PagedAttentionParams& p) {
+  const int64_t rows = static_cast<int64_t>(p.num_pages) * p.num_kv_heads * p.page_size;
+  return p.head_dim == 128 && p.page_size % 16 == 0 && p.num_pages > 0 &&
+         rows < (int64_t{1} << 31) && current_device_info(nullptr) >= 90;
+}
+
+void paged_decode_attention(const PagedAttentionParams& p, cudaStream_t stream) {
+  paged_decode_attention_with(p, CudaSettings::process().decode_kernel, stream);
+}
+
+void paged_decode_attention_with(const PagedAttentionParams& p, DecodeKernel kernel,
+                                 cudaStream_t stream) {
+  attn::validate_params(p, "paged_decode_attention");
+  if (p.num_seqs == 0 || p.num_tokens == 0) return;
+  const int32_t splits = p.num_splits > 0 ? p.num_splits : plan_decode_splits(p);
+  attn::DecodeArgs args{};
+  args.p = p;
+  args.num_splits = splits;
+  if (splits > 1) {
+    const size_t need =
+        paged_attention_workspace_bytes(p.num_tokens, p.num_q_heads, p.head_dim, splits);
+    PAGELLM_CHECK(p.workspace != nullptr && p.workspace_bytes >= need)
+        << "paged_decode_attention: " << splits << " splits over " << p.num_tokens
+        << " tokens need a workspace of " << need << " bytes, got " << p.workspace_bytes
+        << " (size it with paged_attention_workspace_bytes, or pass num_splits = 0)";
+    PAGELLM_CHECK((reinterpret_cast<uintptr_t>(p.workspace) & 255u) == 0)
+        << "paged_decode_attention: the workspace must be 256-byte aligned";
+    char* ws = static_cast<char*>(p.workspace);
+    args.counters = reinterpret_cast<int32_t*>(ws);
+    args.partial_o = reinterpret_cast<float*>(ws + attn::kCounterBytes);
+    args.partial_ml = reinterpret_cast<float2*>(
+        ws + attn::kCounterBytes +
+        attn::partial_o_bytes(p.num_tokens, p.num_q_heads, p.head_dim, splits));
+  }
+  const int group = p.num_q_heads / p.num_kv_heads;
+  args.subgroups = (group + attn::kHeadsPerCta - 1) / attn::kHeadsPerCta;
+  PAGELLM_CHECK(splits <= 1 || static_cast<int64_t>(p.num_seqs) * p.num_kv_heads * args.subgroups <=
+                                   attn::kSplitCounters)
+      << "paged_decode_attention: " << splits << " splits over " << p.num_seqs << " sequences x "
+      << p.num_kv_heads * args.subgroups << " CTA rows exceed the workspace's "
+      << attn::kSplitCounters << " split counters (fewer sequences per call, or one split)";
+  PAGELLM_CHECK(static_cast<int64_t>(p.num_kv_heads) * args.subgroups <= 65535)
+      << "paged_decode_attention: num_kv_heads " << p.num_kv_heads << " is too large";
+  args.page_shift = attn::page_shift_of(p.page_size);
+  args.scale_log2 = p.scale * attn::kLog2e;
+  if (kernel == DecodeKernel::kTma && decode_tma_supported(p)) {
+    attn::launch_decode_tma(args, stream);
+  } else if (p.head_dim == 128) {
+    attn::launch_decode<128>(args, stream);
+  } else {
+    attn::launch_decode<64>(args, stream);
+  }
+}
+
+}  // namespace pagellm::cuda

@@ -1,0 +1,79 @@
+// The CUDA backend's batch-staging room: a step's int32 metadata packed into a pinned
+// buffer and copied with one async copy into fixed regions of one device buffer, and the
+// persistent page table (ForwardBatch::seq_slots) the engine updates run by run.
+//
+// CUDA-free header (cuda_backend.h holds one).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "pagellm/cuda/device_memory.h"
+#include "pagellm/kv/forward_batch.h"
+
+struct CUstream_st;
+
+namespace pagellm::cuda {
+
+/// Batch metadata on the device (CudaBackend::upload_batch documents the contract). Not
+/// thread-safe (one per backend).
+class BatchStaging {
+ public:
+  /// Device buffers come from `memory`; every copy and kernel runs on `stream`. Allocates
+  /// regions for a first batch of 256 tokens, 64 sequences of 64 pages and 64 rows.
+  BatchStaging(DeviceMemory& memory, CUstream_st* stream);
+  ~BatchStaging();
+  BatchStaging(const BatchStaging&) = delete;
+  BatchStaging& operator=(const BatchStaging&) = delete;
+
+  /// Checks `batch`, copies it (growing the regions when it does not fit, which
+  /// synchronises) and, for a persistent batch, updates the device table and gathers the
+  /// batch's rows. The caller has checked that the stream is not capturing.
+  BatchTensors upload(const ForwardBatch& batch);
+  /// Sizes the regions for batches up to these sizes (Backend::reserve_batch).
+  void reserve(int32_t max_tokens, int32_t max_seqs, int32_t max_pages_per_seq,
+               int32_t max_rows);
+
+ private:
+  // Element offsets of the batch regions for the current capacities.
+  struct Layout {
+    size_t token_ids, positions, slot_mapping, query_start, kv_lens, logits_indices,
+        seq_slots, page_runs, page_values, page_table, total;
+  };
+  // What the batch regions must hold (elements; runs of the persistent page table).
+  struct Capacity {
+    int64_t tokens = 0, seqs = 0, page_entries = 0, rows = 0;
+    int64_t slots = 0, runs = 0, values = 0;  // persistent page table only
+  };
+  Layout layout() const;
+  void grow(const Capacity& need);
+  // `need` raised to what the reserved batch (reserve) needs of the persistent regions.
+  Capacity with_persistent_reserve(Capacity need) const;
+  // Grows the persistent page table to at least rows x cols (zero-filled, keeping its rows).
+  void ensure_page_table(int64_t rows, int64_t cols);
+  // Throws Error naming what is wrong with a persistent batch's seq_slots and updates.
+  static void check_persistent(const ForwardBatch& batch);
+  void free_buffers() noexcept;
+
+  DeviceMemory& memory_;
+  CUstream_st* stream_;
+
+  // Device buffer and two pinned staging slots used alternately, with a region per array
+  // sized by these capacities.
+  int32_t* device_ = nullptr;
+  int64_t cap_tokens_ = 0, cap_seqs_ = 0, cap_page_entries_ = 0, cap_rows_ = 0;
+  int64_t cap_slots_ = 0, cap_runs_ = 0, cap_values_ = 0;  // 0 until a persistent batch
+  int64_t reserved_seqs_ = 0, reserved_pages_per_seq_ = 0;  // reserve's largest
+  PinnedSlot staging_[2];
+  int slot_ = 0;
+
+  // The persistent page table [table_rows_, table_cols_] (device, int32, zero-filled at
+  // allocation), and which rows this step's runs named (a stamp per row).
+  int32_t* page_table_ = nullptr;
+  int64_t table_rows_ = 0, table_cols_ = 0;
+  std::vector<uint64_t> run_seen_;
+  uint64_t run_stamp_ = 0;
+};
+
+}  // namespace pagellm::cuda

@@ -1,0 +1,38 @@
+// Device helpers shared by the two kernels that store normalised q/k and v rows:
+// qk_norm_rope_store_kv_kernel (qk_norm_rope.cu) and the skinny GEMM's fused qkv epilogue
+// (skinny_gemm.cu).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "pagellm/cuda/elementwise/kernels.h"
+
+namespace pagellm::cuda {
+
+/// RoPE inverse frequency of pair i (0 <= i < head_dim / 2) as transformers computes it
+/// for Qwen3, in float32: 1 / theta^(2i / head_dim).
+__device__ __forceinline__ float rope_inv_freq(float theta, int i, int head_dim) {
+  return 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+}
+
+/// Where head `head` (of the Hq + 2 Hkv heads of a qkv row) of token `token` is stored: its
+/// q_out row for q heads, its page slot in the K or V pool for k and v heads; nullptr for a
+/// k/v head of a padding token (negative slot) or a slot past the pool, which are skipped.
+__device__ __forceinline__ __nv_bfloat16* qk_destination(const QkNormRopeArgs& a, int64_t token,
+                                                         int head, int head_dim) {
+  if (head < a.num_q_heads) {
+    return static_cast<__nv_bfloat16*>(a.q_out) + (token * a.num_q_heads + head) * head_dim;
+  }
+  const int32_t slot = a.slot_mapping[token];
+  if (slot < 0) return nullptr;  // padding token: nothing to cache
+  const int64_t page = slot / a.page_size, offset = slot % a.page_size;
+  if (page >= a.num_pages) return nullptr;  // never write outside the pool
+  const bool is_v = head >= a.num_q_heads + a.num_kv_heads;
+  const int kv_head = is_v ? head - a.num_q_heads - a.num_kv_heads : head - a.num_q_heads;
+  return static_cast<__nv_bfloat16*>(is_v ? a.v_pool : a.k_pool) +
+         ((page * a.num_kv_heads + kv_head) * a.page_size + offset) * head_dim;
+}
+
+}  // namespace pagellm::cuda

@@ -1,0 +1,342 @@
+#include "pagellm/cuda/matmul/matmul.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "pagellm/common/hash.h"
+#include "pagellm/cuda/support/cuda_check.h"
+#include "pagellm/cuda/matmul/skinny_gemm.h"
+
+namespace pagellm::cuda {
+namespace {
+
+// Warm-up and timed launches per autotuning candidate.
+constexpr int kTuneWarmups = 2;
+constexpr int kTuneReps = 10;
+// A candidate replaces the best so far only if it is this much faster: timing noise then
+// rarely overturns the heuristic's ranking, which keeps the choice stable between runs.
+constexpr float kTuneMargin = 0.02f;
+
+// Largest power of two dividing the address, capped at 256 (cuBLASLt's default assumption).
+int alignment_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  int align = 256;
+  while (align > 1 && (a % static_cast<uintptr_t>(align)) != 0) align /= 2;
+  return align;
+}
+
+const char* type_name(int t) {
+  switch (t) {
+    case CUDA_R_16BF: return "bf16";
+    case CUDA_R_32F: return "f32";
+    default: return "?";
+  }
+}
+
+const char* reduction_name(int scheme) {
+  switch (scheme) {
+    case CUBLASLT_REDUCTION_SCHEME_NONE: return "none";
+    case CUBLASLT_REDUCTION_SCHEME_INPLACE: return "inplace";
+    case CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE: return "compute";
+    case CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE: return "output";
+    default: return "?";
+  }
+}
+
+// Reads one algorithm configuration attribute of type T (0 if cuBLASLt does not report it).
+template <class T>
+T algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  T value{};
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written) !=
+      CUBLAS_STATUS_SUCCESS) {
+    return T{};
+  }
+  return value;
+}
+
+MatmulPlanInfo describe(const cublasLtMatmulAlgo_t& algo) {
+  MatmulPlanInfo info;
+  info.algo_id = algo_config<int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID);
+  info.tile_id = static_cast<int>(algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID));
+  info.stages_id = static_cast<int>(algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID));
+  info.splitk = std::max(1, algo_config<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM));
+  info.reduction_scheme =
+      static_cast<int>(algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME));
+  return info;
+}
+
+// Run-to-run deterministic and float32 all the way: no split-K, or split-K whose float32
+// partials a separate kernel sums in a fixed order.
+bool deterministic_float32_reduction(const MatmulPlanInfo& info) {
+  return info.splitk <= 1 || info.reduction_scheme == CUBLASLT_REDUCTION_SCHEME_NONE ||
+         info.reduction_scheme == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+}
+
+// Whether `stream` (or, for the legacy stream, the device) is being captured into a graph.
+// An error reads as "capturing": the caller then does nothing that capture would forbid.
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace
+
+std::string MatmulPlanInfo::summary() const {
+  char text[160];
+  int n = std::snprintf(text, sizeof(text), "algo %d tile %d stages %d splitk %d red %s, rank %d/%d",
+                        algo_id, tile_id, stages_id, splitk, reduction_name(reduction_scheme),
+                        heuristic_rank, candidates);
+  if (tuned && n > 0 && static_cast<size_t>(n) < sizeof(text)) {
+    std::snprintf(text + n, sizeof(text) - n, " tuned %.1f vs top %.1f us", chosen_us, top_us);
+  }
+  return text;
+}
+
+bool skinny_gemm_preferred(int64_t M, int64_t N, int64_t K) {
+  (void)N;
+  (void)K;
+  return M <= kSkinnyAutoMaxM;
+}
+
+size_t LtMatmul::KeyHash::operator()(const Key& k) const {
+  return hash_values(k.m, k.n, k.k, k.out_type, k.align);
+}
+
+LtMatmul::LtMatmul(void* workspace, size_t workspace_bytes, MatmulPath path, bool autotune)
+    : workspace_(workspace), workspace_bytes_(workspace_bytes), path_(path), autotune_(autotune) {
+  PAGELLM_CUBLAS_CHECK(cublasLtCreate(&handle_));
+  try {
+    prepare_skinny_gemm();
+  } catch (...) {
+    cublasLtDestroy(handle_);
+    throw;
+  }
+}
+
+LtMatmul::~LtMatmul() {
+  for (auto& entry : plans_) destroy(entry.second);
+  if (handle_) cublasLtDestroy(handle_);  // nothing useful to do with a failure here
+}
+
+void LtMatmul::destroy(Plan& p) {
+  if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+  if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+  if (p.c) cublasLtMatrixLayoutDestroy(p.c);
+  if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+  p = Plan{};
+}
+
+LtMatmul::Key LtMatmul::key_of(const void* x, const void* w, const void* out,
+                               cudaDataType_t out_type, int64_t M, int64_t N, int64_t K) {
+  const int align = std::min({alignment_of(x), alignment_of(w), alignment_of(out)});
+  return Key{M, N, K, static_cast<int>(out_type), align};
+}
+
+float LtMatmul::time_algo(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* x,
+                          const void* w, void* out, cudaStream_t stream, void* flush,
+                          size_t flush_bytes, cudaEvent_t* events, int reps) {
+  const float alpha = 1.0f, beta = 0.0f;
+  auto launch = [&] {
+    return cublasLtMatmul(handle_, p.desc, &alpha, w, p.a, x, p.b, &beta, out, p.c, out, p.c,
+                          &algo, workspace_, workspace_bytes_, stream);
+  };
+  for (int i = 0; i < kTuneWarmups; ++i) {
+    if (launch() != CUBLAS_STATUS_SUCCESS) return -1.0f;
+  }
+  for (int r = 0; r < reps; ++r) {
+    if (flush) PAGELLM_CUDA_CHECK(cudaMemsetAsync(flush, r & 0xff, flush_bytes, stream));
+    PAGELLM_CUDA_CHECK(cudaEventRecord(events[2 * r], stream));
+    const cublasStatus_t st = launch();
+    PAGELLM_CUDA_CHECK(cudaEventRecord(events[2 * r + 1], stream));
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      return -1.0f;
+    }
+  }
+  PAGELLM_CUDA_CHECK(cudaEventSynchronize(events[2 * reps - 1]));
+  std::vector<float> us(static_cast<size_t>(reps));
+  for (int r = 0; r < reps; ++r) {
+    float ms = 0.0f;
+    PAGELLM_CUDA_CHECK(cudaEventElapsedTime(&ms, events[2 * r], events[2 * r + 1]));
+    us[static_cast<size_t>(r)] = ms * 1e3f;
+  }
+  std::nth_element(us.begin(), us.begin() + reps / 2, us.end());
+  return us[static_cast<size_t>(reps / 2)];
+}
+
+const LtMatmul::Plan& LtMatmul::plan_for(const Key& key, const void* x, const void* w,
+                                         void* out, cudaStream_t stream) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+
+  Plan p;
+  cublasLtMatmulPreference_t pref = nullptr;
+  void* flush = nullptr;
+  std::vector<cudaEvent_t> events;
+  auto release_tuning = [&] {
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+    events.clear();
+    if (flush) cudaFree(flush);
+    flush = nullptr;
+  };
+  try {
+    const auto out_type = static_cast<cudaDataType_t>(key.out_type);
+    PAGELLM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+    PAGELLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                        &trans_a, sizeof(trans_a)));
+    PAGELLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                        &trans_b, sizeof(trans_b)));
+    // Column-major views: A = w as [K, N] (ld K), B = x as [K, M] (ld K), C = outᵀ [N, M].
+    PAGELLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, key.k, key.n, key.k));
+    PAGELLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, key.k, key.m, key.k));
+    PAGELLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, out_type, key.n, key.m, key.n));
+
+    PAGELLM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t max_ws = workspace_bytes_;
+    PAGELLM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws, sizeof(max_ws)));
+    const uint32_t align = static_cast<uint32_t>(key.align);
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      PAGELLM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
+    }
+
+    // Candidates, best first by the heuristic, keeping only float32 fixed-order reductions.
+    // The filter is applied here rather than through CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK
+    // so that it holds whatever the mask does with split-K-free algorithms; twice the
+    // candidates are asked for to leave kAutotuneCandidates after it.
+    std::vector<cublasLtMatmulHeuristicResult_t> results(2 * kAutotuneCandidates);
+    int count = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref,
+                                       static_cast<int>(results.size()), results.data(), &count);
+    PAGELLM_CHECK(st == CUBLAS_STATUS_SUCCESS || st == CUBLAS_STATUS_NOT_SUPPORTED)
+        << "cuBLAS error: " << cublas_status_name(st)
+        << " in cublasLtMatmulAlgoGetHeuristic for matmul [" << key.m << ", " << key.k
+        << "] x [" << key.n << ", " << key.k << "]^T";
+    if (st != CUBLAS_STATUS_SUCCESS) count = 0;
+    std::vector<cublasLtMatmulHeuristicResult_t> usable, candidates;
+    for (int i = 0; i < count; ++i) {
+      if (results[i].state == CUBLAS_STATUS_SUCCESS &&
+          results[i].workspaceSize <= workspace_bytes_) {
+        usable.push_back(results[i]);
+      }
+    }
+    for (const auto& r : usable) {
+      if (deterministic_float32_reduction(describe(r.algo)) &&
+          candidates.size() < static_cast<size_t>(kAutotuneCandidates)) {
+        candidates.push_back(r);
+      }
+    }
+    // None of that kind (not seen on the shapes we run): the heuristic's first choice, still
+    // deterministic run to run per cuBLAS; info.reduction_scheme records what it does.
+    if (candidates.empty() && !usable.empty()) candidates.push_back(usable.front());
+    PAGELLM_CHECK(!candidates.empty())
+        << "cuBLASLt has no algorithm for matmul x[" << key.m << ", " << key.k << "] (bf16) x w["
+        << key.n << ", " << key.k << "]^T (bf16) -> " << type_name(key.out_type)
+        << " with " << key.align << "-byte aligned pointers and a " << workspace_bytes_
+        << "-byte workspace";
+    cublasLtMatmulPreferenceDestroy(pref);
+    pref = nullptr;
+
+    size_t chosen = 0;
+    bool tuned = false;
+    float top_us = 0, chosen_us = 0;
+    if (autotune_ && key.m <= kAutotuneMaxM && candidates.size() > 1 && !capturing(stream)) {
+      PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      // Flush L2 before each timed launch (a decode step streams every layer's weights from
+      // HBM). Without memory for the buffer, time with a warm L2 rather than fail.
+      int device = 0, l2_bytes = 0;
+      PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
+      PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+      const size_t flush_bytes = 2 * static_cast<size_t>(std::max(l2_bytes, 0));
+      if (flush_bytes > 0 && cudaMalloc(&flush, flush_bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        flush = nullptr;
+      }
+      events.resize(2 * kTuneReps, nullptr);
+      for (cudaEvent_t& e : events) PAGELLM_CUDA_CHECK(cudaEventCreate(&e));
+      float best_us = -1.0f;
+      for (size_t i = 0; i < candidates.size(); ++i) {
+        const float us = time_algo(p, candidates[i].algo, x, w, out, stream, flush, flush_bytes,
+                                   events.data(), kTuneReps);
+        if (i == 0) top_us = us;
+        if (us < 0) continue;
+        if (best_us < 0 || us < best_us * (1.0f - kTuneMargin)) {
+          best_us = us;
+          chosen = i;
+        }
+      }
+      PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      release_tuning();
+      tuned = best_us >= 0;
+      chosen_us = best_us;
+    }
+    p.algo = candidates[chosen].algo;
+    p.info = describe(p.algo);
+    p.info.heuristic_rank = static_cast<int>(chosen);
+    p.info.candidates = static_cast<int>(candidates.size());
+    p.info.tuned = tuned;
+    p.info.top_us = top_us;
+    p.info.chosen_us = chosen_us;
+  } catch (...) {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    release_tuning();
+    destroy(p);
+    throw;
+  }
+  return plans_.emplace(key, p).first->second;
+}
+
+const MatmulPlanInfo* LtMatmul::plan_info(const void* x, const void* w, const void* out,
+                                          cudaDataType_t out_type, int64_t M, int64_t N,
+                                          int64_t K) const {
+  const auto it = plans_.find(key_of(x, w, out, out_type, M, N, K));
+  return it == plans_.end() ? nullptr : &it->second.info;
+}
+
+MatmulPath LtMatmul::path_for(const void* x, const void* w, const void* out,
+                              cudaDataType_t out_type, int64_t M, int64_t N, int64_t K) const {
+  if (path_ == MatmulPath::kCublasLt) return MatmulPath::kCublasLt;
+  if (out_type != CUDA_R_16BF && out_type != CUDA_R_32F) return MatmulPath::kCublasLt;
+  if (!skinny_gemm_supported(x, w, out, M, N, K)) return MatmulPath::kCublasLt;
+  if (path_ == MatmulPath::kAuto && !skinny_gemm_preferred(M, N, K)) return MatmulPath::kCublasLt;
+  return MatmulPath::kSkinny;
+}
+
+bool LtMatmul::run_silu_mul(const void* x, const void* w_gate_up, void* out, int64_t M,
+                            int64_t inter, int64_t K, cudaStream_t stream,
+                            const void* w_packed) {
+  if (path_for(x, w_gate_up, out, CUDA_R_16BF, M, 2 * inter, K) != MatmulPath::kSkinny) {
+    return false;
+  }
+  if (M > 0 && inter > 0) {
+    launch_skinny_gemm_silu_mul(x, w_gate_up, out, M, inter, K, stream, 0, w_packed);
+  }
+  return true;
+}
+
+void LtMatmul::run(const void* x, const void* w, void* out, cudaDataType_t out_type, int64_t M,
+                   int64_t N, int64_t K, cudaStream_t stream, const void* w_packed) {
+  if (M == 0 || N == 0) return;
+  if (path_for(x, w, out, out_type, M, N, K) == MatmulPath::kSkinny) {
+    launch_skinny_gemm(x, w, out, out_type == CUDA_R_32F, M, N, K, stream, 0, w_packed);
+    return;
+  }
+  const Plan& p = plan_for(key_of(x, w, out, out_type, M, N, K), x, w, out, stream);
+  const float alpha = 1.0f, beta = 0.0f;
+  PAGELLM_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w, p.a, x, p.b, &beta, out, p.c,
+                                      out, p.c, &p.algo, workspace_, workspace_bytes_, stream));
+}
+
+}  // namespace pagellm::cuda

@@ -1,0 +1,656 @@
+// Skinny (decode) matrix product on Hopper: out[M, N] = x[M, K] · w[N, K]ᵀ, M ≤ 64 tokens
+// per tile, with TMA loads and warpgroup MMA (wgmma).
+//
+// Roofline. Bytes: N·K·2 of weights (read once) + M·K·2 of x + M·N·(2|4) of out; flops
+// 2·M·N·K, i.e. M flops per weight byte. At 4.3 TB/s that is 134·M TFLOP/s: far under the
+// tensor cores up to M ≈ 128, so the whole design is about keeping HBM busy from the first
+// microsecond of the kernel to the last, and keeping the SM's own pipes (shared memory,
+// instruction issue) out of the way.
+//
+// Why TMA + wgmma. A first version (mma.sync, cp.async, shared-memory fragment loads)
+// matched cuBLASLt at M = 1 but slowed down ~60 % from M = 1 to M = 64: every warp re-read
+// the x fragments from shared memory, and the weight bytes went through shared memory
+// twice (cp.async in, ld.shared out), so the shared-memory pipe, not HBM, bound it. Here the
+// tensor memory accelerator writes both tiles into shared memory with no thread involved,
+// and wgmma reads A (weights, 64 rows per warpgroup) and B (the tokens) straight from shared
+// memory: each byte is written once and read once per warpgroup.
+//
+// Work split. A CTA is two warpgroups (256 threads) on a tile of 128 weight rows, over a
+// range of 64-wide K chunks; grid = (row tiles, splits, token tiles). For narrow N (o_proj and
+// down have N = hidden: 20 tiles on a 132-SM GPU) the K range is split over `splits` CTAs
+// that form one thread-block cluster (1, splits, 1). skinny_gemm_plan() picks the splits.
+//
+// The pipeline. kStages buffers (4 or 5, as two CTAs per SM allow), each a chunk: the weight tile (two TMA boxes of 64 rows x 64
+// k, 128-byte swizzle, 16 KiB) and the x tile (tokens x 64 k). One thread issues the TMA
+// copies and arms the stage's mbarrier with the byte count; every thread waits on the
+// mbarrier, the warpgroups run 4 wgmma m64nT k16 steps, wait for them, and after a CTA
+// barrier the stage is refilled with the chunk kStages ahead: all kStages chunks are in
+// flight while one is multiplied. Rows past N, tokens past M and k past K are zero-filled
+// by TMA (out-of-bounds boxes), never read. Weights carry an L2 evict-first hint.
+//
+// Packed weights (pack_skinny_weights; the CUDA backend packs a model's layer matrices at
+// load, CudaBackend::prepare_matrix): the same stage bytes prepared in global memory, one
+// contiguous 16 KiB block per (tile, chunk), so a stage is one bulk copy instead of two
+// boxes of 128 bytes from each of 128 rows. Shared memory ends up identical, hence the
+// same output bits; HBM serves one long run faster than 128 short ones
+// (docs/PERFORMANCE.md).
+//
+// Programmatic dependent launch (pdl.cuh). The prologue issues the weight boxes of the first
+// kStages chunks, then waits for the previous kernel (which produced x), then issues their x
+// boxes: the weight stream starts while the previous kernel drains. The CTA lets its
+// dependents launch once its main loop is done.
+//
+// Reduction, deterministic. After the main loop each CTA parks its float32 tile in its own
+// shared memory ([tokens][132] floats, padded against bank conflicts), the cluster
+// synchronises, and CTA r of the cluster writes its share of the output tile, each element
+// the sum over the cluster's CTAs in rank order read through distributed shared memory. The
+// order never depends on timing, and there is no workspace or counter to reset.
+//
+// The gated variant (launch_skinny_gemm_silu_mul) gives a CTA 64 gate rows and the 64 up
+// rows that pair with them (one weight box each) and writes silu(gate) · up. The qkv
+// variant (launch_skinny_gemm_qk_norm_rope) treats a CTA's 128 rows as one head: its
+// reduction gives each warp whole token rows, which it normalises (q_norm / k_norm),
+// rotates (RoPE) and stores into q_out or the paged K/V pools instead of writing qkv.
+//
+// wgmma and the TMA tensor maps need sm_90a; the compute_90 PTX of this file (the portable
+// target) carries a kernel that traps, and skinny_gemm_supported() is false off sm_90.
+#include "pagellm/cuda/matmul/skinny_gemm.h"
+
+#include <cooperative_groups.h>
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "pagellm/cuda/support/cuda_check.h"
+#include "pagellm/cuda/support/device_info.h"
+#include "pagellm/cuda/support/pdl.cuh"
+#include "pagellm/cuda/elementwise/qk_norm_rope.cuh"
+#include "pagellm/cuda/support/tma.cuh"
+#include "pagellm/cuda/support/tma.h"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define PAGELLM_SKINNY_WGMMA 1
+#endif
+
+namespace pagellm::cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 256;             // two warpgroups
+constexpr int kRows = kSkinnyRowsPerCta;  // 64 per warpgroup
+constexpr int kHalf = kRows / 2;
+constexpr int kChunk = 64;                // K elements per stage: 128 bytes per row
+constexpr int kRowBytes = kChunk * 2;
+constexpr int kWeightStageBytes = kRows * kRowBytes;  // 16 KiB
+constexpr int kPartialStride = kRows + 4;             // floats per token row of the parked tile
+constexpr int kSmemAlign = 1024;                      // 128-byte swizzle atoms
+
+static_assert(kRows == 128, "two warpgroups of 64 rows");
+
+constexpr int stage_bytes(int tokens) { return kWeightStageBytes + tokens * kRowBytes; }
+/// Pipeline depth: as many stages as keep two CTAs per SM (5 up to 32 tokens, 4 at 64).
+constexpr int num_stages(int tokens) { return tokens <= 32 ? 5 : 4; }
+constexpr int smem_bytes(int tokens) {
+  const int pipeline = num_stages(tokens) * stage_bytes(tokens);
+  const int parked = tokens * kPartialStride * 4;
+  return (pipeline > parked ? pipeline : parked) + kSmemAlign;
+}
+
+/// What the reduction writes.
+enum class Epi : int {
+  kBf16,       // out [M, N] bf16
+  kF32,        // out [M, N] float32
+  kGated,      // w = [gate; up] (2 I rows), out [M, I] = silu(gate·x) · (up·x), bf16
+  kQkNormRope  // w = qkv weights, tile = one head of 128: q/k-norm, RoPE, q_out and K/V pools
+};
+
+struct Params {
+  CUtensorMap w_map;  // bf16 [N, K]: box 64 k x 64 rows, 128-byte swizzle
+  CUtensorMap x_map;  // bf16 [M, K]: box 64 k x tokens-per-tile rows, 128-byte swizzle
+  void* out;          // [M, N] (or [M, inter] gated), bf16 or f32; unused by kQkNormRope
+  int M, N, K;
+  int chunks;  // ceil(K / kChunk)
+  int splits;  // cluster size along grid.y
+  int inter;   // gated products only: I, with w = [gate; up], N = 2 I
+  QkNormRopeArgs qk;  // kQkNormRope only (qkv unused)
+  const uint8_t* w_packed;  // pack_skinny_weights' blocks, streamed instead of w_map; or null
+};
+
+#ifdef PAGELLM_SKINNY_WGMMA
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return tma_smem_addr(p); }
+
+// ---- wgmma ---------------------------------------------------------------------------------
+
+/// Shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows of 128
+/// bytes, 8-row groups 1024 bytes apart (stride byte offset), leading byte offset unused.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+
+/// d[64 x 8] += A[64 x 16] · B[16 x 8], both operands in shared memory (descriptors).
+__device__ __forceinline__ void wgmma_n8(float (&d)[4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(a), "l"(b), "r"(1));
+}
+
+/// d[64 x 16] += A[64 x 16] · B[16 x 16], both operands in shared memory (descriptors).
+__device__ __forceinline__ void wgmma_n16(float (&d)[8], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(a), "l"(b), "r"(1));
+}
+
+/// d[64 x 32] += A[64 x 16] · B[16 x 32], both operands in shared memory (descriptors).
+__device__ __forceinline__ void wgmma_n32(float (&d)[16], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "r"(1));
+}
+
+/// d[64 x 64] += A[64 x 16] · B[16 x 64], both operands in shared memory (descriptors).
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(1));
+}
+
+template <int kTokens>
+__device__ __forceinline__ void wgmma_tile(float (&d)[kTokens / 2], uint64_t a, uint64_t b) {
+  if constexpr (kTokens == 8) {
+    wgmma_n8(d, a, b);
+  } else if constexpr (kTokens == 16) {
+    wgmma_n16(d, a, b);
+  } else if constexpr (kTokens == 32) {
+    wgmma_n32(d, a, b);
+  } else {
+    wgmma_n64(d, a, b);
+  }
+}
+
+#endif  // PAGELLM_SKINNY_WGMMA
+
+/// The fused epilogue of the qkv product (Epi::kQkNormRope): the CTA's 128-row tile is head
+/// blockIdx.x of [q heads | k heads | v heads], and each warp finishes whole token rows of
+/// it, lane l holding columns 4 l .. 4 l + 3. The sums are rounded to bf16 first (what the
+/// unfused product writes), q and k heads get RMSNorm with their weight and rotate-half
+/// RoPE (column i pairs with i + 64, i.e. lane l with lane l ^ 16), exactly the operations
+/// of qk_norm_rope_store_kv; q goes to q_out, k and v to their page slots.
+#ifdef PAGELLM_SKINNY_WGMMA
+struct QkLane {
+  float w[4];         // norm weight of the lane's columns (q or k heads)
+  float inv_freq[4];  // RoPE inverse frequency of the lane's columns
+};
+
+__device__ __forceinline__ QkLane qk_lane_constants(const QkNormRopeArgs& e, int head,
+                                                    int lane) {
+  QkLane c{};
+  if (head >= e.num_q_heads + e.num_kv_heads) return c;  // v heads: neither
+  const auto* w = static_cast<const __nv_bfloat16*>(head < e.num_q_heads ? e.q_norm : e.k_norm);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int col = 4 * lane + j;
+    const int i = col & (kSkinnyQkHeadDim / 2 - 1);
+    c.w[j] = __bfloat162float(w[col]);
+    c.inv_freq[j] = rope_inv_freq(e.rope_theta, i, kSkinnyQkHeadDim);
+  }
+  return c;
+}
+
+__device__ __forceinline__ void qk_finish_row(const QkNormRopeArgs& e, int head, int token,
+                                              float4 sum, const QkLane& c, int lane) {
+  float v[4] = {__bfloat162float(__float2bfloat16_rn(sum.x)),
+                __bfloat162float(__float2bfloat16_rn(sum.y)),
+                __bfloat162float(__float2bfloat16_rn(sum.z)),
+                __bfloat162float(__float2bfloat16_rn(sum.w))};
+  if (head < e.num_q_heads + e.num_kv_heads) {  // q and k heads; v heads are stored as is
+    float sum_sq = v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
+    }
+    const float inv = 1.0f / sqrtf(sum_sq / static_cast<float>(kSkinnyQkHeadDim) + e.eps);
+    const float position = static_cast<float>(e.positions[token]);
+    const bool first_half = lane < 16;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float x = c.w[j] * (v[j] * inv);
+      const float partner = __shfl_xor_sync(0xffffffffu, x, 16);
+      float sn, cs;
+      sincosf(position * c.inv_freq[j], &sn, &cs);
+      // rotate-half: lo' = lo c - hi s, hi' = hi c + lo s
+      v[j] = first_half ? x * cs - partner * sn : x * cs + partner * sn;
+    }
+  }
+  __nv_bfloat16* dst = qk_destination(e, token, head, kSkinnyQkHeadDim);
+  if (dst == nullptr) return;
+  uint2 packed;
+  __nv_bfloat162 lo2 = __floats2bfloat162_rn(v[0], v[1]);
+  __nv_bfloat162 hi2 = __floats2bfloat162_rn(v[2], v[3]);
+  packed.x = *reinterpret_cast<uint32_t*>(&lo2);
+  packed.y = *reinterpret_cast<uint32_t*>(&hi2);
+  *reinterpret_cast<uint2*>(dst + 4 * lane) = packed;
+}
+#endif  // PAGELLM_SKINNY_WGMMA
+
+/// First weight row of half `h` (0 or 1) of row tile `tile`: the tile's 128 consecutive
+/// rows, or for a gated product (inter > 0: gate rows [0, inter), up rows [inter, 2 inter))
+/// 64 gate rows and the 64 up rows of the same intermediate columns. The kernel's two TMA
+/// boxes and pack_kernel's layout both come from here, so the packed copy holds exactly what
+/// the row-major reads would fetch.
+__host__ __device__ constexpr int64_t half_first_row(int64_t tile, int h, int64_t inter) {
+  return inter > 0 ? h * inter + tile * kHalf : tile * kRows + h * kHalf;
+}
+
+template <int kTokens, Epi kEpi>
+__global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_constant__ Params p) {
+#ifdef PAGELLM_SKINNY_WGMMA
+  constexpr int kStages = num_stages(kTokens);
+  constexpr bool kGated = kEpi == Epi::kGated;
+  constexpr bool kOutF32 = kEpi == Epi::kF32;
+  constexpr int kStageBytes = stage_bytes(kTokens);
+  constexpr uint32_t kStageTx = kStageBytes;  // bytes TMA delivers per stage (boxes are full)
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t full_bar[kStages];
+
+  const int tid = threadIdx.x;
+  const int wg = tid >> 7;              // warpgroup: weight rows [64 wg, 64 wg + 64) of the tile
+  const int lane = tid & 31, warp_in_wg = (tid >> 5) & 3;
+  const int g = lane >> 2, t = lane & 3;
+  const int split = blockIdx.y;
+  const int m0 = blockIdx.z * kTokens;
+  const int c_begin = static_cast<int>(static_cast<int64_t>(split) * p.chunks / p.splits);
+  const int c_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.chunks / p.splits);
+  const int num_chunks = c_end - c_begin;
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + kSmemAlign - 1) & ~uint32_t(kSmemAlign - 1);
+  uint8_t* const smem = smem_raw + (base - raw);
+  const int box_row0 = static_cast<int>(half_first_row(blockIdx.x, 0, kGated ? p.inter : 0));
+  const int box_row1 = static_cast<int>(half_first_row(blockIdx.x, 1, kGated ? p.inter : 0));
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) mbar_init(smem_addr(&full_bar[s]), 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  const uint64_t policy = evict_first_policy();
+  auto issue_weights = [&](int it, int stage) {
+    const uint32_t dst = base + stage * kStageBytes;
+    const uint32_t bar = smem_addr(&full_bar[stage]);
+    const int k = (c_begin + it) * kChunk;
+    mbar_arrive_expect_tx(bar, kStageTx);
+    if (p.w_packed != nullptr) {
+      const size_t block = static_cast<size_t>(blockIdx.x) * p.chunks + c_begin + it;
+      bulk_load_hint(dst, p.w_packed + block * kWeightStageBytes, kWeightStageBytes, bar, policy);
+    } else {
+      tma_load_hint(dst, &p.w_map, k, box_row0, bar, policy);
+      tma_load_hint(dst + kWeightStageBytes / 2, &p.w_map, k, box_row1, bar, policy);
+    }
+  };
+  auto issue_x = [&](int it, int stage) {
+    tma_load(base + stage * kStageBytes + kWeightStageBytes, &p.x_map, (c_begin + it) * kChunk,
+             m0, smem_addr(&full_bar[stage]));
+  };
+
+  // Prologue: weights first (they do not depend on the previous kernel), then wait for the
+  // previous kernel, then x.
+  if (tid == 0) {
+    for (int s = 0; s < kStages && s < num_chunks; ++s) issue_weights(s, s);
+  }
+  // The fused qkv epilogue's per-lane constants come from model weights: read them now.
+  [[maybe_unused]] QkLane qk_lane{};
+  if constexpr (kEpi == Epi::kQkNormRope) qk_lane = qk_lane_constants(p.qk, blockIdx.x, lane);
+  pdl_wait();
+  if (tid == 0) {
+    for (int s = 0; s < kStages && s < num_chunks; ++s) issue_x(s, s);
+  }
+
+  float acc[kTokens / 2];
+#pragma unroll
+  for (int i = 0; i < kTokens / 2; ++i) acc[i] = 0.0f;
+
+  for (int it = 0; it < num_chunks; ++it) {
+    const int stage = it % kStages;
+    mbar_wait(smem_addr(&full_bar[stage]), (it / kStages) & 1);
+    const uint32_t a_tile = base + stage * kStageBytes + wg * (kWeightStageBytes / 2);
+    const uint32_t b_tile = base + stage * kStageBytes + kWeightStageBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < kChunk / 16; ++s) {
+      // 16 k = 32 bytes further along the swizzled 128-byte rows.
+      wgmma_tile<kTokens>(acc, smem_desc(a_tile + s * 32), smem_desc(b_tile + s * 32));
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    __syncthreads();  // both warpgroups are done with this stage: refill it
+    if (tid == 0 && it + kStages < num_chunks) {
+      issue_weights(it + kStages, stage);
+      issue_x(it + kStages, stage);
+    }
+  }
+
+  // The weights are streamed: the next kernel may start its own prologue.
+  pdl_launch_dependents();
+
+  // Accumulator i of a thread: token n = 8 (i / 4) + 2t + i % 2, weight row
+  // r = 64 wg + 16 warp_in_wg + g + 8 ((i / 2) % 2) of the tile.
+  float* parked = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int i = 0; i < kTokens / 2; ++i) {
+    const int m_local = 8 * (i >> 2) + 2 * t + (i & 1);
+    const int r = 64 * wg + 16 * warp_in_wg + g + 8 * ((i >> 1) & 1);
+    parked[m_local * kPartialStride + r] = acc[i];
+  }
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int splits = p.splits;
+  if (splits > 1) {
+    cluster.sync();  // every CTA of the cluster has parked its partial tile
+  } else {
+    __syncthreads();
+  }
+  const int rank = splits > 1 ? static_cast<int>(cluster.block_rank()) : 0;
+  const int valid_tokens = min(kTokens, p.M - m0);
+  // Four neighbouring rows of the parked tiles summed over the cluster in rank order; the
+  // (up to 8) remote loads are issued together so their latency is paid once.
+  auto cluster_sum4 = [&](int at) {
+    if (splits == 1) return *reinterpret_cast<const float4*>(parked + at);
+    float4 part[kSkinnyMaxSplits];
+#pragma unroll
+    for (int s = 0; s < kSkinnyMaxSplits; ++s) {
+      if (s < splits) {
+        part[s] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(parked, s) + at);
+      }
+    }
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int s = 0; s < kSkinnyMaxSplits; ++s) {
+      if (s < splits) {
+        sum.x += part[s].x;
+        sum.y += part[s].y;
+        sum.z += part[s].z;
+        sum.w += part[s].w;
+      }
+    }
+    return sum;
+  };
+  if constexpr (kEpi == Epi::kQkNormRope) {
+    // The cluster's CTAs share the tile's token rows: rank r takes [lo, hi), a warp a row.
+    const int lo = rank * valid_tokens / splits, hi = (rank + 1) * valid_tokens / splits;
+    for (int m_local = lo + (tid >> 5); m_local < hi; m_local += kThreads / 32) {
+      qk_finish_row(p.qk, blockIdx.x, m0 + m_local, cluster_sum4(m_local * kPartialStride + 4 * lane),
+                    qk_lane, lane);
+    }
+    if (splits > 1) cluster.sync();
+    return;
+  }
+  // The cluster's CTAs share the tile's groups of 4 columns: rank r takes [lo, hi).
+  constexpr int kGroupsPerToken = (kGated ? kHalf : kRows) / 4;
+  const int groups = valid_tokens * kGroupsPerToken;
+  const int lo = static_cast<int>(static_cast<int64_t>(rank) * groups / splits);
+  const int hi = static_cast<int>(static_cast<int64_t>(rank + 1) * groups / splits);
+  for (int grp = lo + tid; grp < hi; grp += kThreads) {
+    const int m_local = grp / kGroupsPerToken, c0 = (grp % kGroupsPerToken) * 4;
+    const size_t out_row = static_cast<size_t>(m0 + m_local);
+    if constexpr (kGated) {
+      // Rounded to bf16 before the activation, as the unfused matmul + silu_mul would.
+      const float4 gate = cluster_sum4(m_local * kPartialStride + c0);
+      const float4 up = cluster_sum4(m_local * kPartialStride + kHalf + c0);
+      const float g4[4] = {gate.x, gate.y, gate.z, gate.w};
+      const float u4[4] = {up.x, up.y, up.z, up.w};
+      const int i0 = blockIdx.x * kHalf + c0;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (i0 + c >= p.inter) break;
+        const float gv = __bfloat162float(__float2bfloat16_rn(g4[c]));
+        const float uv = __bfloat162float(__float2bfloat16_rn(u4[c]));
+        static_cast<__nv_bfloat16*>(p.out)[out_row * p.inter + i0 + c] =
+            __float2bfloat16_rn(gv / (1.0f + expf(-gv)) * uv);
+      }
+    } else {
+      const float4 sum = cluster_sum4(m_local * kPartialStride + c0);
+      const float v4[4] = {sum.x, sum.y, sum.z, sum.w};
+      const int n0 = blockIdx.x * kRows + c0;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (n0 + c >= p.N) break;
+        if constexpr (kOutF32) {
+          static_cast<float*>(p.out)[out_row * p.N + n0 + c] = v4[c];
+        } else {
+          static_cast<__nv_bfloat16*>(p.out)[out_row * p.N + n0 + c] = __float2bfloat16_rn(v4[c]);
+        }
+      }
+    }
+  }
+  if (splits > 1) cluster.sync();  // keep this CTA's tile alive until the others have read it
+#else
+  // Built for a target without wgmma: the host never launches this (see the file comment).
+  __trap();
+#endif
+}
+
+/// One 16-byte unit per thread: unit u of row r of half h of block (tile, chunk), written
+/// where TMA's 128-byte swizzle puts it (pack_skinny_weights).
+constexpr int kUnitsPerRow = kRowBytes / 16;              // 8
+constexpr int kUnitsPerHalf = kHalf * kUnitsPerRow;       // 512
+constexpr int kUnitsPerBlock = kWeightStageBytes / 16;    // 1024
+static_assert(kUnitsPerBlock == 2 * kUnitsPerHalf, "a block is two 64-row halves");
+
+__global__ void pack_kernel(const __nv_bfloat16* __restrict__ w, int64_t N, int64_t K,
+                            int64_t inter, int chunks, int64_t units, uint4* __restrict__ packed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < units;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int u = static_cast<int>(i % kUnitsPerRow);
+    const int r = static_cast<int>((i / kUnitsPerRow) % kHalf);
+    const int h = static_cast<int>((i / kUnitsPerHalf) % 2);
+    const int64_t block = i / kUnitsPerBlock, tile = block / chunks, chunk = block % chunks;
+    const int64_t row = half_first_row(tile, h, inter) + r;
+    const int64_t k = chunk * kChunk + u * 8;  // 8 bf16 a unit
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < N && k < K) v = *reinterpret_cast<const uint4*>(w + row * K + k);
+    packed[block * kUnitsPerBlock + h * kUnitsPerHalf + r * kUnitsPerRow + (u ^ (r % 8))] = v;
+  }
+}
+
+// ---- host ----------------------------------------------------------------------------------
+
+
+/// The TMA map of a row-major bf16 [rows, K] operand read in boxes of 64 k x box_rows rows.
+const CUtensorMap& tensor_map(const void* data, int64_t rows, int64_t K, int box_rows) {
+  return bf16_tensor_map(data, rows, K, kChunk, box_rows, "skinny gemm");
+}
+
+template <int kTokens>
+void set_smem_limits() {
+  const int bytes = smem_bytes(kTokens);
+  for (const void* kernel :
+       {reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kBf16>),
+        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kF32>),
+        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kGated>),
+        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kQkNormRope>)}) {
+    PAGELLM_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  }
+}
+
+template <int kTokens>
+void launch_for_tokens(const Params& p, Epi epi, dim3 grid, cudaStream_t stream) {
+  const size_t smem = smem_bytes(kTokens);
+  auto go = [&](auto kernel) {
+    launch_kernel(kernel, grid, dim3(kThreads), smem, stream, p.splits, p);
+  };
+  switch (epi) {
+    case Epi::kGated: go(skinny_gemm_kernel<kTokens, Epi::kGated>); break;
+    case Epi::kF32: go(skinny_gemm_kernel<kTokens, Epi::kF32>); break;
+    case Epi::kQkNormRope: go(skinny_gemm_kernel<kTokens, Epi::kQkNormRope>); break;
+    default: go(skinny_gemm_kernel<kTokens, Epi::kBf16>); break;
+  }
+}
+
+void launch(const void* x, const void* w, void* out, Epi epi, int64_t M, int64_t N, int64_t K,
+            int64_t inter, cudaStream_t stream, int splits, const QkNormRopeArgs* qk = nullptr,
+            const void* w_packed = nullptr) {
+  PAGELLM_CHECK(reinterpret_cast<uintptr_t>(w_packed) % 16 == 0)
+      << "skinny gemm: packed weights must be 16-byte aligned";
+  int sms = 0;
+  current_device_info(&sms);
+  const SkinnyPlan plan = skinny_gemm_plan(M, N, K, sms, splits);
+  prepare_skinny_gemm();
+  Params p{};
+  p.w_map = tensor_map(w, N, K, kHalf);
+  p.x_map = tensor_map(x, M, K, plan.tokens_per_tile);
+  p.out = out;
+  p.M = static_cast<int>(M);
+  p.N = static_cast<int>(N);
+  p.K = static_cast<int>(K);
+  p.chunks = static_cast<int>((K + kChunk - 1) / kChunk);
+  p.splits = plan.splits;
+  p.inter = static_cast<int>(inter);
+  if (qk) p.qk = *qk;
+  p.w_packed = static_cast<const uint8_t*>(w_packed);
+  const dim3 grid(plan.grid_x, plan.grid_y, plan.grid_z);
+  switch (plan.tokens_per_tile) {
+    case 8: launch_for_tokens<8>(p, epi, grid, stream); break;
+    case 16: launch_for_tokens<16>(p, epi, grid, stream); break;
+    case 32: launch_for_tokens<32>(p, epi, grid, stream); break;
+    default: launch_for_tokens<64>(p, epi, grid, stream); break;
+  }
+}
+
+}  // namespace
+
+void prepare_skinny_gemm() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    set_smem_limits<8>();
+    set_smem_limits<16>();
+    set_smem_limits<32>();
+    set_smem_limits<64>();
+  });
+}
+
+bool skinny_gemm_supported(const void* x, const void* w, const void* out, int64_t M, int64_t N,
+                           int64_t K) {
+  const auto addr = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr); };
+  // TMA: 16-byte aligned bases and row strides (K % 8), dims under 2^32; sizes travel as
+  // int, grid.z (M / 64 tiles) stays under 65,536. wgmma: sm_90 (this binary's sm_90a code).
+  return M > 0 && N > 0 && K > 0 && K % 8 == 0 && addr(x) % 16 == 0 && addr(w) % 16 == 0 &&
+         addr(out) % 4 == 0 && M <= (int64_t{1} << 22) && N < (int64_t{1} << 30) &&
+         K < (int64_t{1} << 30) && current_device_info(nullptr) == 90;
+}
+
+SkinnyPlan skinny_gemm_plan(int64_t M, int64_t N, int64_t K, int num_sms, int splits) {
+  SkinnyPlan plan;
+  plan.tokens_per_tile = M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : kSkinnyMaxTokensPerTile;
+  plan.grid_z = static_cast<int>((M + plan.tokens_per_tile - 1) / plan.tokens_per_tile);
+  const int64_t row_tiles = (N + kRows - 1) / kRows;
+  const int64_t chunks = (K + kChunk - 1) / kChunk;
+  const int64_t tiles = row_tiles * plan.grid_z;
+  int64_t s = splits;
+  if (s <= 0) {
+    // The largest power-of-two split up to kSkinnyAutoMaxSplits that keeps the grid within
+    // two CTAs per SM, with at least two chunks per split.
+    const int64_t slots = 2 * static_cast<int64_t>(std::max(num_sms, 1));
+    s = 1;
+    while (s * 2 <= kSkinnyAutoMaxSplits && tiles * s * 2 <= slots && chunks / (s * 2) >= 2) {
+      s *= 2;
+    }
+  }
+  s = std::clamp<int64_t>(s, 1, std::min<int64_t>(kSkinnyMaxSplits, chunks));
+  plan.splits = static_cast<int>(s);
+  plan.grid_x = static_cast<int>(row_tiles);
+  plan.grid_y = plan.splits;
+  return plan;
+}
+
+void launch_skinny_gemm(const void* x, const void* w, void* out, bool out_f32, int64_t M,
+                        int64_t N, int64_t K, cudaStream_t stream, int splits,
+                        const void* w_packed) {
+  PAGELLM_CHECK(skinny_gemm_supported(x, w, out, M, N, K))
+      << "skinny gemm: unsupported product x[" << M << ", " << K << "] w[" << N << ", " << K
+      << "]^T (needs an sm_90 GPU, K a multiple of 8, 16-byte aligned x and w, 4-byte "
+         "aligned out)";
+  launch(x, w, out, out_f32 ? Epi::kF32 : Epi::kBf16, M, N, K, 0, stream, splits, nullptr,
+         w_packed);
+}
+
+void launch_skinny_gemm_silu_mul(const void* x, const void* w_gate_up, void* out, int64_t M,
+                                 int64_t inter, int64_t K, cudaStream_t stream, int splits,
+                                 const void* w_packed) {
+  PAGELLM_CHECK(inter > 0 && skinny_gemm_supported(x, w_gate_up, out, M, 2 * inter, K))
+      << "skinny gemm: unsupported gated product x[" << M << ", " << K << "] w[2 x " << inter
+      << ", " << K << "]^T (needs an sm_90 GPU, K a multiple of 8, 16-byte aligned x and w, "
+         "4-byte aligned out)";
+  launch(x, w_gate_up, out, Epi::kGated, M, 2 * inter, K, inter, stream, splits, nullptr,
+         w_packed);
+}
+
+void launch_skinny_gemm_qk_norm_rope(const void* x, const void* w_qkv, int64_t M, int64_t K,
+                                     const QkNormRopeArgs& e, cudaStream_t stream, int splits,
+                                     const void* w_packed) {
+  const int64_t heads = int64_t{e.num_q_heads} + 2 * int64_t{e.num_kv_heads};
+  const int64_t N = heads * kSkinnyQkHeadDim;
+  const auto aligned8 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 8 == 0; };
+  PAGELLM_CHECK(e.num_tokens == M && e.head_dim == kSkinnyQkHeadDim && e.num_q_heads > 0 &&
+                e.num_kv_heads > 0 && e.num_q_heads % e.num_kv_heads == 0 &&
+                e.page_size > 0 && e.num_pages > 0 && e.q_norm && e.k_norm && e.positions &&
+                e.slot_mapping && aligned8(e.q_out) && aligned8(e.k_pool) && aligned8(e.v_pool) &&
+                skinny_gemm_supported(x, w_qkv, e.q_out, M, N, K))
+      << "skinny gemm: unsupported fused qkv product x[" << M << ", " << K << "] w[" << N << ", "
+      << K << "]^T with " << e.num_tokens << " tokens, " << e.num_q_heads << " q and "
+      << e.num_kv_heads << " kv heads of " << e.head_dim << " (needs " << kSkinnyQkHeadDim
+      << "), page size " << e.page_size << ", " << e.num_pages
+      << " pages (needs an sm_90 GPU, K a multiple of 8, 16-byte aligned x and w, 8-byte "
+         "aligned q_out and pools, every pointer set)";
+  if (M == 0) return;
+  launch(x, w_qkv, nullptr, Epi::kQkNormRope, M, N, K, 0, stream, splits, &e, w_packed);
+}
+
+size_t skinny_packed_bytes(int64_t N, int64_t K) {
+  const auto tiles = static_cast<size_t>((N + kRows - 1) / kRows);
+  const auto chunks = static_cast<size_t>((K + kChunk - 1) / kChunk);
+  return tiles * chunks * kWeightStageBytes;
+}
+
+void pack_skinny_weights(const void* w, int64_t N, int64_t K, int64_t inter, void* packed,
+                         cudaStream_t stream) {
+  PAGELLM_CHECK(N > 0 && K > 0 && K % 8 == 0 && (inter == 0 || N == 2 * inter) &&
+                reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
+                reinterpret_cast<uintptr_t>(packed) % 16 == 0)
+      << "pack_skinny_weights: w [" << N << ", " << K << "] with inter " << inter
+      << " (needs K a multiple of 8, N = 2 inter for a gated product, 16-byte aligned buffers)";
+  const int chunks = static_cast<int>((K + kChunk - 1) / kChunk);
+  const int64_t units = static_cast<int64_t>(skinny_packed_bytes(N, K) / 16);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>((units + 255) / 256, 65535));
+  pack_kernel<<<grid, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(w), N, K, inter,
+                                        chunks, units, static_cast<uint4*>(packed));
+  PAGELLM_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace pagellm::cuda
