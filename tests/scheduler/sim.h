@@ -1,5 +1,6 @@
 // A deterministic simulation harness for the scheduler (TensorRT-LLM style): a real
-// PageAllocator, PageTable and Scheduler, a mocked model step, and checks after every step.
+// KvCacheManager (page allocator and page table) and Scheduler, a mocked model step, and
+// checks after every step.
 //
 // The mocked model keeps a fake KV pool with one cell per slot. Each step it writes
 // (request id, position, token) into the slot of every computed token, then "attends":
@@ -74,10 +75,10 @@ class Sim {
  public:
   /// max_slots 0: max_num_seqs + 1 page-table rows.
   Sim(SchedulerConfig config, int32_t num_pages, int32_t max_slots = 0)
-      : allocator_(num_pages),
-        table_(max_slots ? max_slots : config.max_num_seqs + 1, derived_pages(config)),
-        scheduler_(config, allocator_, table_),
-        kv_(static_cast<size_t>(num_pages) * config.page_size) {}
+      : kv_(num_pages, config.page_size, max_slots ? max_slots : config.max_num_seqs + 1,
+            derived_pages(config)),
+        scheduler_(config, kv_),
+        kv_cells_(static_cast<size_t>(num_pages) * config.page_size) {}
 
   static int32_t derived_pages(const SchedulerConfig& c) {
     return c.max_pages_per_seq ? c.max_pages_per_seq
@@ -115,7 +116,7 @@ class Sim {
     SchedulerOutput out = scheduler_.schedule();
     EXPECT_NO_THROW(scheduler_.check_invariants(extra_owners_));
     check_budget(out);
-    ForwardBatch batch = build_forward_batch(out, table_, page_size());
+    ForwardBatch batch = build_forward_batch(out, kv_.page_table(), page_size());
     EXPECT_NO_THROW(batch.validate());
     run_mock_model(out, batch);
     std::vector<SampledToken> sampled;
@@ -144,7 +145,7 @@ class Sim {
     rec.running = join_ids(scheduler_.running());
     rec.waiting = join_ids(std::vector<Sequence*>(scheduler_.waiting().begin(),
                                                   scheduler_.waiting().end()));
-    rec.free_pages = allocator_.num_free();
+    rec.free_pages = kv_.num_free_pages();
     return rec;
   }
 
@@ -169,8 +170,9 @@ class Sim {
   }
 
   int32_t page_size() const { return scheduler_.config().page_size; }
-  PageAllocator& allocator() { return allocator_; }
-  PageTable& table() { return table_; }
+  KvCacheManager& kv() { return kv_; }
+  PageAllocator& allocator() { return kv_.allocator(); }
+  PageTable& table() { return kv_.page_table(); }
   Scheduler& scheduler() { return scheduler_; }
   const SchedulerOutput& last_output() const { return last_output_; }
   /// Page lists held outside the scheduler, for the ownership cross-check.
@@ -210,7 +212,7 @@ class Sim {
         const int32_t pos = batch.positions[t];
         ASSERT_EQ(batch.page_table[b * batch.max_pages_per_seq + pos / ps], slot / ps);
         ASSERT_EQ(slot % ps, pos % ps);
-        kv_[slot] = Cell{s.id, pos, batch.token_ids[t]};
+        kv_cells_[slot] = Cell{s.id, pos, batch.token_ids[t]};
       }
     }
     // Attention reads every cached position of every sequence through its row.
@@ -218,7 +220,7 @@ class Sim {
       const Sequence& s = *out.scheduled[b].seq;
       for (int32_t pos = 0; pos < batch.kv_lens[b]; ++pos) {
         const int32_t page = batch.page_table[b * batch.max_pages_per_seq + pos / ps];
-        const Cell& c = kv_[page * ps + pos % ps];
+        const Cell& c = kv_cells_[page * ps + pos % ps];
         ASSERT_TRUE(c.id == s.id && c.position == pos && c.token == s.token_at(pos))
             << "request " << s.id << " position " << pos << " reads a cell of request " << c.id
             << " position " << c.position;
@@ -226,10 +228,9 @@ class Sim {
     }
   }
 
-  PageAllocator allocator_;
-  PageTable table_;
+  KvCacheManager kv_;
   Scheduler scheduler_;
-  std::vector<Cell> kv_;  // [num_pages * page_size]
+  std::vector<Cell> kv_cells_;  // [num_pages * page_size]
   std::vector<std::unique_ptr<Sequence>> owned_;
   std::map<int64_t, Sequence*> by_id_;
   std::map<int64_t, std::vector<int32_t>> scripts_;

@@ -67,10 +67,10 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
       << "too many KV pages (" << pages << ") for 32-bit slot numbers";
   allocate_kv(pages);
 
-  allocator_ = std::make_unique<PageAllocator>(static_cast<int32_t>(num_pages_));
-  page_table_ = std::make_unique<PageTable>(config_.max_num_seqs + 1,
-                                            scheduler_config_.max_pages_per_seq);
-  scheduler_ = std::make_unique<Scheduler>(scheduler_config_, *allocator_, *page_table_);
+  kv_cache_ = std::make_unique<KvCacheManager>(static_cast<int32_t>(num_pages_), config_.page_size,
+                                               config_.max_num_seqs + 1,
+                                               scheduler_config_.max_pages_per_seq);
+  scheduler_ = std::make_unique<Scheduler>(scheduler_config_, *kv_cache_);
   if (config_.use_graphs && backend_->supports_graphs()) capture_graphs();
 }
 
@@ -244,7 +244,7 @@ std::vector<int64_t> Engine::step() {
         << " waiting and " << scheduler_->num_running() << " running requests";
     return done;
   }
-  ForwardBatch batch = build_forward_batch(out, *page_table_, config_.page_size);
+  ForwardBatch batch = build_forward_batch(out, kv_cache_->page_table(), config_.page_size);
   bool pure_decode = true;
   for (const ScheduledSeq& s : out.scheduled) {
     pure_decode = pure_decode && s.num_new_tokens == 1 && s.samples;

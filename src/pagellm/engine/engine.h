@@ -13,8 +13,7 @@
 #include "pagellm/backend/backend.h"
 #include "pagellm/engine/scheduler.h"
 #include "pagellm/engine/sequence.h"
-#include "pagellm/kv/page_allocator.h"
-#include "pagellm/kv/page_table.h"
+#include "pagellm/kv/kv_cache_manager.h"
 #include "pagellm/model/qwen3.h"
 
 namespace pagellm {
@@ -92,7 +91,7 @@ class Engine {
   const EngineStats& stats() const { return stats_; }
   Qwen3Model& model() { return *model_; }
   Backend& backend() { return *backend_; }
-  const PageAllocator& allocator() const { return *allocator_; }
+  const PageAllocator& allocator() const { return kv_cache_->allocator(); }
   int64_t num_pages() const { return num_pages_; }
   /// The captured decode buckets (empty without graphs).
   std::vector<int32_t> graph_buckets() const;
@@ -114,8 +113,7 @@ class Engine {
   int64_t num_pages_ = 0;
   std::vector<DeviceBuffer> kv_storage_;
   std::vector<LayerKv> kv_;
-  std::unique_ptr<PageAllocator> allocator_;
-  std::unique_ptr<PageTable> page_table_;
+  std::unique_ptr<KvCacheManager> kv_cache_;
   std::unique_ptr<Scheduler> scheduler_;
   std::map<int64_t, std::unique_ptr<Sequence>> requests_;
   int64_t next_id_ = 1;
