@@ -2,8 +2,8 @@
 //
 // One step of the engine is:
 //   out = scheduler.schedule();                 // who runs, how many tokens, pages ready
-//   batch = build_forward_batch(out, ...);      // batch_builder.h
-//   sampled = model step + sampler;             // one token per `samples` entry, in order
+//   sampled = runner.run(out, page_table);      // model_runner.h: batch, forward, sampler;
+//                                               // one token per `samples` entry, in order
 //   scheduler.on_step_done(out, sampled);       // append tokens, retire finished requests
 // The contract (what each step guarantees, the preemption policy, the budget accounting)
 // is written out in docs/design.md.
