@@ -26,11 +26,12 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
   rc.max_num_batched_tokens = config_.max_num_batched_tokens;
   rc.max_model_len = config_.max_model_len;
   rc.max_pages_per_seq = scheduler_config_.max_pages_per_seq;
+  rc.page_table_rows = config_.max_num_seqs + 1;  // row 0 is the padding row
   rc.use_graphs = config_.use_graphs;
   rc.graph_buckets = config_.graph_buckets;
   runner_ = std::make_unique<ModelRunner>(std::move(backend), std::move(model), rc);
   kv_cache_ = std::make_unique<KvCacheManager>(static_cast<int32_t>(runner_->num_pages()),
-                                               config_.page_size, config_.max_num_seqs + 1,
+                                               config_.page_size, rc.page_table_rows,
                                                rc.max_pages_per_seq);
   scheduler_ = std::make_unique<Scheduler>(scheduler_config_, *kv_cache_);
 }
@@ -137,6 +138,7 @@ std::vector<int64_t> Engine::step() {
 
   ModelRunner::StepResult result = runner_->run(out, kv_cache_->page_table());
   stats_.graph_steps += result.replayed_graph ? 1 : 0;
+  stats_.page_table_entries_uploaded += result.page_table_entries;
 
   for (Sequence* s : scheduler_->on_step_done(out, result.sampled)) done.push_back(s->id);
   ++stats_.steps;

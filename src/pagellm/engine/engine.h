@@ -49,6 +49,10 @@ struct EngineStats {
   int64_t decode_tokens = 0;
   int64_t preemptions = 0;
   int64_t graph_steps = 0;  // decode steps that replayed a captured graph
+  /// Page-table entries sent to the backend: every row of every batch (padding rows
+  /// included) on the dense path; on the persistent path only the entries that changed,
+  /// about one per sequence every page_size decode steps.
+  int64_t page_table_entries_uploaded = 0;
   /// Host time per step while the device waits: scheduling, batch building and upload
   /// before the forward is launched, plus the bookkeeping after the sampled tokens arrive.
   double host_gap_seconds = 0.0;

@@ -9,6 +9,7 @@ namespace pagellm {
 ModelRunner::ModelRunner(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> model,
                          const ModelRunnerConfig& config)
     : config_(config), backend_(std::move(backend)), model_(std::move(model)) {
+  persistent_ = backend_->supports_persistent_page_table();
   model_->reserve(config_.max_num_batched_tokens, config_.max_num_seqs);
   allocate_kv(size_kv_cache());
   if (config_.use_graphs && backend_->supports_graphs()) capture_graphs();
@@ -80,7 +81,11 @@ void ModelRunner::append_padding_rows(ForwardBatch& b, int32_t rows) const {
     b.slot_mapping.push_back(0);
     b.query_start.push_back(t + 1);
     b.kv_lens.push_back(1);
-    b.page_table.insert(b.page_table.end(), static_cast<size_t>(b.max_pages_per_seq), 0);
+    if (persistent_) {
+      b.seq_slots.push_back(0);
+    } else {
+      b.page_table.insert(b.page_table.end(), static_cast<size_t>(b.max_pages_per_seq), 0);
+    }
     b.logits_indices.push_back(t);
   }
 }
@@ -96,9 +101,12 @@ void ModelRunner::capture_graphs() {
   for (int32_t bucket : buckets) {
     if (bucket > config_.max_num_seqs) bucket = config_.max_num_seqs;
     if (bucket <= 0 || graphs_.count(bucket)) continue;
+    // Padding rows only: on the persistent path this first upload also makes the
+    // backend's table (all zeros, like the engine's), before any capture.
     ForwardBatch batch;
     batch.page_size = config_.page_size;
     batch.max_pages_per_seq = config_.max_pages_per_seq;
+    if (persistent_) batch.page_table_rows = config_.page_table_rows;
     batch.query_start.push_back(0);
     append_padding_rows(batch, bucket);
     batch.kv_len_capacity = config_.max_model_len;
@@ -122,6 +130,8 @@ Tensor ModelRunner::forward(ForwardBatch& batch, bool pure_decode, StepResult* r
     append_padding_rows(batch, graph->first - rows);
     batch.kv_len_capacity = config_.max_model_len;
   }
+  result->page_table_entries = static_cast<int64_t>(
+      persistent_ ? batch.page_table_values.size() : batch.page_table.size());
   BatchTensors tensors = backend_->upload_batch(batch);
   result->launched = std::chrono::steady_clock::now();
   if (graph == graphs_.end()) return model_->forward(tensors, kv_);
@@ -133,7 +143,9 @@ Tensor ModelRunner::forward(ForwardBatch& batch, bool pure_decode, StepResult* r
 ModelRunner::StepResult ModelRunner::run(const SchedulerOutput& out, PageTable& page_table) {
   PAGELLM_CHECK(!out.scheduled.empty()) << "ModelRunner::run() needs a non-empty step";
   StepResult result;
-  ForwardBatch batch = build_forward_batch(out, page_table, config_.page_size);
+  ForwardBatch batch = persistent_
+                           ? build_persistent_forward_batch(out, page_table, config_.page_size)
+                           : build_forward_batch(out, page_table, config_.page_size);
   bool pure_decode = true;
   for (const ScheduledSeq& s : out.scheduled) {
     pure_decode = pure_decode && s.num_new_tokens == 1 && s.samples;

@@ -32,6 +32,8 @@ struct ModelRunnerConfig {
   int32_t max_model_len = 4096;
   /// Capacity of a page-table row: ceil(max_model_len / page_size).
   int32_t max_pages_per_seq = 0;
+  /// Rows of the engine's page table (max_num_seqs + 1: row 0 is the padding row).
+  int32_t page_table_rows = 0;
   bool use_graphs = true;
   /// Bucket sizes; empty: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every 32 up to max_num_seqs.
   std::vector<int32_t> graph_buckets;
@@ -50,6 +52,9 @@ class ModelRunner {
     /// One token per scheduled sequence with samples == true, in scheduled order.
     std::vector<SampledToken> sampled;
     bool replayed_graph = false;
+    /// Page-table entries sent to the backend: B * max_pages_per_seq (padding rows
+    /// included) on the dense path, only the changed entries on the persistent one.
+    int64_t page_table_entries = 0;
     /// When the forward was launched and when the sampled tokens were on the host.
     std::chrono::steady_clock::time_point launched;
     std::chrono::steady_clock::time_point sampled_at;
@@ -64,10 +69,13 @@ class ModelRunner {
   ~ModelRunner();
 
   /// Runs the step `out` plans (non-empty, between schedule() and on_step_done()) with the
-  /// engine's page table.
+  /// engine's page table: on the persistent path its changed entries travel with the batch
+  /// and count as uploaded.
   StepResult run(const SchedulerOutput& out, PageTable& page_table);
 
   void set_logits_hook(LogitsHook hook) { logits_hook_ = std::move(hook); }
+  /// Whether batches carry the persistent page table (the backend supports it).
+  bool persistent_page_table() const { return persistent_; }
   /// Physical pages of each pool, page 0 included.
   int64_t num_pages() const { return num_pages_; }
   /// The captured decode buckets (empty without graphs).
@@ -89,6 +97,7 @@ class ModelRunner {
   ModelRunnerConfig config_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Qwen3Model> model_;
+  bool persistent_ = false;
   int64_t num_pages_ = 0;
   std::vector<DeviceBuffer> kv_storage_;
   std::vector<LayerKv> kv_;
