@@ -1,7 +1,8 @@
 // Decode through captured graphs, checked on the CPU: a backend that records operations
 // between begin_capture() and end_capture() and replays them on the same buffers, as a
 // CUDA graph does. The engine must then produce exactly the tokens and logits it produces
-// without graphs: padding rows, bucket choice and fixed batch buffers are all exercised.
+// without graphs: padding rows, bucket choice and fixed batch buffers are all exercised,
+// with the persistent page table (only changed entries uploaded) and with dense rows.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -16,10 +17,13 @@ namespace {
 
 class RecordingBackend : public CpuBackend {
  public:
+  explicit RecordingBackend(bool persistent) : persistent_(persistent) {}
   bool supports_graphs() const override { return true; }
+  bool supports_persistent_page_table() const override { return persistent_; }
 
   void reserve_batch(int32_t max_tokens, int32_t max_seqs, int32_t max_pages,
                      int32_t max_rows) override {
+    CpuBackend::reserve_batch(max_tokens, max_seqs, max_pages, max_rows);
     reserved_ = true;
     for (auto* v : {&fixed_.token_ids, &fixed_.positions, &fixed_.slot_mapping}) v->reserve(max_tokens);
     fixed_.query_start.reserve(max_seqs + 1);
@@ -41,6 +45,11 @@ class RecordingBackend : public CpuBackend {
     fixed_.kv_lens.assign(batch.kv_lens.begin(), batch.kv_lens.end());
     fixed_.page_table.assign(batch.page_table.begin(), batch.page_table.end());
     fixed_.logits_indices.assign(batch.logits_indices.begin(), batch.logits_indices.end());
+    // The persistent table's fields are consumed by upload_batch, not read by operations.
+    fixed_.seq_slots = batch.seq_slots;
+    fixed_.page_table_rows = batch.page_table_rows;
+    fixed_.page_table_updates = batch.page_table_updates;
+    fixed_.page_table_values = batch.page_table_values;
     ++uploads_;
     return CpuBackend::upload_batch(fixed_);
   }
@@ -98,6 +107,7 @@ class RecordingBackend : public CpuBackend {
   int64_t uploads_ = 0;
 
  private:
+  bool persistent_;
   bool reserved_ = false;
   ForwardBatch fixed_;
   std::shared_ptr<std::vector<std::function<void()>>> recording_;
@@ -111,8 +121,9 @@ struct RunResult {
   std::vector<int32_t> buckets;
 };
 
-RunResult run(bool graphs, const Qwen3Config& c, const testing::HostWeights& w) {
-  auto backend = std::make_unique<RecordingBackend>();
+RunResult run(bool graphs, bool persistent, const Qwen3Config& c,
+              const testing::HostWeights& w) {
+  auto backend = std::make_unique<RecordingBackend>(persistent);
   RecordingBackend* raw = backend.get();
   auto model = std::make_unique<Qwen3Model>(*backend, c, w.lookup());
   EngineConfig ec;
@@ -154,19 +165,43 @@ RunResult run(bool graphs, const Qwen3Config& c, const testing::HostWeights& w) 
 TEST(GraphReplay, DecodeThroughGraphsMatchesEager) {
   Qwen3Config c = testing::small_config(false);
   testing::HostWeights w = testing::random_weights(c, 99);
-  RunResult eager = run(false, c, w);
-  RunResult graph = run(true, c, w);
-  EXPECT_EQ(eager.stats.graph_steps, 0);
-  EXPECT_EQ(graph.buckets, (std::vector<int32_t>{1, 2, 4, 8, 11}));
-  EXPECT_GT(graph.stats.graph_steps, 10);
-  EXPECT_EQ(graph.replays, graph.stats.graph_steps);
-  ASSERT_EQ(eager.tokens, graph.tokens);
-  ASSERT_EQ(eager.logits.size(), graph.logits.size());
-  for (const auto& [key, want] : eager.logits) {
-    const auto& got = graph.logits.at(key);
-    for (size_t v = 0; v < want.size(); ++v) {
-      ASSERT_NEAR(got[v], want[v], 1e-5f) << "request " << key.first << " token " << key.second;
+  for (bool persistent : {true, false}) {
+    SCOPED_TRACE(persistent ? "persistent page table" : "dense page table");
+    RunResult eager = run(false, persistent, c, w);
+    RunResult graph = run(true, persistent, c, w);
+    EXPECT_EQ(eager.stats.graph_steps, 0);
+    EXPECT_EQ(graph.buckets, (std::vector<int32_t>{1, 2, 4, 8, 11}));
+    EXPECT_GT(graph.stats.graph_steps, 10);
+    EXPECT_EQ(graph.replays, graph.stats.graph_steps);
+    ASSERT_EQ(eager.tokens, graph.tokens);
+    ASSERT_EQ(eager.logits.size(), graph.logits.size());
+    for (const auto& [key, want] : eager.logits) {
+      const auto& got = graph.logits.at(key);
+      for (size_t v = 0; v < want.size(); ++v) {
+        ASSERT_NEAR(got[v], want[v], 1e-5f) << "request " << key.first << " token " << key.second;
+      }
     }
+  }
+}
+
+// The two page-table paths run the same computation on the same pages, so the persistent
+// path gives bit for bit the tokens and logits of the dense path, eager and through graphs,
+// while uploading a small fraction of the page-table entries.
+TEST(GraphReplay, PersistentPageTableMatchesDenseExactly) {
+  Qwen3Config c = testing::small_config(false);
+  testing::HostWeights w = testing::random_weights(c, 99);
+  for (bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "graphs" : "eager");
+    RunResult dense = run(graphs, false, c, w);
+    RunResult persistent = run(graphs, true, c, w);
+    EXPECT_EQ(persistent.stats.graph_steps, dense.stats.graph_steps);
+    ASSERT_EQ(dense.tokens, persistent.tokens);
+    ASSERT_EQ(dense.logits, persistent.logits);
+    // Dense: every row of every batch (up to 11 rows of 8 entries). Persistent: the pages
+    // of the 9 requests (under 128 tokens each, so at most 8 pages) and their zeroing.
+    EXPECT_LE(persistent.stats.page_table_entries_uploaded, 9 * 8 * 2);
+    EXPECT_GT(dense.stats.page_table_entries_uploaded,
+              20 * persistent.stats.page_table_entries_uploaded);
   }
 }
 

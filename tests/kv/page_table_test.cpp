@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "pagellm/common/check.h"
 
@@ -76,6 +77,98 @@ TEST(PageTable, CapacityAndRowOwnershipAreEnforced) {
   expect_error([&] { t.release(3); }, "rows are 1..2");
   expect_error([&] { t.get(3, 0); }, "outside");
   t.check_invariants();
+}
+
+struct Taken {
+  std::vector<PageTableUpdate> updates;
+  std::vector<int32_t> values;
+};
+
+Taken take(PageTable& t) {
+  Taken k;
+  t.take_updates(&k.updates, &k.values);
+  EXPECT_EQ(t.num_pending_entries(), 0);
+  return k;
+}
+
+std::vector<std::vector<int32_t>> runs(const Taken& k) {
+  std::vector<std::vector<int32_t>> r;
+  for (const PageTableUpdate& u : k.updates) r.push_back({u.row, u.begin, u.end});
+  return r;
+}
+
+using Runs = std::vector<std::vector<int32_t>>;
+
+// Only changed entries travel: appends give one run per row, a release zeroes the row's
+// non-zero span, and a row released and reacquired before the upload sends one merged run
+// with its current values.
+TEST(PageTable, TakeUpdatesGivesOnlyChangedEntries) {
+  PageTable t(4, 6);
+  EXPECT_TRUE(take(t).updates.empty());  // a new table equals a zero-filled copy
+  const int32_t a = t.acquire(), b = t.acquire();
+  t.set(a, 0, 5);
+  t.set(a, 1, 6);
+  t.set(b, 0, 9);
+  EXPECT_EQ(t.num_pending_entries(), 3);
+  Taken k = take(t);
+  EXPECT_EQ(runs(k), (Runs{{1, 0, 2}, {2, 0, 1}}));
+  EXPECT_EQ(k.values, (std::vector<int32_t>{5, 6, 9}));
+  EXPECT_TRUE(take(t).updates.empty());  // taken once
+
+  // A decode that crosses into a new page: one entry.
+  t.set(b, 1, 11);
+  t.set(a, 1, 6);  // unchanged value: nothing to send
+  k = take(t);
+  EXPECT_EQ(runs(k), (Runs{{2, 1, 2}}));
+  EXPECT_EQ(k.values, (std::vector<int32_t>{11}));
+
+  // Both rows released (their non-zero spans zeroed), then row 1 reacquired (lowest free
+  // row first) by a sequence with one page: row 1 sends one run over the release and the
+  // new page, with the current values; row 2 its zeros.
+  t.release(a);
+  t.release(b);
+  EXPECT_EQ(t.acquire(), 1);
+  t.set(1, 0, 3);
+  k = take(t);
+  EXPECT_EQ(runs(k), (Runs{{1, 0, 2}, {2, 0, 2}}));
+  EXPECT_EQ(k.values, (std::vector<int32_t>{3, 0, 0, 0}));
+  t.release(1);
+  k = take(t);
+  EXPECT_EQ(runs(k), (Runs{{1, 0, 1}}));
+  EXPECT_EQ(k.values, (std::vector<int32_t>{0}));
+  t.check_invariants();
+}
+
+// A copy that applies every batch of updates equals the table after random operations.
+TEST(PageTable, AppliedUpdatesReproduceTheTable) {
+  PageTable t(5, 7);
+  std::vector<int32_t> copy(t.data().size(), 0);
+  uint32_t state = 12345;
+  auto next = [&](uint32_t n) {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<int32_t>((state >> 8) % n);
+  };
+  for (int round = 0; round < 500; ++round) {
+    const int32_t op = next(4);
+    const int32_t row = 1 + next(4);
+    if (op == 0 && !t.in_use(row)) {
+      t.acquire();
+    } else if (op == 1 && t.in_use(row)) {
+      t.release(row);
+    } else if (t.in_use(row)) {
+      t.set(row, next(7), next(20));
+    }
+    if (next(3) == 0) {
+      Taken k = take(t);
+      size_t v = 0;
+      for (const PageTableUpdate& u : k.updates) {
+        ASSERT_TRUE(u.row >= 1 && u.row < 5 && 0 <= u.begin && u.begin < u.end && u.end <= 7);
+        for (int32_t j = u.begin; j < u.end; ++j) copy[u.row * 7 + j] = k.values[v++];
+      }
+      ASSERT_EQ(v, k.values.size());
+      ASSERT_EQ(copy, t.data()) << "round " << round;
+    }
+  }
 }
 
 }  // namespace

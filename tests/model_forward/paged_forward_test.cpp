@@ -1,5 +1,7 @@
 // The paged forward on the CPU backend against the naive contiguous reference: ragged
-// prefill batches with shuffled physical pages, then decode steps, for several page sizes.
+// prefill batches with shuffled physical pages, then decode steps, for several page sizes,
+// with a dense page table built per batch and with the persistent one (rows kept by the
+// backend, only new pages sent).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@ struct PagedSeq {
   std::vector<int32_t> tokens;
   std::vector<int32_t> pages;
   int32_t computed = 0;
+  int32_t pages_sent = 0;  // persistent path: pages already in the backend's table
 };
 
 // Builds a step where sequence i contributes new_tokens[i] tokens and asks logits for the
@@ -45,7 +48,33 @@ ForwardBatch make_batch(const std::vector<PagedSeq>& seqs, const std::vector<int
   return b;
 }
 
-void run_case(int32_t page_size, bool tied, uint64_t seed) {
+// The same step with the persistent page table: sequence s lives in row num_seqs - s (rows
+// out of batch order) and only the pages its KV length now reaches are sent.
+ForwardBatch make_persistent_batch(std::vector<PagedSeq>& seqs,
+                                   const std::vector<int32_t>& new_tokens, int32_t page_size,
+                                   int32_t max_pages, std::vector<int32_t>* host_table) {
+  ForwardBatch b = make_batch(seqs, new_tokens, page_size, max_pages);
+  b.page_table.clear();
+  const int32_t n = static_cast<int32_t>(seqs.size());
+  b.page_table_rows = n + 1;
+  for (int32_t s = 0; s < n; ++s) {
+    const int32_t row = n - s;
+    b.seq_slots.push_back(row);
+    const int32_t need = (b.kv_lens[s] + page_size - 1) / page_size;
+    PagedSeq& seq = seqs[s];
+    if (need > seq.pages_sent) {
+      b.page_table_updates.push_back({row, seq.pages_sent, need});
+      for (int32_t j = seq.pages_sent; j < need; ++j) {
+        b.page_table_values.push_back(seq.pages[j]);
+        (*host_table)[static_cast<size_t>(row) * max_pages + j] = seq.pages[j];
+      }
+      seq.pages_sent = need;
+    }
+  }
+  return b;
+}
+
+void run_case(int32_t page_size, bool tied, uint64_t seed, bool persistent = false) {
   Qwen3Config c = testing::small_config(tied);
   testing::HostWeights w = testing::random_weights(c, seed);
   auto backend = create_backend("cpu");
@@ -89,11 +118,16 @@ void run_case(int32_t page_size, bool tied, uint64_t seed) {
     backend->fill(layer.v, std::nanf(""));
   }
 
+  std::vector<int32_t> host_table((seqs.size() + 1) * max_pages, 0);
+  int64_t entries_sent = 0;
   for (int32_t step = 0; step <= decode_steps; ++step) {
     std::vector<int32_t> new_tokens;
     for (auto& s : seqs) new_tokens.push_back(static_cast<int32_t>(s.tokens.size()) - s.computed);
-    ForwardBatch fb = make_batch(seqs, new_tokens, page_size, max_pages);
-    fb.validate();
+    ForwardBatch fb =
+        persistent ? make_persistent_batch(seqs, new_tokens, page_size, max_pages, &host_table)
+                   : make_batch(seqs, new_tokens, page_size, max_pages);
+    fb.validate(host_table);
+    entries_sent += static_cast<int64_t>(fb.page_table_values.size());
     BatchTensors bt = backend->upload_batch(fb);
     Tensor logits = model.forward(bt, kv);
     std::vector<float> got = backend->download_f32(logits);
@@ -116,6 +150,12 @@ void run_case(int32_t page_size, bool tied, uint64_t seed) {
       seqs[s].computed = static_cast<int32_t>(seqs[s].tokens.size());
       seqs[s].tokens.push_back(best);  // greedy continuation from the reference
     }
+  }
+  if (persistent) {
+    // Each sequence's pages up to its final length, each sent once.
+    int64_t pages = 0;
+    for (const PagedSeq& s : seqs) pages += (s.computed + page_size - 1) / page_size;
+    EXPECT_EQ(entries_sent, pages);
   }
 }
 
@@ -161,6 +201,62 @@ TEST(PagedForward, AttentionNeedsTheForwardsPlan) {
 TEST(PagedForward, MatchesNaiveReferencePageSize1) { run_case(1, false, 11); }
 TEST(PagedForward, MatchesNaiveReferencePageSize16) { run_case(16, false, 12); }
 TEST(PagedForward, MatchesNaiveReferencePageSize64Tied) { run_case(64, true, 13); }
+TEST(PagedForward, PersistentTableMatchesNaiveReferencePageSize1) { run_case(1, false, 11, true); }
+TEST(PagedForward, PersistentTableMatchesNaiveReferencePageSize16) {
+  run_case(16, false, 12, true);
+}
+
+// The CPU backend's persistent table: its shape is fixed by the first batch, updates must
+// stay inside it, and a sequence reads the row its slot names.
+TEST(PagedForward, CpuPersistentTableRejectsBadUpdates) {
+  auto backend = create_backend("cpu");
+  ASSERT_TRUE(backend->supports_persistent_page_table());
+  ForwardBatch b;
+  b.page_size = 4;
+  b.max_pages_per_seq = 2;
+  b.token_ids = {1};
+  b.positions = {0};
+  b.slot_mapping = {12};
+  b.query_start = {0, 1};
+  b.kv_lens = {1};
+  b.logits_indices = {0};
+  b.seq_slots = {2};
+  b.page_table_rows = 3;
+  b.page_table_updates = {{2, 0, 2}, {2, 1, 2}};  // a later run overwrites an earlier one
+  b.page_table_values = {3, 4, 9};
+  BatchTensors t = backend->upload_batch(b);
+  EXPECT_EQ(backend->download_f32(t.page_table), (std::vector<float>{3, 9}));
+  // The next batch sends nothing and still reads the kept row; row 0 is zeros.
+  b.page_table_updates.clear();
+  b.page_table_values.clear();
+  b.seq_slots = {2, 0};
+  b.token_ids = {1, 0};
+  b.positions = {0, 0};
+  b.slot_mapping = {12, 0};
+  b.query_start = {0, 1, 2};
+  b.kv_lens = {1, 1};
+  t = backend->upload_batch(b);
+  EXPECT_EQ(backend->download_f32(t.page_table), (std::vector<float>{3, 9, 0, 0}));
+
+  ForwardBatch bad = b;
+  bad.page_table_rows = 4;
+  EXPECT_THROW(backend->upload_batch(bad), Error);
+  bad = b;
+  bad.page_table_updates = {{0, 0, 1}};
+  bad.page_table_values = {5};
+  EXPECT_THROW(backend->upload_batch(bad), Error);
+  bad.page_table_updates = {{1, 1, 3}};
+  bad.page_table_values = {5, 6};
+  EXPECT_THROW(backend->upload_batch(bad), Error);
+  bad.page_table_updates = {{1, 0, 1}};
+  bad.page_table_values = {5, 6};
+  EXPECT_THROW(backend->upload_batch(bad), Error);
+  bad.page_table_values = {};
+  EXPECT_THROW(backend->upload_batch(bad), Error);
+  bad = b;
+  bad.seq_slots = {3, 0};
+  EXPECT_THROW(backend->upload_batch(bad), Error);
+}
 
 }  // namespace
 }  // namespace pagellm

@@ -80,6 +80,53 @@ TEST(BatchBuilder, MixedPrefillChunkAndDecode) {
   EXPECT_EQ(rows[1].output_index, 0);
 }
 
+std::vector<std::vector<int32_t>> runs(const ForwardBatch& b) {
+  std::vector<std::vector<int32_t>> r;
+  for (const PageTableUpdate& u : b.page_table_updates) r.push_back({u.row, u.begin, u.end});
+  return r;
+}
+
+using Runs = std::vector<std::vector<int32_t>>;
+
+// The same steps on the persistent path: rows by slot, and only the entries that changed.
+TEST(BatchBuilder, PersistentTableSendsOnlyChangedEntries) {
+  Sim sim(small_config(4, 8), 33);
+  Sequence* a = sim.make({1, 5, 4});
+  Sequence* b = sim.make({2, 10, 4});
+  ASSERT_TRUE(sim.scheduler().add(a));
+  ASSERT_TRUE(sim.scheduler().add(b));
+
+  SchedulerOutput out = sim.scheduler().schedule();
+  ForwardBatch batch = build_persistent_forward_batch(out, sim.table(), 4);
+  batch.validate(sim.table().data());
+  EXPECT_TRUE(batch.page_table.empty());
+  EXPECT_EQ(batch.seq_slots, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(batch.page_table_rows, 5);  // max_num_seqs + the padding row
+  EXPECT_EQ(runs(batch), (Runs{{1, 0, 2}, {2, 0, 1}}));
+  EXPECT_EQ(batch.page_table_values, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(batch.slot_mapping, (std::vector<int32_t>{4, 5, 6, 7, 8, 12, 13, 14}));
+  SampledToken t;
+  t.token = 77;
+  sim.scheduler().on_step_done(out, {t});
+
+  // a decodes inside page 2 (nothing to send); b's chunk adds pages 4 and 5.
+  out = sim.scheduler().schedule();
+  batch = build_persistent_forward_batch(out, sim.table(), 4);
+  batch.validate(sim.table().data());
+  EXPECT_EQ(runs(batch), (Runs{{2, 1, 3}}));
+  EXPECT_EQ(batch.page_table_values, (std::vector<int32_t>{4, 5}));
+  sim.scheduler().on_step_done(out, {t, t});
+
+  // Aborting a zeroes its row, sent with the next batch.
+  ASSERT_TRUE(sim.scheduler().abort(1));
+  out = sim.scheduler().schedule();
+  batch = build_persistent_forward_batch(out, sim.table(), 4);
+  batch.validate(sim.table().data());
+  EXPECT_EQ(batch.seq_slots, (std::vector<int32_t>{2}));
+  EXPECT_EQ(runs(batch), (Runs{{1, 0, 2}}));
+  EXPECT_EQ(batch.page_table_values, (std::vector<int32_t>{0, 0}));
+}
+
 TEST(BatchBuilder, EmptyStepAndStaleOutput) {
   Sim sim(small_config(4, 8), 33);
   SchedulerOutput empty = sim.scheduler().schedule();

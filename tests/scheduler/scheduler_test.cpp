@@ -243,21 +243,25 @@ TEST(Scheduler, EngineBugsThrow) {
 }
 
 TEST(Scheduler, InvalidConfigsThrow) {
-  PageAllocator alloc(8);
-  PageTable table(3, 4);
+  KvCacheManager kv(8, 4, 3, 4);  // 8 pages of 4 tokens, 3 rows of 4 pages
   SchedulerConfig c = small_config(4, 16);  // derives 16 pages per row, table has 4
-  expect_error([&] { Scheduler s(c, alloc, table); }, "holds 4 pages per sequence");
+  expect_error([&] { Scheduler s(c, kv); }, "holds 4 pages per sequence");
   c.max_pages_per_seq = 4;
-  Scheduler ok(c, alloc, table);
+  Scheduler ok(c, kv);
   c.max_num_batched_tokens = 3;
-  expect_error([&] { Scheduler s(c, alloc, table); }, "must be at least max_num_seqs (4)");
+  expect_error([&] { Scheduler s(c, kv); }, "must be at least max_num_seqs (4)");
   c = small_config(4, 16);
   c.max_pages_per_seq = 4;
   c.page_size = 0;
-  expect_error([&] { Scheduler s(c, alloc, table); }, "page_size must be at least 1");
+  expect_error([&] { Scheduler s(c, kv); }, "page_size must be at least 1");
   c.page_size = 4;
   c.max_model_len = 1;
-  expect_error([&] { Scheduler s(c, alloc, table); }, "max_model_len must be at least 2");
+  expect_error([&] { Scheduler s(c, kv); }, "max_model_len must be at least 2");
+  c.max_model_len = 16;
+  c.page_size = 2;
+  c.max_pages_per_seq = 4;
+  expect_error([&] { Scheduler s(c, kv); },
+               "pages of 4 tokens but the scheduler is configured for 2");
 }
 
 // Abort of a waiting request, of a running one (pages and row come back), of one that is

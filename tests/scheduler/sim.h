@@ -1,5 +1,11 @@
 // A deterministic simulation harness for the scheduler (TensorRT-LLM style): a real
-// PageAllocator, PageTable and Scheduler, a mocked model step, and checks after every step.
+// KvCacheManager (page allocator and page table) and Scheduler, a mocked model step, and
+// checks after every step.
+//
+// Each step builds the batch both ways: with a dense page table, which the mocked model
+// reads, and with the persistent table, whose updates the harness applies to its own copy
+// (as a backend does); that copy must then equal the engine's table everywhere, released
+// rows included, and give every sequence the same row as the dense batch.
 //
 // The mocked model keeps a fake KV pool with one cell per slot. Each step it writes
 // (request id, position, token) into the slot of every computed token, then "attends":
@@ -74,10 +80,11 @@ class Sim {
  public:
   /// max_slots 0: max_num_seqs + 1 page-table rows.
   Sim(SchedulerConfig config, int32_t num_pages, int32_t max_slots = 0)
-      : allocator_(num_pages),
-        table_(max_slots ? max_slots : config.max_num_seqs + 1, derived_pages(config)),
-        scheduler_(config, allocator_, table_),
-        kv_(static_cast<size_t>(num_pages) * config.page_size) {}
+      : kv_(num_pages, config.page_size, max_slots ? max_slots : config.max_num_seqs + 1,
+            derived_pages(config)),
+        scheduler_(config, kv_),
+        kv_cells_(static_cast<size_t>(num_pages) * config.page_size),
+        backend_table_(kv_.page_table().data().size(), 0) {}
 
   static int32_t derived_pages(const SchedulerConfig& c) {
     return c.max_pages_per_seq ? c.max_pages_per_seq
@@ -115,8 +122,9 @@ class Sim {
     SchedulerOutput out = scheduler_.schedule();
     EXPECT_NO_THROW(scheduler_.check_invariants(extra_owners_));
     check_budget(out);
-    ForwardBatch batch = build_forward_batch(out, table_, page_size());
+    ForwardBatch batch = build_forward_batch(out, kv_.page_table(), page_size());
     EXPECT_NO_THROW(batch.validate());
+    check_persistent_batch(out, batch);
     run_mock_model(out, batch);
     std::vector<SampledToken> sampled;
     for (const ScheduledSeq& s : out.scheduled) {
@@ -144,7 +152,7 @@ class Sim {
     rec.running = join_ids(scheduler_.running());
     rec.waiting = join_ids(std::vector<Sequence*>(scheduler_.waiting().begin(),
                                                   scheduler_.waiting().end()));
-    rec.free_pages = allocator_.num_free();
+    rec.free_pages = kv_.num_free_pages();
     return rec;
   }
 
@@ -169,10 +177,13 @@ class Sim {
   }
 
   int32_t page_size() const { return scheduler_.config().page_size; }
-  PageAllocator& allocator() { return allocator_; }
-  PageTable& table() { return table_; }
+  KvCacheManager& kv() { return kv_; }
+  PageAllocator& allocator() { return kv_.allocator(); }
+  PageTable& table() { return kv_.page_table(); }
   Scheduler& scheduler() { return scheduler_; }
   const SchedulerOutput& last_output() const { return last_output_; }
+  /// Page-table entries the persistent path has uploaded so far.
+  int64_t entries_uploaded() const { return entries_uploaded_; }
   /// Page lists held outside the scheduler, for the ownership cross-check.
   std::vector<const std::vector<int32_t>*>& extra_owners() { return extra_owners_; }
 
@@ -194,6 +205,35 @@ class Sim {
     EXPECT_LE(out.scheduled.size(), static_cast<size_t>(scheduler_.config().max_num_seqs));
   }
 
+  // Builds the persistent batch of the same step, applies its updates to backend_table_ and
+  // checks it against the dense batch and the engine's table.
+  void check_persistent_batch(const SchedulerOutput& out, const ForwardBatch& dense) {
+    ForwardBatch batch = build_persistent_forward_batch(out, kv_.page_table(), page_size());
+    if (out.scheduled.empty()) {
+      EXPECT_TRUE(batch.seq_slots.empty() && batch.page_table_updates.empty());
+      return;
+    }
+    EXPECT_NO_THROW(batch.validate(kv_.page_table().data()));
+    EXPECT_EQ(batch.token_ids, dense.token_ids);
+    EXPECT_EQ(batch.slot_mapping, dense.slot_mapping);
+    EXPECT_EQ(kv_.page_table().num_pending_entries(), 0);
+    const int32_t width = batch.max_pages_per_seq;
+    size_t v = 0;
+    for (const PageTableUpdate& u : batch.page_table_updates) {
+      for (int32_t j = u.begin; j < u.end; ++j) {
+        backend_table_[static_cast<size_t>(u.row) * width + j] = batch.page_table_values[v++];
+      }
+    }
+    entries_uploaded_ += static_cast<int64_t>(v);
+    ASSERT_EQ(backend_table_, kv_.page_table().data()) << "the persistent copy diverged";
+    for (int32_t b = 0; b < batch.num_seqs(); ++b) {
+      for (int32_t j = 0; j < width; ++j) {
+        ASSERT_EQ(backend_table_[static_cast<size_t>(batch.seq_slots[b]) * width + j],
+                  dense.page_table[static_cast<size_t>(b) * width + j]);
+      }
+    }
+  }
+
   void run_mock_model(const SchedulerOutput& out, const ForwardBatch& batch) {
     const int32_t ps = batch.page_size;
     ASSERT_EQ(batch.num_seqs(), static_cast<int32_t>(out.scheduled.size()));
@@ -210,7 +250,7 @@ class Sim {
         const int32_t pos = batch.positions[t];
         ASSERT_EQ(batch.page_table[b * batch.max_pages_per_seq + pos / ps], slot / ps);
         ASSERT_EQ(slot % ps, pos % ps);
-        kv_[slot] = Cell{s.id, pos, batch.token_ids[t]};
+        kv_cells_[slot] = Cell{s.id, pos, batch.token_ids[t]};
       }
     }
     // Attention reads every cached position of every sequence through its row.
@@ -218,7 +258,7 @@ class Sim {
       const Sequence& s = *out.scheduled[b].seq;
       for (int32_t pos = 0; pos < batch.kv_lens[b]; ++pos) {
         const int32_t page = batch.page_table[b * batch.max_pages_per_seq + pos / ps];
-        const Cell& c = kv_[page * ps + pos % ps];
+        const Cell& c = kv_cells_[page * ps + pos % ps];
         ASSERT_TRUE(c.id == s.id && c.position == pos && c.token == s.token_at(pos))
             << "request " << s.id << " position " << pos << " reads a cell of request " << c.id
             << " position " << c.position;
@@ -226,10 +266,11 @@ class Sim {
     }
   }
 
-  PageAllocator allocator_;
-  PageTable table_;
+  KvCacheManager kv_;
   Scheduler scheduler_;
-  std::vector<Cell> kv_;  // [num_pages * page_size]
+  std::vector<Cell> kv_cells_;  // [num_pages * page_size]
+  std::vector<int32_t> backend_table_;  // the persistent copy a backend would keep
+  int64_t entries_uploaded_ = 0;
   std::vector<std::unique_ptr<Sequence>> owned_;
   std::map<int64_t, Sequence*> by_id_;
   std::map<int64_t, std::vector<int32_t>> scripts_;

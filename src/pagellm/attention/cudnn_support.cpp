@@ -21,7 +21,12 @@ AttentionBatchView batch_view(const ForwardBatch& batch) {
   v.query_start_size = batch.query_start.size();
   v.kv_lens = batch.kv_lens.data();
   v.kv_lens_size = batch.kv_lens.size();
-  v.page_table_size = batch.page_table.size();
+  // The persistent page table leaves ForwardBatch::page_table empty; the per-batch table the
+  // kernels read is [B, max_pages_per_seq] all the same (the backend gathers its rows).
+  v.page_table_size = batch.persistent_page_table()
+                          ? static_cast<size_t>(batch.num_seqs()) *
+                                static_cast<size_t>(std::max(batch.max_pages_per_seq, 0))
+                          : batch.page_table.size();
   v.max_pages_per_seq = batch.max_pages_per_seq;
   v.num_seqs = batch.num_seqs();
   v.num_tokens = batch.num_tokens();

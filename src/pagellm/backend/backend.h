@@ -91,9 +91,15 @@ class Backend {
   virtual void fill(Tensor& t, float value) = 0;
 
   /// Copies the batch metadata to the device; the result stays valid until the next call.
+  /// A backend that supports_persistent_page_table() accepts both page-table forms of
+  /// ForwardBatch: for a persistent one it applies page_table_updates in order to its own
+  /// table of page_table_rows x max_pages_per_seq entries (zero-filled when first made,
+  /// kept across calls) and returns in BatchTensors::page_table the rows seq_slots[b],
+  /// [B, max_pages_per_seq], so that operations read it as they read a dense table.
   virtual BatchTensors upload_batch(const ForwardBatch& batch) = 0;
-  /// Whether upload_batch accepts ForwardBatch's persistent page table (seq_slots,
-  /// page_table_updates) instead of a dense page_table.
+  /// Whether upload_batch() takes persistent page tables (ForwardBatch::seq_slots). The
+  /// engine sends only the changed entries to a backend that does, and dense rows to one
+  /// that does not.
   virtual bool supports_persistent_page_table() const { return false; }
 
   // ---- operations ---------------------------------------------------------------------

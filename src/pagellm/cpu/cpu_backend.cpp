@@ -111,6 +111,61 @@ void CpuBackend::fill(Tensor& t, float value) {
   std::fill_n(t.ptr<float>(), t.numel(), value);
 }
 
+void CpuBackend::reserve_batch(int32_t max_tokens, int32_t max_seqs, int32_t max_pages_per_seq,
+                               int32_t max_rows) {
+  (void)max_tokens;
+  (void)max_rows;
+  PAGELLM_CHECK(max_seqs >= 0 && max_pages_per_seq >= 0)
+      << "cpu backend: reserve_batch needs non-negative sizes";
+  batch_rows_.reserve(static_cast<size_t>(max_seqs) * max_pages_per_seq);
+}
+
+void CpuBackend::update_persistent_table(const ForwardBatch& batch) {
+  const int32_t rows = batch.page_table_rows, width = batch.max_pages_per_seq;
+  if (table_.empty()) {
+    PAGELLM_CHECK(rows >= 1 && width >= 1)
+        << "cpu backend: a persistent page table needs at least 1 row and 1 entry per row, got "
+        << rows << " x " << width;
+    table_.assign(static_cast<size_t>(rows) * width, 0);
+    table_rows_ = rows;
+    table_width_ = width;
+  }
+  PAGELLM_CHECK(rows == table_rows_ && width == table_width_)
+      << "cpu backend: the persistent page table is " << table_rows_ << " x " << table_width_
+      << " but the batch describes " << rows << " x " << width
+      << " (the table's shape is fixed by its first batch)";
+  // Everything is checked before anything is written: a bad batch changes nothing.
+  size_t values = 0;
+  for (const PageTableUpdate& u : batch.page_table_updates) {
+    PAGELLM_CHECK(u.row >= 1 && u.row < rows && u.begin >= 0 && u.begin < u.end &&
+                  u.end <= width)
+        << "cpu backend: page-table update of row " << u.row << " entries [" << u.begin << ", "
+        << u.end << ") is outside rows 1.." << rows - 1 << " (row 0 stays zeros) x " << width
+        << " entries";
+    values += static_cast<size_t>(u.end - u.begin);
+  }
+  PAGELLM_CHECK(values == batch.page_table_values.size())
+      << "cpu backend: page-table updates cover " << values << " entries but "
+      << batch.page_table_values.size() << " values are given";
+  for (int32_t slot : batch.seq_slots) {
+    PAGELLM_CHECK(slot >= 0 && slot < rows)
+        << "cpu backend: a sequence reads page-table row " << slot << " of rows 0.." << rows - 1;
+  }
+  auto value = batch.page_table_values.begin();
+  for (const PageTableUpdate& u : batch.page_table_updates) {
+    std::copy_n(value, u.end - u.begin,
+                table_.begin() + static_cast<ptrdiff_t>(u.row) * width + u.begin);
+    value += u.end - u.begin;
+  }
+  // clear() and insert() within the capacity reserve_batch() set keep the address that
+  // recorded graphs read.
+  batch_rows_.clear();
+  for (int32_t slot : batch.seq_slots) {
+    const auto row = table_.begin() + static_cast<ptrdiff_t>(slot) * width;
+    batch_rows_.insert(batch_rows_.end(), row, row + width);
+  }
+}
+
 BatchTensors CpuBackend::upload_batch(const ForwardBatch& batch) {
   BatchTensors bt;
   bt.host = &batch;
@@ -120,7 +175,12 @@ BatchTensors CpuBackend::upload_batch(const ForwardBatch& batch) {
   bt.slot_mapping = view_of(batch.slot_mapping, {T});
   bt.query_start = view_of(batch.query_start, {B + 1});
   bt.kv_lens = view_of(batch.kv_lens, {B});
-  bt.page_table = view_of(batch.page_table, {B, batch.max_pages_per_seq});
+  if (batch.persistent_page_table()) {
+    update_persistent_table(batch);
+    bt.page_table = view_of(batch_rows_, {B, batch.max_pages_per_seq});
+  } else {
+    bt.page_table = view_of(batch.page_table, {B, batch.max_pages_per_seq});
+  }
   bt.logits_indices = view_of(batch.logits_indices,
                               {static_cast<int64_t>(batch.logits_indices.size())});
   return bt;
@@ -260,7 +320,7 @@ void CpuBackend::attention(const Tensor& q, const LayerKv& kv, const AttentionSh
         const int32_t q_len = fb.query_len(b), kv_len = fb.kv_lens[b];
         const int32_t i = static_cast<int32_t>(t) - fb.query_start[b];
         const int32_t visible = kv_len - q_len + i + 1;  // keys 0 .. position
-        const int32_t* pages = fb.page_table.data() + b * fb.max_pages_per_seq;
+        const int32_t* pages = batch.page_table.ptr<int32_t>() + b * fb.max_pages_per_seq;
         const int64_t kvh = h / group;
         const float* qv = q.ptr<float>() + (t * Hq + h) * D;
         scores.resize(static_cast<size_t>(std::max(visible, 0)));

@@ -29,6 +29,9 @@ class CpuBackend : public Backend {
   std::vector<float> download_f32(const Tensor& src) override;
   void fill(Tensor& t, float value) override;
   BatchTensors upload_batch(const ForwardBatch& batch) override;
+  bool supports_persistent_page_table() const override { return true; }
+  void reserve_batch(int32_t max_tokens, int32_t max_seqs, int32_t max_pages_per_seq,
+                     int32_t max_rows) override;
 
   void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
@@ -44,6 +47,19 @@ class CpuBackend : public Backend {
                  Tensor& out) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) override;
+
+ private:
+  /// Applies a persistent batch's updates to table_ (made zero-filled on first use) and
+  /// gathers its rows into batch_rows_.
+  void update_persistent_table(const ForwardBatch& batch);
+
+  // The persistent page table, [table_rows_, table_width_], kept across batches.
+  std::vector<int32_t> table_;
+  int32_t table_rows_ = 0;
+  int32_t table_width_ = 0;
+  // Rows seq_slots[b] of table_ for the current batch, [B, table_width_]. Its capacity is
+  // reserved by reserve_batch() so that its address stays fixed for recorded graphs.
+  std::vector<int32_t> batch_rows_;
 };
 
 /// RoPE inverse frequencies as transformers computes them for Qwen3 (float32):

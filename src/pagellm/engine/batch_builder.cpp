@@ -4,8 +4,11 @@
 
 namespace pagellm {
 
-ForwardBatch build_forward_batch(const SchedulerOutput& out, const PageTable& page_table,
-                                 int32_t page_size) {
+namespace {
+
+// Everything but the page table: tokens, positions, slots, offsets, lengths, logits rows.
+ForwardBatch build_batch_without_table(const SchedulerOutput& out, const PageTable& page_table,
+                                       int32_t page_size) {
   PAGELLM_CHECK(page_size >= 1) << "page_size must be at least 1, got " << page_size;
   ForwardBatch batch;
   batch.page_size = page_size;
@@ -16,7 +19,6 @@ ForwardBatch build_forward_batch(const SchedulerOutput& out, const PageTable& pa
   batch.slot_mapping.reserve(static_cast<size_t>(out.num_tokens));
   batch.query_start.reserve(num_seqs + 1);
   batch.kv_lens.reserve(num_seqs);
-  batch.page_table.reserve(num_seqs * static_cast<size_t>(batch.max_pages_per_seq));
   batch.query_start.push_back(0);
 
   for (const ScheduledSeq& s : out.scheduled) {
@@ -36,10 +38,33 @@ ForwardBatch build_forward_batch(const SchedulerOutput& out, const PageTable& pa
     }
     batch.query_start.push_back(batch.num_tokens());
     batch.kv_lens.push_back(end);
-    const int32_t* row = page_table.row(seq.slot);
-    batch.page_table.insert(batch.page_table.end(), row, row + batch.max_pages_per_seq);
     if (s.samples) batch.logits_indices.push_back(batch.num_tokens() - 1);
   }
+  return batch;
+}
+
+}  // namespace
+
+ForwardBatch build_forward_batch(const SchedulerOutput& out, const PageTable& page_table,
+                                 int32_t page_size) {
+  ForwardBatch batch = build_batch_without_table(out, page_table, page_size);
+  batch.page_table.reserve(out.scheduled.size() * static_cast<size_t>(batch.max_pages_per_seq));
+  for (const ScheduledSeq& s : out.scheduled) {
+    const int32_t* row = page_table.row(s.seq->slot);
+    batch.page_table.insert(batch.page_table.end(), row, row + batch.max_pages_per_seq);
+  }
+  return batch;
+}
+
+ForwardBatch build_persistent_forward_batch(const SchedulerOutput& out, PageTable& page_table,
+                                            int32_t page_size) {
+  ForwardBatch batch = build_batch_without_table(out, page_table, page_size);
+  // An empty step uploads nothing, so its changes stay pending for the next batch.
+  if (out.scheduled.empty()) return batch;
+  batch.page_table_rows = page_table.max_slots();
+  batch.seq_slots.reserve(out.scheduled.size());
+  for (const ScheduledSeq& s : out.scheduled) batch.seq_slots.push_back(s.seq->slot);
+  page_table.take_updates(&batch.page_table_updates, &batch.page_table_values);
   return batch;
 }
 

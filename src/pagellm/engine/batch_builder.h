@@ -10,8 +10,8 @@
 
 namespace pagellm {
 
-/// Builds the host metadata of the step `out` plans. Call between schedule() and
-/// on_step_done(): it reads each sequence's num_computed before the step.
+/// Builds the host metadata of the step `out` plans, with a dense page table. Call between
+/// schedule() and on_step_done(): it reads each sequence's num_computed before the step.
 ///
 /// For scheduled sequence b with c = num_computed and n new tokens: token_ids and
 /// positions are token_at(c .. c+n-1) and c .. c+n-1; slot_mapping[t] = page * page_size +
@@ -21,6 +21,14 @@ namespace pagellm {
 /// to the r-th sampling sequence, as on_step_done() expects.
 ForwardBatch build_forward_batch(const SchedulerOutput& out, const PageTable& page_table,
                                  int32_t page_size);
+
+/// The same batch with the persistent page table instead of the dense one: seq_slots[b] is
+/// the sequence's row (seq->slot), page_table_rows is the table's max_slots, and
+/// page_table_updates / page_table_values are the entries changed since the previous call
+/// (PageTable::take_updates, which marks them uploaded: pass the batch to the backend).
+/// For an empty step it takes nothing and returns a batch without a table.
+ForwardBatch build_persistent_forward_batch(const SchedulerOutput& out, PageTable& page_table,
+                                            int32_t page_size);
 
 /// One SamplingRow per sampling sequence of `out`, in the order of logits_indices.
 /// The rows point into the sequences, so they stay valid until on_step_done().

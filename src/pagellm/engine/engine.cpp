@@ -4,15 +4,39 @@
 #include <chrono>
 
 #include "pagellm/common/random.h"
-#include "pagellm/engine/batch_builder.h"
-#include "pagellm/sampling/sampler.h"
 
 namespace pagellm {
+
 Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> model,
                const EngineConfig& config)
-    : config_(config), backend_(std::move(backend)), model_(std::move(model)) {
-  const Qwen3Config& mc = model_->config();
-  backend_->set_attention_backend(config_.attention_backend);
+    : config_(config) {
+  try {
+    backend->set_attention_backend(config_.attention_backend);
+    resolve_config(model->config());
+  } catch (...) {
+    model.reset();  // its buffers belong to the backend: free them while it exists
+    throw;
+  }
+
+  ModelRunnerConfig rc;
+  rc.page_size = config_.page_size;
+  rc.num_pages = config_.num_pages;
+  rc.kv_cache_bytes = config_.kv_cache_bytes;
+  rc.max_num_seqs = config_.max_num_seqs;
+  rc.max_num_batched_tokens = config_.max_num_batched_tokens;
+  rc.max_model_len = config_.max_model_len;
+  rc.max_pages_per_seq = scheduler_config_.max_pages_per_seq;
+  rc.page_table_rows = config_.max_num_seqs + 1;  // row 0 is the padding row
+  rc.use_graphs = config_.use_graphs;
+  rc.graph_buckets = config_.graph_buckets;
+  runner_ = std::make_unique<ModelRunner>(std::move(backend), std::move(model), rc);
+  kv_cache_ = std::make_unique<KvCacheManager>(static_cast<int32_t>(runner_->num_pages()),
+                                               config_.page_size, rc.page_table_rows,
+                                               rc.max_pages_per_seq);
+  scheduler_ = std::make_unique<Scheduler>(scheduler_config_, *kv_cache_);
+}
+
+void Engine::resolve_config(const Qwen3Config& mc) {
   PAGELLM_CHECK(config_.page_size > 0 && config_.page_size <= 1024)
       << "page size must be in [1, 1024], got " << config_.page_size;
   PAGELLM_CHECK(config_.max_num_seqs > 0) << "max_num_seqs must be positive";
@@ -35,122 +59,6 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
   if (scheduler_config_.eos_token_ids.empty() && mc.eos_token_id >= 0) {
     scheduler_config_.eos_token_ids.push_back(static_cast<int32_t>(mc.eos_token_id));
   }
-
-  model_->reserve(config_.max_num_batched_tokens, config_.max_num_seqs);
-
-  // KV pages: all layers' K and V for one page.
-  const size_t page_bytes = 2 * static_cast<size_t>(mc.num_hidden_layers) *
-                            mc.num_key_value_heads * config_.page_size * mc.head_dim *
-                            dtype_size(backend_->kv_dtype());
-  int64_t pages = config_.num_pages;
-  if (pages <= 0) {
-    size_t budget = config_.kv_cache_bytes;
-    if (budget == 0) {
-      const size_t free = backend_->free_memory();
-      budget = backend_->name() == "cpu" ? std::min<size_t>(free / 4, size_t{4} << 30)
-                                         : static_cast<size_t>(free * 0.9);
-    }
-    pages = static_cast<int64_t>(budget / page_bytes);
-    // More than every sequence at full length is never useful.
-    const int64_t most = 1 + int64_t{config_.max_num_seqs} * scheduler_config_.max_pages_per_seq;
-    pages = std::min(pages, most);
-  }
-  if (config_.num_pages > 0) {
-    PAGELLM_CHECK(pages >= 2) << "num_pages must be at least 2 (page 0 is reserved), got "
-                              << pages;
-  } else {
-    PAGELLM_CHECK(pages >= 2) << "not enough memory for a KV cache: " << pages
-                              << " pages of " << page_bytes << " bytes fit (need at least 2; "
-                              << "lower the page size or free memory)";
-  }
-  PAGELLM_CHECK(pages <= (int64_t{1} << 31) / config_.page_size)
-      << "too many KV pages (" << pages << ") for 32-bit slot numbers";
-  allocate_kv(pages);
-
-  allocator_ = std::make_unique<PageAllocator>(static_cast<int32_t>(num_pages_));
-  page_table_ = std::make_unique<PageTable>(config_.max_num_seqs + 1,
-                                            scheduler_config_.max_pages_per_seq);
-  scheduler_ = std::make_unique<Scheduler>(scheduler_config_, *allocator_, *page_table_);
-  if (config_.use_graphs && backend_->supports_graphs()) capture_graphs();
-}
-
-std::vector<int32_t> Engine::graph_buckets() const {
-  std::vector<int32_t> b;
-  for (const auto& [size, g] : graphs_) b.push_back(size);
-  return b;
-}
-
-namespace {
-
-// A decode batch of `rows` rows, each a padding row: token 0 at position 0, KV length 1,
-// its slot in the reserved page 0 and the reserved page-table row (all zeros).
-void append_padding_rows(ForwardBatch& b, int32_t rows) {
-  for (int32_t r = 0; r < rows; ++r) {
-    const int32_t t = static_cast<int32_t>(b.token_ids.size());
-    b.token_ids.push_back(0);
-    b.positions.push_back(0);
-    b.slot_mapping.push_back(0);
-    b.query_start.push_back(t + 1);
-    b.kv_lens.push_back(1);
-    b.page_table.insert(b.page_table.end(), static_cast<size_t>(b.max_pages_per_seq), 0);
-    b.logits_indices.push_back(t);
-  }
-}
-
-}  // namespace
-
-void Engine::capture_graphs() {
-  std::vector<int32_t> buckets = config_.graph_buckets;
-  if (buckets.empty()) {
-    for (int32_t b : {1, 2, 4, 8, 16, 24, 32, 48, 64}) buckets.push_back(b);
-    for (int32_t b = 96; b <= config_.max_num_seqs + 31; b += 32) buckets.push_back(b);
-  }
-  const int32_t max_pages = scheduler_config_.max_pages_per_seq;
-  backend_->reserve_batch(config_.max_num_batched_tokens, config_.max_num_seqs, max_pages,
-                          config_.max_num_seqs);
-  for (int32_t bucket : buckets) {
-    if (bucket > config_.max_num_seqs) bucket = config_.max_num_seqs;
-    if (bucket <= 0 || graphs_.count(bucket)) continue;
-    ForwardBatch batch;
-    batch.page_size = config_.page_size;
-    batch.max_pages_per_seq = max_pages;
-    batch.query_start.push_back(0);
-    append_padding_rows(batch, bucket);
-    batch.kv_len_capacity = config_.max_model_len;
-    BatchTensors tensors = backend_->upload_batch(batch);
-    model_->forward(tensors, kv_);  // warm-up: plans, workspaces, library handles
-    backend_->synchronize();
-    backend_->begin_capture();
-    DecodeGraph g;
-    g.logits = model_->forward(tensors, kv_);
-    g.graph = backend_->end_capture();
-    graphs_[bucket] = std::move(g);
-  }
-  backend_->synchronize();
-}
-
-Tensor Engine::run_forward(ForwardBatch& batch, bool pure_decode,
-                           std::chrono::steady_clock::time_point step_start) {
-  auto launched = [&] {
-    stats_.host_gap_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
-  };
-  const int32_t rows = batch.num_seqs();
-  if (pure_decode && !graphs_.empty()) {
-    auto it = graphs_.lower_bound(rows);
-    if (it != graphs_.end()) {
-      append_padding_rows(batch, it->first - rows);
-      batch.kv_len_capacity = config_.max_model_len;
-      backend_->upload_batch(batch);
-      launched();
-      it->second.graph->replay();
-      ++stats_.graph_steps;
-      return it->second.logits.rows(0, rows);
-    }
-  }
-  BatchTensors tensors = backend_->upload_batch(batch);
-  launched();
-  return model_->forward(tensors, kv_);
 }
 
 Engine::~Engine() = default;
@@ -160,24 +68,6 @@ std::unique_ptr<Engine> Engine::create(const std::string& model_dir, const Engin
   std::unique_ptr<Backend> backend = create_backend(config.backend);
   std::unique_ptr<Qwen3Model> model = Qwen3Model::load(*backend, model_dir, progress);
   return std::make_unique<Engine>(std::move(backend), std::move(model), config);
-}
-
-void Engine::allocate_kv(int64_t num_pages) {
-  const Qwen3Config& mc = model_->config();
-  num_pages_ = num_pages;
-  const DType dt = backend_->kv_dtype();
-  const int64_t Hkv = mc.num_key_value_heads, P = config_.page_size, D = mc.head_dim;
-  const size_t bytes = static_cast<size_t>(num_pages * Hkv * P * D) * dtype_size(dt);
-  kv_.resize(static_cast<size_t>(mc.num_hidden_layers));
-  for (LayerKv& layer : kv_) {
-    kv_storage_.emplace_back(backend_.get(), bytes);
-    layer.k = kv_storage_.back().tensor(dt, {num_pages, Hkv, P, D});
-    kv_storage_.emplace_back(backend_.get(), bytes);
-    layer.v = kv_storage_.back().tensor(dt, {num_pages, Hkv, P, D});
-    // Defined contents everywhere: page 0 is read by padding lanes.
-    backend_->fill(layer.k, 0.0f);
-    backend_->fill(layer.v, 0.0f);
-  }
 }
 
 int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& params) {
@@ -197,7 +87,7 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& p
   } catch (const Error& e) {
     error = e.what();
   }
-  const int64_t vocab = model_->config().vocab_size;
+  const int64_t vocab = runner_->model().config().vocab_size;
   for (size_t i = 0; i < raw->prompt.size() && error.empty(); ++i) {
     if (raw->prompt[i] < 0 || raw->prompt[i] >= vocab) {
       error = "prompt token " + std::to_string(i) + " has id " + std::to_string(raw->prompt[i]) +
@@ -233,10 +123,10 @@ void Engine::release(int64_t id) {
 
 std::vector<int64_t> Engine::step() {
   using Clock = std::chrono::steady_clock;
-  const auto t_start = Clock::now();
-  std::vector<int64_t> done;
+  const auto start = Clock::now();
   SchedulerOutput out = scheduler_->schedule();
   stats_.preemptions += static_cast<int64_t>(out.preempted.size());
+  std::vector<int64_t> done;
   for (Sequence* s : out.finished) done.push_back(s->id);
   if (out.scheduled.empty()) {
     PAGELLM_ASSERT(!done.empty() || !scheduler_->has_unfinished())
@@ -244,35 +134,29 @@ std::vector<int64_t> Engine::step() {
         << " waiting and " << scheduler_->num_running() << " running requests";
     return done;
   }
-  ForwardBatch batch = build_forward_batch(out, *page_table_, config_.page_size);
-  bool pure_decode = true;
+  count_tokens(out);
+
+  ModelRunner::StepResult result = runner_->run(out, kv_cache_->page_table());
+  stats_.graph_steps += result.replayed_graph ? 1 : 0;
+  stats_.page_table_entries_uploaded += result.page_table_entries;
+
+  for (Sequence* s : scheduler_->on_step_done(out, result.sampled)) done.push_back(s->id);
+  ++stats_.steps;
+  // Host time while the device waits: before the launch, and after the tokens arrived.
+  const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  stats_.host_gap_seconds +=
+      seconds(result.launched - start) + seconds(Clock::now() - result.sampled_at);
+  return done;
+}
+
+void Engine::count_tokens(const SchedulerOutput& out) {
   for (const ScheduledSeq& s : out.scheduled) {
-    pure_decode = pure_decode && s.num_new_tokens == 1 && s.samples;
     if (s.seq->num_computed + s.num_new_tokens > static_cast<int32_t>(s.seq->prompt.size())) {
       stats_.decode_tokens += s.num_new_tokens;
     } else {
       stats_.prefill_tokens += s.num_new_tokens;
     }
   }
-  Tensor logits = run_forward(batch, pure_decode, t_start);
-  std::vector<SamplingRow> rows = build_sampling_rows(out);
-  if (logits_hook_) {
-    const std::vector<float> host = backend_->download_f32(logits);
-    const int64_t vocab = model_->config().vocab_size;
-    size_t r = 0;
-    for (const ScheduledSeq& s : out.scheduled) {
-      if (!s.samples) continue;
-      logits_hook_(s.seq->id, static_cast<int64_t>(s.seq->output.size()),
-                   host.data() + r * vocab, vocab);
-      ++r;
-    }
-  }
-  std::vector<SampledToken> sampled = backend_->sample(logits, rows);
-  const auto t_sampled = Clock::now();
-  for (Sequence* s : scheduler_->on_step_done(out, sampled)) done.push_back(s->id);
-  ++stats_.steps;
-  stats_.host_gap_seconds += std::chrono::duration<double>(Clock::now() - t_sampled).count();
-  return done;
 }
 
 std::vector<const Sequence*> Engine::generate(const std::vector<std::vector<int32_t>>& prompts,

@@ -1,5 +1,5 @@
-// The engine: owns the backend, the model, the KV pools, the page bookkeeping and the
-// scheduler, and turns requests into tokens one step at a time (continuous batching).
+// The engine: the composition of the requests, the scheduler, the KV cache manager and the
+// model runner; it turns requests into tokens one step at a time (continuous batching).
 #pragma once
 
 #include <chrono>
@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "pagellm/backend/backend.h"
+#include "pagellm/engine/model_runner.h"
 #include "pagellm/engine/scheduler.h"
 #include "pagellm/engine/sequence.h"
-#include "pagellm/kv/page_allocator.h"
-#include "pagellm/kv/page_table.h"
+#include "pagellm/kv/kv_cache_manager.h"
 #include "pagellm/model/qwen3.h"
 
 namespace pagellm {
@@ -49,11 +49,19 @@ struct EngineStats {
   int64_t decode_tokens = 0;
   int64_t preemptions = 0;
   int64_t graph_steps = 0;  // decode steps that replayed a captured graph
+  /// Page-table entries sent to the backend: every row of every batch (padding rows
+  /// included) on the dense path; on the persistent path only the entries that changed,
+  /// about one per sequence every page_size decode steps.
+  int64_t page_table_entries_uploaded = 0;
   /// Host time per step while the device waits: scheduling, batch building and upload
   /// before the forward is launched, plus the bookkeeping after the sampled tokens arrive.
   double host_gap_seconds = 0.0;
 };
 
+/// The engine (nano-vllm's LLMEngine, vLLM v1's EngineCore): owns the requests, and
+/// composes the Scheduler (who runs), the KvCacheManager (pages and page-table rows) and
+/// the ModelRunner (backend, model, KV pools, graphs). Not thread-safe: one thread calls
+/// it. docs/design.md, "The engine step", states what one step does.
 class Engine {
  public:
   Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> model,
@@ -83,49 +91,35 @@ class Engine {
   /// Called after each forward pass with every sampled row's float32 logits on the host
   /// (request id, index of the output token they produce, logits [vocab]). For tests and
   /// debugging: setting it costs a device-to-host copy of the logits each step.
-  using LogitsHook =
-      std::function<void(int64_t id, int64_t output_index, const float* logits, int64_t vocab)>;
-  void set_logits_hook(LogitsHook hook) { logits_hook_ = std::move(hook); }
+  using LogitsHook = ModelRunner::LogitsHook;
+  void set_logits_hook(LogitsHook hook) { runner_->set_logits_hook(std::move(hook)); }
 
   const EngineConfig& config() const { return config_; }
   const SchedulerConfig& scheduler_config() const { return scheduler_config_; }
   const EngineStats& stats() const { return stats_; }
-  Qwen3Model& model() { return *model_; }
-  Backend& backend() { return *backend_; }
-  const PageAllocator& allocator() const { return *allocator_; }
-  int64_t num_pages() const { return num_pages_; }
+  Qwen3Model& model() { return runner_->model(); }
+  Backend& backend() { return runner_->backend(); }
+  const PageAllocator& allocator() const { return kv_cache_->allocator(); }
+  int64_t num_pages() const { return runner_->num_pages(); }
   /// The captured decode buckets (empty without graphs).
-  std::vector<int32_t> graph_buckets() const;
+  std::vector<int32_t> graph_buckets() const { return runner_->graph_buckets(); }
   /// Checks page ownership: free + referenced == total, each page owned as counted.
   void check_invariants() const;
 
  private:
-  void allocate_kv(int64_t num_pages);
-  void capture_graphs();
-  /// Runs the forward pass of `batch`, through a captured graph when one fits; returns
-  /// the logits of the batch's logits rows.
-  Tensor run_forward(ForwardBatch& batch, bool pure_decode,
-                     std::chrono::steady_clock::time_point step_start);
+  /// Checks config_ and derives what it leaves at 0 (max_model_len) and scheduler_config_.
+  void resolve_config(const Qwen3Config& model_config);
+  /// Adds the step's computed tokens to the prefill and decode counters.
+  void count_tokens(const SchedulerOutput& out);
 
   EngineConfig config_;
-  std::unique_ptr<Backend> backend_;
-  std::unique_ptr<Qwen3Model> model_;
   SchedulerConfig scheduler_config_;
-  int64_t num_pages_ = 0;
-  std::vector<DeviceBuffer> kv_storage_;
-  std::vector<LayerKv> kv_;
-  std::unique_ptr<PageAllocator> allocator_;
-  std::unique_ptr<PageTable> page_table_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<KvCacheManager> kv_cache_;
   std::unique_ptr<Scheduler> scheduler_;
   std::map<int64_t, std::unique_ptr<Sequence>> requests_;
   int64_t next_id_ = 1;
   EngineStats stats_;
-  LogitsHook logits_hook_;
-  struct DecodeGraph {
-    std::unique_ptr<RecordedGraph> graph;
-    Tensor logits;  // [bucket, V] in the model's workspace
-  };
-  std::map<int32_t, DecodeGraph> graphs_;  // by bucket size
 };
 
 }  // namespace pagellm

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <sstream>
-#include <unordered_set>
 #include <utility>
 
 #include "pagellm/common/check.h"
@@ -23,8 +22,8 @@ int32_t SchedulerOutput::num_sampling() const {
   return n;
 }
 
-Scheduler::Scheduler(SchedulerConfig config, PageAllocator& allocator, PageTable& page_table)
-    : config_(std::move(config)), allocator_(allocator), page_table_(page_table) {
+Scheduler::Scheduler(SchedulerConfig config, KvCacheManager& kv)
+    : config_(std::move(config)), kv_(kv) {
   PAGELLM_CHECK(config_.max_num_seqs >= 1)
       << "max_num_seqs must be at least 1, got " << config_.max_num_seqs;
   PAGELLM_CHECK(config_.max_num_batched_tokens >= config_.max_num_seqs)
@@ -42,14 +41,13 @@ Scheduler::Scheduler(SchedulerConfig config, PageAllocator& allocator, PageTable
     config_.max_pages_per_seq =
         (config_.max_model_len + config_.page_size - 1) / config_.page_size;
   }
-  PAGELLM_CHECK(page_table_.max_pages_per_seq() == config_.max_pages_per_seq)
-      << "the page table holds " << page_table_.max_pages_per_seq()
+  PAGELLM_CHECK(kv_.max_pages_per_seq() == config_.max_pages_per_seq)
+      << "the page table holds " << kv_.max_pages_per_seq()
       << " pages per sequence but the scheduler is configured for " << config_.max_pages_per_seq
       << " (ceil(max_model_len / page_size) unless set explicitly)";
-}
-
-int32_t Scheduler::pages_for(int32_t num_tokens) const {
-  return (num_tokens + config_.page_size - 1) / config_.page_size;
+  PAGELLM_CHECK(kv_.page_size() == config_.page_size)
+      << "the KV cache manager has pages of " << kv_.page_size()
+      << " tokens but the scheduler is configured for " << config_.page_size;
 }
 
 std::string Scheduler::rejection_reason(const Sequence& seq) const {
@@ -88,9 +86,9 @@ std::string Scheduler::rejection_reason(const Sequence& seq) const {
         << " pages; lower max_tokens or shorten the prompt";
     return why.str();
   }
-  if (max_pages > allocator_.num_usable()) {
+  if (max_pages > kv_.num_usable_pages()) {
     describe();
-    why << " but the KV cache has only " << allocator_.num_usable()
+    why << " but the KV cache has only " << kv_.num_usable_pages()
         << " pages; lower max_tokens, shorten the prompt or give the KV cache more memory";
     return why.str();
   }
@@ -119,26 +117,10 @@ bool Scheduler::add(Sequence* seq) {
   return true;
 }
 
-bool Scheduler::grow(Sequence* seq, int32_t num_tokens) {
-  const int32_t have = static_cast<int32_t>(seq->pages.size());
-  const int32_t need = pages_for(num_tokens) - have;
-  if (need <= 0) return true;
-  if (!allocator_.allocate(need, &seq->pages)) return false;
-  for (int32_t b = have; b < have + need; ++b) page_table_.set(seq->slot, b, seq->pages[b]);
-  return true;
-}
-
-void Scheduler::free_resources(Sequence* seq) {
-  allocator_.release(seq->pages);
-  seq->pages.clear();
-  if (seq->slot != 0) page_table_.release(seq->slot);
-  seq->slot = 0;
-}
-
 void Scheduler::preempt_last_running(SchedulerOutput* out) {
   Sequence* victim = running_.back();
   running_.pop_back();
-  free_resources(victim);
+  kv_.free(*victim);
   victim->num_computed = 0;
   victim->status = SequenceStatus::kWaiting;
   ++victim->num_preemptions;
@@ -152,7 +134,7 @@ void Scheduler::finish(Sequence* seq, FinishReason reason) {
   } else {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), seq));
   }
-  free_resources(seq);
+  kv_.free(*seq);
   seq->status = SequenceStatus::kFinished;
   seq->finish_reason = reason;
   unfinished_.erase(seq->id);
@@ -175,10 +157,10 @@ SchedulerOutput Scheduler::schedule() {
     PAGELLM_ASSERT(remaining >= 1) << "running request " << seq->id << " has nothing to compute";
     const int32_t n = std::min(remaining, budget);
     const int32_t target = seq->num_computed + n;
-    bool fits = grow(seq, target);
+    bool fits = kv_.allocate(*seq, n);
     while (!fits && running_.size() > i + 1) {
       preempt_last_running(&out);
-      fits = grow(seq, target);
+      fits = kv_.allocate(*seq, n);
     }
     if (fits) {
       out.scheduled.push_back({seq, n, target == seq->num_tokens()});
@@ -189,10 +171,10 @@ SchedulerOutput Scheduler::schedule() {
     } else {
       // Alone and still short: only possible when pages are held outside the scheduler
       // (add() rejects any request that cannot fit the whole pool). Report, do not spin.
-      const int32_t need = pages_for(target) - static_cast<int32_t>(seq->pages.size());
+      const int32_t need = kv_.pages_needed(*seq, n);
       std::ostringstream why;
       why << "request " << seq->id << " needs " << need << " more KV-cache pages but only "
-          << allocator_.num_free() << " of " << allocator_.num_usable()
+          << kv_.num_free_pages() << " of " << kv_.num_usable_pages()
           << " are free and no other request is running (pages are held outside the "
              "scheduler)";
       seq->error = why.str();
@@ -207,17 +189,17 @@ SchedulerOutput Scheduler::schedule() {
   if (out.preempted.empty()) {
     while (!waiting_.empty() && budget > 0 &&
            static_cast<int32_t>(running_.size()) < config_.max_num_seqs &&
-           page_table_.num_free_rows() > 0) {
+           kv_.num_free_rows() > 0) {
       Sequence* seq = waiting_.front();
       const int32_t n = std::min(seq->num_tokens(), budget);
-      const int32_t need = pages_for(n);
-      if (!allocator_.can_allocate(need)) {
+      if (!kv_.can_allocate(*seq, n)) {
         if (!running_.empty()) break;  // pages come back as running requests finish
         // Nothing runs that could free pages: the missing pages are held outside the
         // scheduler. Report instead of returning empty steps forever.
         std::ostringstream why;
-        why << "request " << seq->id << " needs " << need << " KV-cache pages to start but only "
-            << allocator_.num_free() << " of " << allocator_.num_usable()
+        why << "request " << seq->id << " needs " << kv_.pages_needed(*seq, n)
+            << " KV-cache pages to start but only " << kv_.num_free_pages() << " of "
+            << kv_.num_usable_pages()
             << " are free and no request is running (pages are held outside the scheduler)";
         seq->error = why.str();
         finish(seq, FinishReason::kError);
@@ -225,10 +207,8 @@ SchedulerOutput Scheduler::schedule() {
         continue;
       }
       waiting_.pop_front();
-      seq->slot = page_table_.acquire();
-      PAGELLM_ASSERT(seq->slot > 0) << "no free page-table row";
-      const bool grown = grow(seq, n);
-      PAGELLM_ASSERT(grown) << "pages checked free but allocation failed";
+      const bool allocated = kv_.allocate(*seq, n);
+      PAGELLM_ASSERT(allocated) << "a row and pages checked free but allocation failed";
       seq->status = SequenceStatus::kRunning;
       running_.push_back(seq);
       out.scheduled.push_back({seq, n, n == seq->num_tokens()});
@@ -298,41 +278,30 @@ bool Scheduler::abort(int64_t id) {
 
 void Scheduler::check_invariants(
     const std::vector<const std::vector<int32_t>*>& extra_owners) const {
-  std::vector<const std::vector<int32_t>*> owners = extra_owners;
-  for (const Sequence* seq : running_) owners.push_back(&seq->pages);
-  allocator_.check_invariants(owners);
-  page_table_.check_invariants();
+  std::vector<const KvSequence*> holders(running_.begin(), running_.end());
+  kv_.check_invariants(holders, extra_owners);
 
   PAGELLM_ASSERT(static_cast<int32_t>(running_.size()) <= config_.max_num_seqs)
       << running_.size() << " running sequences exceed max_num_seqs " << config_.max_num_seqs;
-  PAGELLM_ASSERT(page_table_.num_used_rows() == static_cast<int32_t>(running_.size()))
-      << page_table_.num_used_rows() << " page-table rows in use for " << running_.size()
+  PAGELLM_ASSERT(kv_.num_used_rows() == static_cast<int32_t>(running_.size()))
+      << kv_.num_used_rows() << " page-table rows in use for " << running_.size()
       << " running sequences";
   PAGELLM_ASSERT(unfinished_.size() == running_.size() + waiting_.size())
       << unfinished_.size() << " unfinished requests but " << running_.size() << " running and "
       << waiting_.size() << " waiting";
 
-  std::unordered_set<int32_t> slots;
   for (const Sequence* seq : running_) {
     auto it = unfinished_.find(seq->id);
     PAGELLM_ASSERT(it != unfinished_.end() && it->second == seq)
         << "running request " << seq->id << " is not registered";
     PAGELLM_ASSERT(seq->status == SequenceStatus::kRunning)
         << "request " << seq->id << " is in the running list but not running";
-    PAGELLM_ASSERT(page_table_.in_use(seq->slot) && slots.insert(seq->slot).second)
-        << "request " << seq->id << " does not own its page-table row " << seq->slot;
+    PAGELLM_ASSERT(seq->slot != 0) << "running request " << seq->id << " has no row";
     const int32_t num_pages = static_cast<int32_t>(seq->pages.size());
-    PAGELLM_ASSERT(num_pages >= pages_for(seq->num_computed) &&
-                   num_pages <= pages_for(seq->num_tokens()))
+    PAGELLM_ASSERT(num_pages >= kv_.pages_for(seq->num_computed) &&
+                   num_pages <= kv_.pages_for(seq->num_tokens()))
         << "request " << seq->id << " holds " << num_pages << " pages for "
         << seq->num_computed << " computed of " << seq->num_tokens() << " tokens";
-    const int32_t* row = page_table_.row(seq->slot);
-    for (int32_t b = 0; b < config_.max_pages_per_seq; ++b) {
-      const int32_t expected = b < num_pages ? seq->pages[b] : 0;
-      PAGELLM_ASSERT(row[b] == expected)
-          << "page-table row " << seq->slot << " of request " << seq->id << " maps block " << b
-          << " to page " << row[b] << ", expected " << expected;
-    }
   }
   for (const Sequence* seq : waiting_) {
     auto it = unfinished_.find(seq->id);

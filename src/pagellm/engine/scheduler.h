@@ -2,8 +2,8 @@
 //
 // One step of the engine is:
 //   out = scheduler.schedule();                 // who runs, how many tokens, pages ready
-//   batch = build_forward_batch(out, ...);      // batch_builder.h
-//   sampled = model step + sampler;             // one token per `samples` entry, in order
+//   sampled = runner.run(out, page_table);      // model_runner.h: batch, forward, sampler;
+//                                               // one token per `samples` entry, in order
 //   scheduler.on_step_done(out, sampled);       // append tokens, retire finished requests
 // The contract (what each step guarantees, the preemption policy, the budget accounting)
 // is written out in docs/design.md.
@@ -16,8 +16,7 @@
 #include <vector>
 
 #include "pagellm/engine/sequence.h"
-#include "pagellm/kv/page_allocator.h"
-#include "pagellm/kv/page_table.h"
+#include "pagellm/kv/kv_cache_manager.h"
 
 namespace pagellm {
 
@@ -33,7 +32,7 @@ struct SchedulerConfig {
   /// Most tokens (prompt + output) of one sequence; a sequence stops when it reaches it.
   int32_t max_model_len = 4096;
   /// Capacity of one page-table row. 0: derived as ceil(max_model_len / page_size). Must
-  /// equal the PageTable's max_pages_per_seq.
+  /// equal the KV cache manager's max_pages_per_seq.
   int32_t max_pages_per_seq = 0;
   /// Tokens that end a request (unless its params.ignore_eos).
   std::vector<int32_t> eos_token_ids;
@@ -71,15 +70,17 @@ struct SchedulerOutput {
   int32_t num_sampling() const;
 };
 
-/// FIFO continuous-batching scheduler over a PageAllocator and a PageTable it uses
-/// exclusively. Holds pointers to Sequences owned by the engine; a sequence must outlive
-/// its time in the scheduler (until it is finished and any step that scheduled it is
-/// done). Not thread-safe: call everything from the engine's thread.
+/// FIFO continuous-batching scheduler. It decides who runs and with how many tokens; it
+/// asks the KvCacheManager (which it uses exclusively) whether pages and rows are there
+/// and to hand them out or take them back. Holds pointers to Sequences owned by the
+/// engine; a sequence must outlive its time in the scheduler (until it is finished and any
+/// step that scheduled it is done). Not thread-safe: call everything from the engine's
+/// thread.
 class Scheduler {
  public:
   /// Throws Error for a non-positive limit, max_num_batched_tokens < max_num_seqs, or a
-  /// page table whose row capacity differs from the config's max_pages_per_seq.
-  Scheduler(SchedulerConfig config, PageAllocator& allocator, PageTable& page_table);
+  /// manager whose page size or row capacity differs from the config's.
+  Scheduler(SchedulerConfig config, KvCacheManager& kv);
 
   /// Queues a new request (status kWaiting, no output, nothing computed). A request that
   /// can never run (empty prompt, prompt of max_model_len tokens or more, max_tokens < 1,
@@ -115,30 +116,22 @@ class Scheduler {
   const std::deque<Sequence*>& waiting() const { return waiting_; }
   const SchedulerConfig& config() const { return config_; }
 
-  /// Verifies the whole bookkeeping: the allocator's and page table's own invariants;
-  /// every allocated page referenced exactly refcount times by the running sequences'
-  /// page lists plus `extra_owners` (pages held outside the scheduler); each running
-  /// sequence has its own row, whose entries equal its pages (then zeros), and pages for
-  /// at least num_computed and at most num_tokens() tokens; waiting sequences hold no
-  /// pages, no row and nothing computed. Throws Error naming the first violation.
+  /// Verifies the whole bookkeeping: the KV cache manager's invariants over the running
+  /// sequences (every allocated page referenced exactly refcount times by their page
+  /// lists plus `extra_owners`, pages held outside the scheduler; each has its own row,
+  /// equal to its pages then zeros); running sequences hold pages for at least
+  /// num_computed and at most num_tokens() tokens; waiting sequences hold no pages, no
+  /// row and nothing computed. Throws Error naming the first violation.
   void check_invariants(const std::vector<const std::vector<int32_t>*>& extra_owners = {}) const;
 
  private:
-  /// Pages needed to hold the K/V of the first `num_tokens` tokens.
-  int32_t pages_for(int32_t num_tokens) const;
-  /// Allocates pages so that seq covers `num_tokens` tokens; false (nothing changed) if
-  /// the pool has too few free pages.
-  bool grow(Sequence* seq, int32_t num_tokens);
-  /// Frees pages and row and resets progress; the caller requeues.
-  void free_resources(Sequence* seq);
   void preempt_last_running(SchedulerOutput* out);
   void finish(Sequence* seq, FinishReason reason);
   /// Why a new request can never run, or "" if it can.
   std::string rejection_reason(const Sequence& seq) const;
 
   SchedulerConfig config_;
-  PageAllocator& allocator_;
-  PageTable& page_table_;
+  KvCacheManager& kv_;
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;
   std::unordered_map<int64_t, Sequence*> unfinished_;  // id -> sequence, waiting or running

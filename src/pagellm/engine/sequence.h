@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "pagellm/kv/kv_cache_manager.h"
 #include "pagellm/sampling/sampling_params.h"
 
 namespace pagellm {
@@ -23,9 +24,12 @@ enum class FinishReason {
 const char* finish_reason_name(FinishReason r);
 
 /// One generation request and its progress. Owned by the engine; the scheduler holds
-/// pointers. Tokens are the prompt followed by the output.
-struct Sequence {
-  int64_t id = 0;
+/// pointers. Tokens are the prompt followed by the output. The KvSequence part (id,
+/// num_computed, pages, slot) is what the KV cache manager reads and writes: num_computed
+/// counts the tokens whose K/V are in the cache (it drops to 0 after a preemption, and the
+/// prompt and output so far are recomputed); pages and slot are the sequence's pages and
+/// page-table row while it runs, and empty and 0 otherwise.
+struct Sequence : KvSequence {
   std::vector<int32_t> prompt;
   std::vector<int32_t> output;
   std::vector<SampledToken> sampled;  // one per output token, with log-probabilities
@@ -36,13 +40,6 @@ struct Sequence {
   FinishReason finish_reason = FinishReason::kNone;
   std::string error;  // set with FinishReason::kError
 
-  /// Tokens whose K/V are in the cache. After a preemption this drops to 0 and the prompt
-  /// and output so far are recomputed.
-  int32_t num_computed = 0;
-  /// Physical pages of the sequence's logical blocks, in order.
-  std::vector<int32_t> pages;
-  /// Row of the page table while running; 0 (the reserved row) otherwise.
-  int32_t slot = 0;
   int32_t num_preemptions = 0;
 
   int32_t num_tokens() const { return static_cast<int32_t>(prompt.size() + output.size()); }

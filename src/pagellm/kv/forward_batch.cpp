@@ -16,6 +16,65 @@ int32_t ForwardBatch::max_kv_len() const {
   return m;
 }
 
+namespace {
+
+// The persistent table's own fields: slots, rows, updates and their value count.
+void validate_persistent_fields(const ForwardBatch& b) {
+  const int32_t B = b.num_seqs(), rows = b.page_table_rows;
+  PAGELLM_CHECK(b.page_table.empty())
+      << "forward batch: a batch with seq_slots (the persistent page table) must leave the "
+         "dense page_table empty, got "
+      << b.page_table.size() << " entries";
+  PAGELLM_CHECK(b.seq_slots.size() == static_cast<size_t>(B))
+      << "forward batch: seq_slots has " << b.seq_slots.size() << " entries for " << B
+      << " sequences";
+  PAGELLM_CHECK(rows >= 1) << "forward batch: page_table_rows must be at least 1 (row 0 is "
+                              "the padding row), got "
+                           << rows;
+  for (int32_t s = 0; s < B; ++s) {
+    PAGELLM_CHECK(b.seq_slots[s] >= 0 && b.seq_slots[s] < rows)
+        << "forward batch: sequence " << s << " reads page-table row " << b.seq_slots[s]
+        << ", outside the table's rows 0.." << rows - 1;
+  }
+  size_t values = 0;
+  for (size_t u = 0; u < b.page_table_updates.size(); ++u) {
+    const PageTableUpdate& up = b.page_table_updates[u];
+    PAGELLM_CHECK(up.row >= 1 && up.row < rows)
+        << "forward batch: page-table update " << u << " writes row " << up.row
+        << "; rows 1.." << rows - 1 << " can be written (row 0 stays all zeros)";
+    PAGELLM_CHECK(up.begin >= 0 && up.begin < up.end && up.end <= b.max_pages_per_seq)
+        << "forward batch: page-table update " << u << " writes entries [" << up.begin << ", "
+        << up.end << ") of a row of " << b.max_pages_per_seq
+        << " (need 0 <= begin < end <= max_pages_per_seq)";
+    values += static_cast<size_t>(up.end - up.begin);
+  }
+  PAGELLM_CHECK(values == b.page_table_values.size())
+      << "forward batch: page-table updates cover " << values << " entries but "
+      << b.page_table_values.size() << " values are given";
+  for (int32_t v : b.page_table_values) {
+    PAGELLM_CHECK(v >= 0) << "forward batch: page-table value " << v << " is negative";
+  }
+}
+
+}  // namespace
+
+void ForwardBatch::validate(const std::vector<int32_t>& table) const {
+  validate();
+  if (!persistent_page_table()) return;
+  PAGELLM_CHECK(table.size() == static_cast<size_t>(page_table_rows) * max_pages_per_seq)
+      << "forward batch: the page table to check against has " << table.size()
+      << " entries, expected " << page_table_rows << " x " << max_pages_per_seq;
+  for (int32_t b = 0; b < num_seqs(); ++b) {
+    const size_t row = static_cast<size_t>(seq_slots[b]) * max_pages_per_seq;
+    for (int32_t t = query_start[b]; t < query_start[b + 1]; ++t) {
+      const int32_t page = table[row + positions[t] / page_size];
+      PAGELLM_CHECK(page > 0 && slot_mapping[t] == page * page_size + positions[t] % page_size)
+          << "forward batch: token " << t << " slot " << slot_mapping[t]
+          << " disagrees with page-table row " << seq_slots[b] << " (page " << page << ")";
+    }
+  }
+}
+
 void ForwardBatch::validate() const {
   const int32_t T = num_tokens(), B = num_seqs();
   PAGELLM_CHECK(page_size > 0) << "forward batch: page_size must be positive";
@@ -24,9 +83,13 @@ void ForwardBatch::validate() const {
   PAGELLM_CHECK(query_start.size() == static_cast<size_t>(B) + 1)
       << "forward batch: query_start has " << query_start.size() << " entries for " << B
       << " sequences";
-  PAGELLM_CHECK(page_table.size() == static_cast<size_t>(B) * max_pages_per_seq)
-      << "forward batch: page table has " << page_table.size() << " entries, expected "
-      << B << " x " << max_pages_per_seq;
+  if (persistent_page_table()) {
+    validate_persistent_fields(*this);
+  } else {
+    PAGELLM_CHECK(page_table.size() == static_cast<size_t>(B) * max_pages_per_seq)
+        << "forward batch: page table has " << page_table.size() << " entries, expected "
+        << B << " x " << max_pages_per_seq;
+  }
   PAGELLM_CHECK(query_start[0] == 0 && query_start[B] == T)
       << "forward batch: query offsets must run from 0 to " << T;
   for (int32_t b = 0; b < B; ++b) {
@@ -40,6 +103,16 @@ void ForwardBatch::validate() const {
       const int32_t t = query_start[b] + i, pos = kv - q + i;
       PAGELLM_CHECK(positions[t] == pos) << "forward batch: token " << t << " has position "
                                          << positions[t] << ", expected " << pos;
+      if (persistent_page_table()) {
+        // The pages are in the persistent table (validate(table) checks them): here only
+        // that the slot is at pos's offset of a page other than the reserved page 0.
+        PAGELLM_CHECK(slot_mapping[t] >= page_size &&
+                      slot_mapping[t] % page_size == pos % page_size)
+            << "forward batch: token " << t << " at position " << pos << " has slot "
+            << slot_mapping[t] << ", which is not at offset " << pos % page_size
+            << " of a page other than 0";
+        continue;
+      }
       const int32_t page = page_table[b * max_pages_per_seq + pos / page_size];
       PAGELLM_CHECK(page > 0 && slot_mapping[t] == page * page_size + pos % page_size)
           << "forward batch: token " << t << " slot " << slot_mapping[t]

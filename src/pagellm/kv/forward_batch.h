@@ -26,6 +26,11 @@ struct PageTableUpdate {
 /// in physical page page_table[b * max_pages_per_seq + j]; unused entries are 0 (the
 /// reserved page). The K/V of token t is written to slot slot_mapping[t], that is page
 /// slot / page_size at offset slot % page_size.
+///
+/// The page table comes one of two ways: dense (`page_table`, B rows built for this batch;
+/// tests that build batches by hand, and backends without a persistent table) or
+/// persistent (`seq_slots` plus the entries changed since the previous batch; the engine's
+/// path when the backend supports it). See docs/design.md, "The persistent page table".
 struct ForwardBatch {
   int32_t page_size = 16;
   int32_t max_pages_per_seq = 0;
@@ -44,6 +49,14 @@ struct ForwardBatch {
   std::vector<PageTableUpdate> page_table_updates;   // in order; later runs overwrite earlier
   std::vector<int32_t> page_table_values;            // concatenated values of the updates
   std::vector<int32_t> logits_indices;  // [R] token rows whose logits are wanted
+  /// Persistent page table (the engine's path). When seq_slots is non-empty, sequence b's
+  /// logical block j lives in page table[seq_slots[b]][j] of a table of page_table_rows rows
+  /// that the backend keeps across steps and updates with page_table_updates before the
+  /// step; `page_table` above is then empty. Row 0 is the reserved all-zero row (padding).
+  std::vector<int32_t> seq_slots;                    // [B]
+  int32_t page_table_rows = 0;                       // rows of the persistent table
+  std::vector<PageTableUpdate> page_table_updates;   // in order; later runs overwrite earlier
+  std::vector<int32_t> page_table_values;            // concatenated values of the updates
   /// 0, or an upper bound of kv_lens over every replay of a graph captured with this batch:
   /// kernels then size their grids from it rather than from max_kv_len().
   int32_t kv_len_capacity = 0;
@@ -53,9 +66,18 @@ struct ForwardBatch {
   int32_t query_len(int b) const { return query_start[b + 1] - query_start[b]; }
   int32_t max_query_len() const;
   int32_t max_kv_len() const;
+  bool persistent_page_table() const { return !seq_slots.empty(); }
   /// Throws Error if the arrays disagree with each other (sizes, offsets, 0 < q <= kv,
-  /// positions, slots inside the pages the table gives, logits rows in range).
+  /// positions, slots inside the pages the table gives, logits rows in range). With a
+  /// persistent page table it checks the slots and updates (rows 1..page_table_rows-1,
+  /// inside a row, value counts), and of each token slot only that it lies at the right
+  /// offset of a page other than 0: the pages themselves are in the table, which the
+  /// overload below takes.
   void validate() const;
+  /// validate(), and with a persistent page table also that every token's slot lies in the
+  /// page that `table` ([page_table_rows * max_pages_per_seq], row-major: the engine's host
+  /// table, equal to the backend's copy once this batch's updates are applied) gives.
+  void validate(const std::vector<int32_t>& table) const;
 };
 
 /// Device-resident copies of a ForwardBatch's arrays (int32), plus the host original for

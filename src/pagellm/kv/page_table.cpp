@@ -15,6 +15,8 @@ PageTable::PageTable(int32_t max_slots, int32_t max_pages_per_seq)
       << "max_pages_per_seq must be at least 1, got " << max_pages_per_seq;
   entries_.assign(static_cast<size_t>(max_slots) * max_pages_per_seq, 0);
   in_use_.assign(static_cast<size_t>(max_slots), 0);
+  changed_begin_.assign(static_cast<size_t>(max_slots), 0);
+  changed_end_.assign(static_cast<size_t>(max_slots), 0);
   for (int32_t r = 1; r < max_slots; ++r) free_rows_.push(r);
 }
 
@@ -39,10 +41,29 @@ void PageTable::check_row_in_use(int32_t row, const char* what) const {
                               << ", which is not in use";
 }
 
+void PageTable::mark_changed(int32_t row, int32_t begin, int32_t end) {
+  if (changed_begin_[row] == changed_end_[row]) {
+    changed_rows_.push_back(row);
+    changed_begin_[row] = begin;
+    changed_end_[row] = end;
+    return;
+  }
+  changed_begin_[row] = std::min(changed_begin_[row], begin);
+  changed_end_[row] = std::max(changed_end_[row], end);
+}
+
 void PageTable::release(int32_t row) {
   check_row_in_use(row, "release");
-  auto begin = entries_.begin() + static_cast<ptrdiff_t>(row) * max_pages_per_seq_;
-  std::fill(begin, begin + max_pages_per_seq_, 0);
+  int32_t* entries = entries_.data() + static_cast<size_t>(row) * max_pages_per_seq_;
+  // Only the non-zero span needs zeroing in a persistent copy.
+  int32_t first = max_pages_per_seq_, last = -1;
+  for (int32_t b = 0; b < max_pages_per_seq_; ++b) {
+    if (entries[b] == 0) continue;
+    first = std::min(first, b);
+    last = b;
+    entries[b] = 0;
+  }
+  if (last >= 0) mark_changed(row, first, last + 1);
   in_use_[row] = 0;
   free_rows_.push(row);
 }
@@ -53,7 +74,32 @@ void PageTable::set(int32_t row, int32_t block, int32_t page) {
       << "logical block " << block << " is beyond the page table's capacity of "
       << max_pages_per_seq_ << " pages per sequence";
   PAGELLM_CHECK(page >= 0) << "page numbers are non-negative, got " << page;
-  entries_[static_cast<size_t>(row) * max_pages_per_seq_ + block] = page;
+  int32_t& entry = entries_[static_cast<size_t>(row) * max_pages_per_seq_ + block];
+  if (entry == page) return;
+  entry = page;
+  mark_changed(row, block, block + 1);
+}
+
+void PageTable::take_updates(std::vector<PageTableUpdate>* updates,
+                             std::vector<int32_t>* values) {
+  std::sort(changed_rows_.begin(), changed_rows_.end());
+  for (int32_t row : changed_rows_) {
+    PageTableUpdate u;
+    u.row = row;
+    u.begin = changed_begin_[row];
+    u.end = changed_end_[row];
+    updates->push_back(u);
+    const int32_t* entries = entries_.data() + static_cast<size_t>(row) * max_pages_per_seq_;
+    values->insert(values->end(), entries + u.begin, entries + u.end);
+    changed_begin_[row] = changed_end_[row] = 0;
+  }
+  changed_rows_.clear();
+}
+
+int32_t PageTable::num_pending_entries() const {
+  int32_t n = 0;
+  for (int32_t row : changed_rows_) n += changed_end_[row] - changed_begin_[row];
+  return n;
 }
 
 int32_t PageTable::get(int32_t row, int32_t block) const {

@@ -139,14 +139,7 @@ AttentionPlanRef AttentionDispatch::plan(const BatchTensors& batch, const Attent
   // replay (and never routes a ragged batch, whose arrays are uploaded per forward).
   const LaunchMode mode =
       host.kv_len_capacity > 0 || stream_capturing(stream_) ? LaunchMode::kGraph : LaunchMode::kEager;
-  AttentionBatchView view = batch_view(host);
-  // The persistent page table leaves ForwardBatch::page_table empty; the device table the
-  // kernels read is [B, max_pages_per_seq] all the same (gathered by upload_batch).
-  if (!host.seq_slots.empty()) {
-    view.page_table_size = static_cast<size_t>(host.num_seqs()) *
-                           static_cast<size_t>(std::max(host.max_pages_per_seq, 0));
-  }
-  r.plan = &r.planner->plan(r.domain, view, mode);
+  r.plan = &r.planner->plan(r.domain, batch_view(host), mode);
   r.serial = ++r.plans_made;
   ++r.stats.forwards_planned;
   r.pending_valid = r.plan->decided_by == static_cast<int>(AdmissionRule::kPlanReady);

@@ -1,0 +1,170 @@
+#include "pagellm/engine/model_runner.h"
+
+#include <algorithm>
+
+#include "pagellm/engine/batch_builder.h"
+
+namespace pagellm {
+
+ModelRunner::ModelRunner(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> model,
+                         const ModelRunnerConfig& config)
+    : config_(config), backend_(std::move(backend)), model_(std::move(model)) {
+  persistent_ = backend_->supports_persistent_page_table();
+  model_->reserve(config_.max_num_batched_tokens, config_.max_num_seqs);
+  allocate_kv(size_kv_cache());
+  if (config_.use_graphs && backend_->supports_graphs()) capture_graphs();
+}
+
+ModelRunner::~ModelRunner() = default;
+
+int64_t ModelRunner::size_kv_cache() const {
+  const Qwen3Config& mc = model_->config();
+  // KV pages: all layers' K and V for one page.
+  const size_t page_bytes = 2 * static_cast<size_t>(mc.num_hidden_layers) *
+                            mc.num_key_value_heads * config_.page_size * mc.head_dim *
+                            dtype_size(backend_->kv_dtype());
+  int64_t pages = config_.num_pages;
+  if (pages <= 0) {
+    size_t budget = config_.kv_cache_bytes;
+    if (budget == 0) {
+      const size_t free = backend_->free_memory();
+      budget = backend_->name() == "cpu" ? std::min<size_t>(free / 4, size_t{4} << 30)
+                                         : static_cast<size_t>(free * 0.9);
+    }
+    pages = static_cast<int64_t>(budget / page_bytes);
+    // More than every sequence at full length is never useful.
+    const int64_t most = 1 + int64_t{config_.max_num_seqs} * config_.max_pages_per_seq;
+    pages = std::min(pages, most);
+  }
+  if (config_.num_pages > 0) {
+    PAGELLM_CHECK(pages >= 2) << "num_pages must be at least 2 (page 0 is reserved), got "
+                              << pages;
+  } else {
+    PAGELLM_CHECK(pages >= 2) << "not enough memory for a KV cache: " << pages
+                              << " pages of " << page_bytes << " bytes fit (need at least 2; "
+                              << "lower the page size or free memory)";
+  }
+  PAGELLM_CHECK(pages <= (int64_t{1} << 31) / config_.page_size)
+      << "too many KV pages (" << pages << ") for 32-bit slot numbers";
+  return pages;
+}
+
+void ModelRunner::allocate_kv(int64_t num_pages) {
+  const Qwen3Config& mc = model_->config();
+  num_pages_ = num_pages;
+  const DType dt = backend_->kv_dtype();
+  const int64_t Hkv = mc.num_key_value_heads, P = config_.page_size, D = mc.head_dim;
+  const size_t bytes = static_cast<size_t>(num_pages * Hkv * P * D) * dtype_size(dt);
+  kv_.resize(static_cast<size_t>(mc.num_hidden_layers));
+  for (LayerKv& layer : kv_) {
+    kv_storage_.emplace_back(backend_.get(), bytes);
+    layer.k = kv_storage_.back().tensor(dt, {num_pages, Hkv, P, D});
+    kv_storage_.emplace_back(backend_.get(), bytes);
+    layer.v = kv_storage_.back().tensor(dt, {num_pages, Hkv, P, D});
+    // Defined contents everywhere: page 0 is read by padding lanes.
+    backend_->fill(layer.k, 0.0f);
+    backend_->fill(layer.v, 0.0f);
+  }
+}
+
+std::vector<int32_t> ModelRunner::graph_buckets() const {
+  std::vector<int32_t> b;
+  for (const auto& [size, g] : graphs_) b.push_back(size);
+  return b;
+}
+
+void ModelRunner::append_padding_rows(ForwardBatch& b, int32_t rows) const {
+  for (int32_t r = 0; r < rows; ++r) {
+    const int32_t t = static_cast<int32_t>(b.token_ids.size());
+    b.token_ids.push_back(0);
+    b.positions.push_back(0);
+    b.slot_mapping.push_back(0);
+    b.query_start.push_back(t + 1);
+    b.kv_lens.push_back(1);
+    if (persistent_) {
+      b.seq_slots.push_back(0);
+    } else {
+      b.page_table.insert(b.page_table.end(), static_cast<size_t>(b.max_pages_per_seq), 0);
+    }
+    b.logits_indices.push_back(t);
+  }
+}
+
+void ModelRunner::capture_graphs() {
+  std::vector<int32_t> buckets = config_.graph_buckets;
+  if (buckets.empty()) {
+    for (int32_t b : {1, 2, 4, 8, 16, 24, 32, 48, 64}) buckets.push_back(b);
+    for (int32_t b = 96; b <= config_.max_num_seqs + 31; b += 32) buckets.push_back(b);
+  }
+  backend_->reserve_batch(config_.max_num_batched_tokens, config_.max_num_seqs,
+                          config_.max_pages_per_seq, config_.max_num_seqs);
+  for (int32_t bucket : buckets) {
+    if (bucket > config_.max_num_seqs) bucket = config_.max_num_seqs;
+    if (bucket <= 0 || graphs_.count(bucket)) continue;
+    // Padding rows only: on the persistent path this first upload also makes the
+    // backend's table (all zeros, like the engine's), before any capture.
+    ForwardBatch batch;
+    batch.page_size = config_.page_size;
+    batch.max_pages_per_seq = config_.max_pages_per_seq;
+    if (persistent_) batch.page_table_rows = config_.page_table_rows;
+    batch.query_start.push_back(0);
+    append_padding_rows(batch, bucket);
+    batch.kv_len_capacity = config_.max_model_len;
+    BatchTensors tensors = backend_->upload_batch(batch);
+    model_->forward(tensors, kv_);  // warm-up: plans, workspaces, library handles
+    backend_->synchronize();
+    backend_->begin_capture();
+    DecodeGraph g;
+    g.logits = model_->forward(tensors, kv_);
+    g.graph = backend_->end_capture();
+    graphs_[bucket] = std::move(g);
+  }
+  backend_->synchronize();
+}
+
+Tensor ModelRunner::forward(ForwardBatch& batch, bool pure_decode, StepResult* result) {
+  const int32_t rows = batch.num_seqs();
+  auto graph = graphs_.end();
+  if (pure_decode) graph = graphs_.lower_bound(rows);
+  if (graph != graphs_.end()) {
+    append_padding_rows(batch, graph->first - rows);
+    batch.kv_len_capacity = config_.max_model_len;
+  }
+  result->page_table_entries = static_cast<int64_t>(
+      persistent_ ? batch.page_table_values.size() : batch.page_table.size());
+  BatchTensors tensors = backend_->upload_batch(batch);
+  result->launched = std::chrono::steady_clock::now();
+  if (graph == graphs_.end()) return model_->forward(tensors, kv_);
+  graph->second.graph->replay();
+  result->replayed_graph = true;
+  return graph->second.logits.rows(0, rows);
+}
+
+ModelRunner::StepResult ModelRunner::run(const SchedulerOutput& out, PageTable& page_table) {
+  PAGELLM_CHECK(!out.scheduled.empty()) << "ModelRunner::run() needs a non-empty step";
+  StepResult result;
+  ForwardBatch batch = persistent_
+                           ? build_persistent_forward_batch(out, page_table, config_.page_size)
+                           : build_forward_batch(out, page_table, config_.page_size);
+  bool pure_decode = true;
+  for (const ScheduledSeq& s : out.scheduled) {
+    pure_decode = pure_decode && s.num_new_tokens == 1 && s.samples;
+  }
+  Tensor logits = forward(batch, pure_decode, &result);
+  if (logits_hook_) {
+    const std::vector<float> host = backend_->download_f32(logits);
+    const int64_t vocab = model_->config().vocab_size;
+    size_t r = 0;
+    for (const ScheduledSeq& s : out.scheduled) {
+      if (!s.samples) continue;
+      logits_hook_(s.seq->id, static_cast<int64_t>(s.seq->output.size()),
+                   host.data() + r * vocab, vocab);
+      ++r;
+    }
+  }
+  result.sampled = backend_->sample(logits, build_sampling_rows(out));
+  result.sampled_at = std::chrono::steady_clock::now();
+  return result;
+}
+
+}  // namespace pagellm

@@ -1,0 +1,112 @@
+// The model runner: everything of a step that touches the device (nano-vllm's ModelRunner,
+// vLLM v1's GPUModelRunner). It owns the backend, the model, the KV pools and the decode
+// graphs; given a scheduler's plan it builds the batch, runs the forward pass (a captured
+// graph or eagerly) and samples.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pagellm/backend/backend.h"
+#include "pagellm/engine/scheduler.h"
+#include "pagellm/kv/page_table.h"
+#include "pagellm/model/qwen3.h"
+
+namespace pagellm {
+
+/// What the runner needs to size its pools, batches and graphs.
+struct ModelRunnerConfig {
+  int32_t page_size = 16;
+  /// Physical pages per layer, page 0 included. 0: sized from kv_cache_bytes.
+  int64_t num_pages = 0;
+  /// Bytes for all layers' K and V pools. 0: a share of the backend's free memory
+  /// (a quarter on the CPU, up to 4 GiB; 90 % on a GPU).
+  size_t kv_cache_bytes = 0;
+  int32_t max_num_seqs = 256;
+  int32_t max_num_batched_tokens = 2048;
+  int32_t max_model_len = 4096;
+  /// Capacity of a page-table row: ceil(max_model_len / page_size).
+  int32_t max_pages_per_seq = 0;
+  /// Rows of the engine's page table (max_num_seqs + 1: row 0 is the padding row).
+  int32_t page_table_rows = 0;
+  bool use_graphs = true;
+  /// Bucket sizes; empty: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every 32 up to max_num_seqs.
+  std::vector<int32_t> graph_buckets;
+};
+
+/// Runs steps on one backend. Not thread-safe: the engine's thread only.
+class ModelRunner {
+ public:
+  /// Called after each forward pass with every sampled row's float32 logits on the host
+  /// (request id, index of the output token they produce, logits [vocab]).
+  using LogitsHook =
+      std::function<void(int64_t id, int64_t output_index, const float* logits, int64_t vocab)>;
+
+  /// What one step did, for the engine's counters.
+  struct StepResult {
+    /// One token per scheduled sequence with samples == true, in scheduled order.
+    std::vector<SampledToken> sampled;
+    bool replayed_graph = false;
+    /// Page-table entries sent to the backend: B * max_pages_per_seq (padding rows
+    /// included) on the dense path, only the changed entries on the persistent one.
+    int64_t page_table_entries = 0;
+    /// When the forward was launched and when the sampled tokens were on the host.
+    std::chrono::steady_clock::time_point launched;
+    std::chrono::steady_clock::time_point sampled_at;
+  };
+
+  /// Sizes and allocates the KV pools (zero-filled: padding lanes read page 0), reserves
+  /// the model's activations and, when asked and the backend has graphs, captures one
+  /// decode graph per bucket. Throws Error when not even 2 pages fit or the page count
+  /// overflows 32-bit slot numbers.
+  ModelRunner(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> model,
+              const ModelRunnerConfig& config);
+  ~ModelRunner();
+
+  /// Runs the step `out` plans (non-empty, between schedule() and on_step_done()) with the
+  /// engine's page table: on the persistent path its changed entries travel with the batch
+  /// and count as uploaded.
+  StepResult run(const SchedulerOutput& out, PageTable& page_table);
+
+  void set_logits_hook(LogitsHook hook) { logits_hook_ = std::move(hook); }
+  /// Whether batches carry the persistent page table (the backend supports it).
+  bool persistent_page_table() const { return persistent_; }
+  /// Physical pages of each pool, page 0 included.
+  int64_t num_pages() const { return num_pages_; }
+  /// The captured decode buckets (empty without graphs).
+  std::vector<int32_t> graph_buckets() const;
+  Qwen3Model& model() { return *model_; }
+  Backend& backend() { return *backend_; }
+
+ private:
+  int64_t size_kv_cache() const;
+  void allocate_kv(int64_t num_pages);
+  void capture_graphs();
+  /// Pads `batch` to a bucket and replays its graph when it is a pure decode batch and a
+  /// bucket fits; otherwise runs the forward eagerly. Returns the logits rows.
+  Tensor forward(ForwardBatch& batch, bool pure_decode, StepResult* result);
+  /// Appends `rows` padding rows: token 0 at position 0, KV length 1, slot 0 (the reserved
+  /// page) and page-table row 0 (the reserved all-zero row).
+  void append_padding_rows(ForwardBatch& batch, int32_t rows) const;
+
+  ModelRunnerConfig config_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Qwen3Model> model_;
+  bool persistent_ = false;
+  int64_t num_pages_ = 0;
+  std::vector<DeviceBuffer> kv_storage_;
+  std::vector<LayerKv> kv_;
+  LogitsHook logits_hook_;
+  struct DecodeGraph {
+    std::unique_ptr<RecordedGraph> graph;
+    Tensor logits;  // [bucket, V] in the model's workspace
+  };
+  std::map<int32_t, DecodeGraph> graphs_;  // by bucket size
+};
+
+}  // namespace pagellm
