@@ -49,14 +49,6 @@ struct ForwardBatch {
   std::vector<PageTableUpdate> page_table_updates;   // in order; later runs overwrite earlier
   std::vector<int32_t> page_table_values;            // concatenated values of the updates
   std::vector<int32_t> logits_indices;  // [R] token rows whose logits are wanted
-  /// Persistent page table (the engine's path). When seq_slots is non-empty, sequence b's
-  /// logical block j lives in page table[seq_slots[b]][j] of a table of page_table_rows rows
-  /// that the backend keeps across steps and updates with page_table_updates before the
-  /// step; `page_table` above is then empty. Row 0 is the reserved all-zero row (padding).
-  std::vector<int32_t> seq_slots;                    // [B]
-  int32_t page_table_rows = 0;                       // rows of the persistent table
-  std::vector<PageTableUpdate> page_table_updates;   // in order; later runs overwrite earlier
-  std::vector<int32_t> page_table_values;            // concatenated values of the updates
   /// 0, or an upper bound of kv_lens over every replay of a graph captured with this batch:
   /// kernels then size their grids from it rather than from max_kv_len().
   int32_t kv_len_capacity = 0;
