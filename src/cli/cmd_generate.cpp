@@ -105,8 +105,7 @@ void run_generate(GenerateArgs args) {
   }
   SamplingParams params = args.params;
   params.stop_token_ids = parse_ids(args.stop_ids);
-  params.has_seed = args.has_seed;
-  params.seed = args.seed;
+  if (args.has_seed) params.seed = args.seed;
 
   // n samples per prompt (GRPO-style); with a seed, sample j uses seed + j.
   std::vector<std::vector<int32_t>> all;
@@ -115,7 +114,7 @@ void run_generate(GenerateArgs args) {
   for (size_t p = 0; p < prompts.size(); ++p) {
     for (int j = 0; j < args.n; ++j) {
       SamplingParams sp = params;
-      if (sp.has_seed) sp.seed = params.seed + static_cast<uint64_t>(j);
+      if (params.seed) sp.seed = *params.seed + static_cast<uint64_t>(j);
       all.push_back(prompts[p]);
       per.push_back(sp);
       origin.emplace_back(static_cast<int>(p), j);

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "cli/common.h"
+#include "pagellm/api/model_folder.h"
 #include "pagellm/tokenizer/chat_template.h"
 #include "pagellm/tokenizer/model_files.h"
 #include "pagellm/tokenizer/tokenizer.h"
@@ -46,39 +47,10 @@ std::unique_ptr<TextCodec> TextCodec::open(const std::string& model_dir) {
   return std::make_unique<TokenizerCodec>(Tokenizer::load(model_dir));
 }
 
-namespace {
-
-// Rewrites the special-token ids of DIR/config.json and DIR/generation_config.json to
-// the ids they have in the tokenizer beside them: the small tokenizer that replaces
-// Qwen3's when its files are absent numbers <|endoftext|> and <|im_end|> differently.
-void align_special_ids(const std::string& model_dir, const Tokenizer& tok) {
-  const std::optional<int32_t> eot = tok.token_to_id("<|endoftext|>");
-  const std::optional<int32_t> im_end = tok.token_to_id("<|im_end|>");
-  if (!eot || !im_end) return;
-  for (const char* name : {"config.json", "generation_config.json"}) {
-    const std::filesystem::path path = std::filesystem::path(model_dir) / name;
-    std::ifstream in(path);
-    if (!in) continue;
-    nlohmann::ordered_json j = nlohmann::ordered_json::parse(in);
-    in.close();
-    if (j.contains("bos_token_id")) j["bos_token_id"] = *eot;
-    if (j.contains("pad_token_id")) j["pad_token_id"] = *eot;
-    if (j.contains("eos_token_id")) {
-      j["eos_token_id"] = j["eos_token_id"].is_array() ? nlohmann::ordered_json{*im_end, *eot}
-                                                       : nlohmann::ordered_json(*im_end);
-    }
-    std::ofstream out(path);
-    PAGELLM_CHECK(out) << "cannot rewrite " << path.string();
-    out << j.dump(2) << "\n";
-  }
-}
-
-}  // namespace
-
 void write_model_tokenizer(const std::string& model_dir, int64_t vocab_size) {
   const std::string real = find_qwen3_tokenizer_dir(PAGELLM_SOURCE_DIR);
   write_tokenizer_for_model(model_dir, vocab_size, real);
-  align_special_ids(model_dir, Tokenizer::load(model_dir));
+  api::align_special_ids(model_dir);
 }
 
 }  // namespace pagellm::cli

@@ -136,7 +136,6 @@ RunResult run(bool graphs, const Qwen3Config& c, const testing::HostWeights& w) 
   SamplingParams sp;
   sp.temperature = 0.8f;
   sp.top_p = 0.9f;
-  sp.has_seed = true;
   sp.seed = 7;
   sp.ignore_eos = true;
   std::vector<SamplingParams> per;
