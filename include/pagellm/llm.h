@@ -1,7 +1,9 @@
 // LLM: offline, synchronous generation over a model folder (vLLM's LLM).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,7 +30,10 @@ class LLM {
  public:
   /// Throws pagellm::Error for a missing or malformed folder, bad options, or
   /// options.max_model_len above the model's max_position_embeddings.
-  explicit LLM(const std::string& model_dir, const EngineOptions& options = {});
+  /// Loading reports bytes of weights read so far to `progress` (optional).
+  using LoadProgress = std::function<void(size_t bytes_done, size_t bytes_total)>;
+  explicit LLM(const std::string& model_dir, const EngineOptions& options = {},
+               const LoadProgress& progress = nullptr);
   ~LLM();
   LLM(const LLM&) = delete;
   LLM& operator=(const LLM&) = delete;
@@ -67,6 +72,15 @@ class LLM {
   int64_t num_usable_pages() const;
   /// Version of the weights the next tokens are sampled with (see RequestOutput).
   uint64_t weights_version() const;
+
+  /// Debugging and tests: called after each forward pass with every sampled row's float32
+  /// logits [vocab]. sample_number counts the samples this LLM has queued, from 0, in
+  /// order (prompt i's sample j of a first generate call with n samples each: i * n + j);
+  /// output_index is the index of the token the logits produce. Costs a device-to-host
+  /// copy each step; nullptr removes it.
+  using LogitsHook = std::function<void(int64_t sample_number, int64_t output_index,
+                                        const float* logits, int64_t vocab)>;
+  void set_logits_hook(LogitsHook hook);
 
   struct Impl;
 

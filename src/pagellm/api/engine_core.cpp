@@ -29,6 +29,18 @@ EngineConfig to_engine_config(const EngineOptions& o, const std::string& model_d
   return c;
 }
 
+RequestLimits limits_from_config(const EngineOptions& options, const std::string& model_dir) {
+  to_engine_config(options, model_dir);  // the max_model_len check
+  const Qwen3Config mc = load_qwen3_config(model_dir);
+  RequestLimits l;
+  l.vocab_size = mc.vocab_size;
+  // Engine's rule for max_model_len 0.
+  l.max_model_len = options.max_model_len > 0
+                        ? options.max_model_len
+                        : static_cast<int32_t>(std::min<int64_t>(mc.max_position_embeddings, 1 << 20));
+  return l;
+}
+
 RequestLimits limits_of(Engine& engine) {
   RequestLimits l;
   l.vocab_size = engine.model().config().vocab_size;

@@ -23,6 +23,10 @@ namespace pagellm::api {
 /// max_position_embeddings (config.json, read without loading weights).
 EngineConfig to_engine_config(const EngineOptions& options, const std::string& model_dir);
 
+/// The limits requests will be checked against, from config.json alone (no weights read),
+/// after the same max_model_len check as to_engine_config.
+RequestLimits limits_from_config(const EngineOptions& options, const std::string& model_dir);
+
 /// The limits requests are checked against, from the running engine.
 RequestLimits limits_of(Engine& engine);
 

@@ -15,11 +15,12 @@ struct LLM::Impl {
   uint64_t next_request = 0;
 };
 
-LLM::LLM(const std::string& model_dir, const EngineOptions& options)
+LLM::LLM(const std::string& model_dir, const EngineOptions& options, const LoadProgress& progress)
     : impl_(std::make_unique<Impl>()) {
   const EngineConfig config = api::to_engine_config(options, model_dir);
   impl_->text = std::make_shared<const api::TextModel>(model_dir);
-  impl_->core = std::make_unique<api::EngineCore>(Engine::create(model_dir, config), impl_->text);
+  impl_->core = std::make_unique<api::EngineCore>(Engine::create(model_dir, config, progress),
+                                                  impl_->text);
   impl_->limits = api::limits_of(impl_->core->engine());
 }
 
@@ -102,6 +103,18 @@ int32_t LLM::max_model_len() const { return impl_->limits.max_model_len; }
 int64_t LLM::num_free_pages() const { return impl_->core->engine().allocator().num_free(); }
 int64_t LLM::num_usable_pages() const { return impl_->core->engine().allocator().num_usable(); }
 uint64_t LLM::weights_version() const { return impl_->core->engine().weights_version(); }
+
+void LLM::set_logits_hook(LogitsHook hook) {
+  if (!hook) {
+    impl_->core->engine().set_logits_hook(nullptr);
+    return;
+  }
+  // Engine ids count from 1 in the order samples are added.
+  impl_->core->engine().set_logits_hook(
+      [hook = std::move(hook)](int64_t id, int64_t index, const float* logits, int64_t vocab) {
+        hook(id - 1, index, logits, vocab);
+      });
+}
 
 void merge_delta(RequestOutput& total, const RequestOutput& delta) {
   if (total.request_id.empty()) total.request_id = delta.request_id;
