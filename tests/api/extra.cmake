@@ -14,3 +14,16 @@ if(PAGELLM_TSAN_TEST AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
       -P ${CMAKE_CURRENT_LIST_DIR}/tsan.cmake)
   set_tests_properties(api_threadsanitizer PROPERTIES TIMEOUT 900)
 endif()
+
+# The installed package from another project: install this build into a fresh prefix,
+# configure and build examples/consumer against it with find_package(pagellm), make a tiny
+# model and run the consumer on it.
+option(PAGELLM_INSTALL_TEST "Register the install + find_package consumer test" ON)
+if(PAGELLM_INSTALL_TEST)
+  add_test(NAME api_install_consumer
+    COMMAND ${CMAKE_COMMAND} -DBUILD=${CMAKE_BINARY_DIR} -DWORK=${CMAKE_BINARY_DIR}/install-test
+      -DCONSUMER=${PROJECT_SOURCE_DIR}/examples/consumer -DPAGELLM=$<TARGET_FILE:pagellm_cli>
+      -DGENERATOR=${CMAKE_GENERATOR} -DCXX=${CMAKE_CXX_COMPILER} -DC=${CMAKE_C_COMPILER}
+      -P ${CMAKE_CURRENT_LIST_DIR}/install_consumer.cmake)
+  set_tests_properties(api_install_consumer PROPERTIES TIMEOUT 600)
+endif()
