@@ -52,7 +52,15 @@ std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,
     r.sink = [slot](RequestOutput&& delta) { merge_delta(*slot, delta); };
     impl_->core->add(std::move(r));
   }
-  while (impl_->core->has_requests()) impl_->core->step();
+  try {
+    while (impl_->core->has_requests()) impl_->core->step();
+  } catch (...) {
+    // An engine failure: end every request here (the sinks point into `results`), so that
+    // the next call starts clean.
+    impl_->core->abort_all();
+    impl_->core->emit();
+    throw;
+  }
   return results;
 }
 
