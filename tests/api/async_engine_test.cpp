@@ -210,6 +210,35 @@ TEST(AsyncEngine, BadInputAndDuplicateIdsAreRejectedAtSubmit) {
   first->collect();
 }
 
+TEST(AsyncEngine, SubmitsAndAbortsFromManyThreadsLeaveNoPage) {
+  AsyncEngine engine(testing::tiny_model_dir(), async_options());
+  std::atomic<int> aborted{0}, finished{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 5; ++i) {
+        SamplingParams p = params_for(t * 5 + i);
+        p.max_tokens = 30;
+        auto stream = engine.submit(Prompt::from_token_ids(prompt_for(t * 5 + i)), p);
+        RequestOutput delta;
+        if (i % 2 == 0) {
+          ASSERT_TRUE(stream->next(delta));
+          if (!delta.finished) engine.abort(stream->request_id());
+        }
+        const RequestOutput r = stream->collect();
+        ASSERT_TRUE(r.finished);
+        if (r.outputs[0].finish_reason == FinishReason::kAborted) ++aborted;
+        if (r.outputs[0].finish_reason == FinishReason::kLength) ++finished;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(aborted + finished, 40);
+  EXPECT_GT(aborted.load(), 0);
+  EXPECT_GE(finished.load(), 16) << "requests that were never aborted did not run to length";
+  EXPECT_EQ(engine.check_invariants_and_count_free_pages(), engine.num_usable_pages());
+}
+
 TEST(AsyncEngine, ShutdownAbortsOutstandingRequestsAndRefusesNewOnes) {
   AsyncEngine engine(testing::tiny_model_dir(), async_options());
   SamplingParams p;
