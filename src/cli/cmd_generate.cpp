@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -11,9 +12,11 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "pagellm/api/engine_core.h"
+#include "pagellm/api/text_model.h"
 #include "pagellm/common/progress.h"
-#include "pagellm/engine/engine.h"
 #include "pagellm/model/make_model.h"
+#include "pagellm/pagellm.h"
 
 namespace pagellm::cli {
 namespace {
@@ -31,12 +34,12 @@ struct GenerateArgs {
   std::vector<std::string> prompt_ids;
   std::vector<std::string> prompts;
   std::string messages_file;
+  std::string input_file;
   bool no_thinking = false;
   int n = 1;
   SamplingParams params;
   std::string stop_ids;
-  uint64_t seed = 0;
-  bool has_seed = false;
+  std::string seed;  // text: parsed here so that "-1" is an error, not 2^64 - 1
   bool json = false;
   std::string dump_logits;
   EngineSettings engine;
@@ -83,103 +86,261 @@ void run_make_model(const MakeModelArgs& args) {
               args.out.c_str());
 }
 
-void run_generate(GenerateArgs args) {
-  const std::string model_dir = args.model.empty() ? default_model_dir() : args.model;
-  std::unique_ptr<Engine> engine = load_engine(model_dir, args.engine);
-  std::unique_ptr<TextCodec> codec = TextCodec::open(model_dir);
+// The option that sets each SamplingParams field, for errors that name what the user typed.
+const char* option_of_field(const std::string& message) {
+  static const std::pair<const char*, const char*> fields[] = {
+      {"n (samples", "-n"},
+      {"temperature", "--temperature"},
+      {"top_k", "--top-k"},
+      {"top_p", "--top-p"},
+      {"min_p", "--min-p"},
+      {"repetition_penalty", "--repetition-penalty"},
+      {"presence_penalty", "--presence-penalty"},
+      {"frequency_penalty", "--frequency-penalty"},
+      {"max_tokens", "--max-tokens"},
+      {"stop_token_ids", "--stop-token-ids"},
+      {"stop strings", "--stop"},
+  };
+  const std::string prefix = "invalid sampling parameters: ";
+  if (message.rfind(prefix, 0) != 0) return nullptr;
+  for (const auto& [field, option] : fields) {
+    if (message.compare(prefix.size(), std::strlen(field), field) == 0) return option;
+  }
+  return nullptr;
+}
 
-  std::vector<std::vector<int32_t>> prompts;
-  for (const std::string& s : args.prompt_ids) prompts.push_back(parse_ids(s));
-  for (const std::string& text : args.prompts) {
-    PAGELLM_CHECK(codec) << "--prompt needs a tokenizer in " << model_dir
-                         << " (tokenizer.json); use --prompt-ids";
-    prompts.push_back(codec->encode(text));
+// Runs `check`, prefixing an Error's message with `option`.
+template <class F>
+void check_option(const std::string& option, F&& check) {
+  try {
+    check();
+  } catch (const Error& e) {
+    PAGELLM_FAIL() << option << ": " << e.what();
+  }
+}
+
+SamplingParams sampling_from_flags(const GenerateArgs& args) {
+  SamplingParams params = args.params;
+  params.n = args.n;
+  check_option("--stop-token-ids", [&] { params.stop_token_ids = parse_ids(args.stop_ids); });
+  if (!args.seed.empty()) {
+    size_t used = 0;
+    unsigned long long v = 0;
+    const bool digits = args.seed.find_first_not_of("0123456789") == std::string::npos;
+    try {
+      if (digits) v = std::stoull(args.seed, &used);
+    } catch (const std::logic_error&) {  // out of range
+      used = 0;
+    }
+    PAGELLM_CHECK(digits && used == args.seed.size())
+        << "--seed must be an integer in [0, 18446744073709551615], got " << args.seed;
+    params.seed = v;
+  }
+  try {
+    validate_sampling_params(params);
+  } catch (const Error& e) {
+    const char* option = option_of_field(e.what());
+    PAGELLM_FAIL() << (option ? option : "sampling options") << ": " << e.what();
+  }
+  return params;
+}
+
+// One request of the run: from the flags or from a line of --input.
+struct CliRequest {
+  std::string origin;  // "--prompt", "--prompt-ids", "--messages FILE", or "line N"
+  int line = 0;        // --input line number (0: from a flag)
+  std::string id;
+  Prompt prompt;
+  SamplingParams params;
+  api::EncodedPrompt encoded;
+  std::string error;  // set: the request failed its checks and is not run
+};
+
+std::string read_file(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  PAGELLM_CHECK(in) << what << ": cannot read " << path;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<CliRequest> requests_from_flags(const GenerateArgs& args, const SamplingParams& params,
+                                            const api::TextModel& text) {
+  std::vector<CliRequest> out;
+  for (const std::string& s : args.prompt_ids) {
+    CliRequest r;
+    r.origin = "--prompt-ids";
+    check_option("--prompt-ids", [&] { r.prompt = Prompt::from_token_ids(parse_ids(s)); });
+    out.push_back(std::move(r));
+  }
+  for (const std::string& s : args.prompts) {
+    CliRequest r;
+    r.origin = "--prompt";
+    r.prompt = Prompt::from_text(s);
+    out.push_back(std::move(r));
   }
   if (!args.messages_file.empty()) {
-    PAGELLM_CHECK(codec) << "--messages needs a tokenizer in " << model_dir;
-    prompts.push_back(codec->encode_chat_file(args.messages_file, !args.no_thinking));
+    CliRequest r;
+    r.origin = "--messages " + args.messages_file;
+    r.prompt = Prompt::from_messages_json(
+        read_file(args.messages_file, "--messages"),
+        args.no_thinking ? std::string("{\"enable_thinking\": false}") : std::string());
+    out.push_back(std::move(r));
   }
-  if (prompts.empty()) {
-    // The main job's default: a short chat prompt (or plain ids without a tokenizer).
-    prompts.push_back(codec ? codec->encode("The paged KV cache is") : std::vector<int32_t>{1, 2, 3});
+  if (out.empty()) {
+    // The default: a short text prompt (or plain ids without a tokenizer).
+    CliRequest r;
+    r.origin = "the default prompt";
+    r.prompt = text.has_tokenizer() ? Prompt::from_text("The paged KV cache is")
+                                    : Prompt::from_token_ids({1, 2, 3});
+    out.push_back(std::move(r));
   }
-  SamplingParams params = args.params;
-  params.stop_token_ids = parse_ids(args.stop_ids);
-  params.has_seed = args.has_seed;
-  params.seed = args.seed;
+  for (CliRequest& r : out) r.params = params;
+  return out;
+}
 
-  // n samples per prompt (GRPO-style); with a seed, sample j uses seed + j.
-  std::vector<std::vector<int32_t>> all;
-  std::vector<SamplingParams> per;
-  std::vector<std::pair<int, int>> origin;
-  for (size_t p = 0; p < prompts.size(); ++p) {
-    for (int j = 0; j < args.n; ++j) {
-      SamplingParams sp = params;
-      if (sp.has_seed) sp.seed = params.seed + static_cast<uint64_t>(j);
-      all.push_back(prompts[p]);
-      per.push_back(sp);
-      origin.emplace_back(static_cast<int>(p), j);
+std::vector<CliRequest> requests_from_input(const std::string& path, const SamplingParams& defaults) {
+  std::ifstream in(path, std::ios::binary);
+  PAGELLM_CHECK(in) << "--input: cannot read " << path;
+  std::vector<CliRequest> out;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines
+    CliRequest r;
+    r.origin = "line " + std::to_string(number);
+    r.line = number;
+    r.id = std::to_string(number);
+    try {
+      BatchRequest b = parse_batch_request(line, defaults);
+      if (!b.id.empty()) r.id = b.id;
+      r.prompt = std::move(b.prompt);
+      r.params = std::move(b.params);
+    } catch (const Error& e) {
+      r.error = e.what();
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void run_generate(GenerateArgs args) {
+  // Everything that can be checked is checked before the weights load (14 s for 0.6B):
+  // flags, config.json (max_model_len, vocabulary), the tokenizer, every prompt.
+  const bool batch = !args.input_file.empty();
+  PAGELLM_CHECK(!batch || (args.prompts.empty() && args.prompt_ids.empty() &&
+                           args.messages_file.empty()))
+      << "--input cannot be combined with --prompt, --prompt-ids or --messages";
+  const SamplingParams params = sampling_from_flags(args);
+  const std::string model_dir = args.model.empty() ? default_model_dir() : args.model;
+  const EngineOptions options = engine_options(args.engine);
+  api::RequestLimits limits;
+  check_option("--max-model-len", [&] { limits = api::limits_from_config(options, model_dir); });
+  const api::TextModel text(model_dir);
+  if (const std::string warning = text.vocab_warning(limits.vocab_size); !warning.empty()) {
+    std::fprintf(stderr, "pagellm: warning: %s: %s\n", model_dir.c_str(), warning.c_str());
+  }
+
+  std::vector<CliRequest> requests =
+      batch ? requests_from_input(args.input_file, params) : requests_from_flags(args, params, text);
+  for (CliRequest& r : requests) {
+    if (!r.error.empty()) continue;
+    try {
+      r.encoded = text.encode_prompt(r.prompt);
+      api::check_request(r.encoded, r.params, limits, text.has_tokenizer());
+    } catch (const Error& e) {
+      if (!batch) PAGELLM_FAIL() << r.origin << ": " << e.what();
+      r.error = e.what();
     }
   }
-  std::ofstream dump;
-  if (!args.dump_logits.empty()) {
-    // Records of int64 request index, int64 output index, int64 vocab, float32[vocab].
-    dump.open(args.dump_logits, std::ios::binary);
-    PAGELLM_CHECK(dump) << "cannot write " << args.dump_logits;
-    engine->set_logits_hook([&dump](int64_t id, int64_t index, const float* logits, int64_t vocab) {
-      const int64_t header[3] = {id - 1, index, vocab};
-      dump.write(reinterpret_cast<const char*>(header), sizeof(header));
-      dump.write(reinterpret_cast<const char*>(logits), static_cast<std::streamsize>(vocab * 4));
-    });
+
+  std::vector<Prompt> prompts;
+  std::vector<SamplingParams> per;
+  std::vector<size_t> which;  // index into requests of each prompt run
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (!requests[i].error.empty()) continue;
+    prompts.push_back(Prompt::from_token_ids(requests[i].encoded.ids));
+    per.push_back(requests[i].params);
+    which.push_back(i);
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<const Sequence*> results = engine->generate(all, per);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<RequestOutput> results;
+  double secs = 0;
+  if (!prompts.empty()) {
+    ProgressBar bar("loading " + model_dir);
+    LLM llm(model_dir, options, [&](size_t done, size_t total) {
+      if (total > (size_t{256} << 20)) bar.update(done, total);
+    });
+    bar.finish();
+    std::ofstream dump;
+    if (!args.dump_logits.empty()) {
+      // Records of int64 sample number, int64 output index, int64 vocab, float32[vocab].
+      dump.open(args.dump_logits, std::ios::binary);
+      PAGELLM_CHECK(dump) << "--dump-logits: cannot write " << args.dump_logits;
+      llm.set_logits_hook([&dump](int64_t sample, int64_t index, const float* logits,
+                                  int64_t vocab) {
+        const int64_t header[3] = {sample, index, vocab};
+        dump.write(reinterpret_cast<const char*>(header), sizeof(header));
+        dump.write(reinterpret_cast<const char*>(logits), static_cast<std::streamsize>(vocab * 4));
+      });
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    results = llm.generate(prompts, per);
+    secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
 
   int64_t generated = 0;
-  size_t failed = 0;
-  for (size_t i = 0; i < results.size(); ++i) {
-    const Sequence& s = *results[i];
-    generated += static_cast<int64_t>(s.output.size());
-    if (s.finish_reason == FinishReason::kError) ++failed;
-    nlohmann::json j;
-    j["prompt"] = origin[i].first;
-    j["sample"] = origin[i].second;
-    j["prompt_tokens"] = s.prompt.size();
-    j["token_ids"] = s.output;
-    std::vector<float> lp;
-    for (const SampledToken& t : s.sampled) lp.push_back(t.logprob);
-    j["logprobs"] = lp;
-    if (params.processed_logprobs) {
-      std::vector<float> plp;
-      for (const SampledToken& t : s.sampled) plp.push_back(t.processed_logprob);
-      j["processed_logprobs"] = plp;
+  size_t failed = 0, samples = 0;
+  std::vector<const RequestOutput*> result_of(requests.size(), nullptr);
+  for (size_t k = 0; k < which.size(); ++k) result_of[which[k]] = &results[k];
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const CliRequest& r = requests[i];
+    if (!r.error.empty()) {
+      ++failed;
+      std::cout << format_batch_error(r.id, r.line, "line " + std::to_string(r.line) + ": " + r.error)
+                << "\n";
+      continue;
     }
-    j["finish_reason"] = finish_reason_name(s.finish_reason);
-    if (!s.error.empty()) j["error"] = s.error;
-    if (codec) j["text"] = codec->decode(s.output);
-    if (args.json) {
-      std::cout << j.dump() << "\n";
-    } else {
-      std::cout << "prompt " << origin[i].first << " sample " << origin[i].second << " ("
-                << s.prompt.size() << " prompt tokens, " << s.output.size() << " generated, "
-                << finish_reason_name(s.finish_reason) << ")\n";
-      if (!s.error.empty()) std::cout << "  error: " << s.error << "\n";
-      std::cout << "  token_ids: " << j["token_ids"].dump() << "\n";
-      std::cout << "  logprobs:  " << j["logprobs"].dump() << "\n";
-      if (codec) std::cout << "  text:      " << j["text"].dump() << "\n";
+    RequestOutput out = *result_of[i];
+    out.request_id = r.id;
+    for (const CompletionOutput& o : out.outputs) {
+      ++samples;
+      generated += static_cast<int64_t>(o.token_ids.size());
+      if (o.finish_reason == FinishReason::kError) ++failed;
+    }
+    if (batch) {
+      std::cout << format_batch_result(out, r.params.processed_logprobs) << "\n";
+      continue;
+    }
+    for (const CompletionOutput& o : out.outputs) {
+      nlohmann::json j;
+      j["prompt"] = i;
+      j["sample"] = o.index;
+      j["prompt_tokens"] = out.prompt_token_ids.size();
+      j["token_ids"] = o.token_ids;
+      j["logprobs"] = o.logprobs;
+      if (r.params.processed_logprobs) j["processed_logprobs"] = o.processed_logprobs;
+      j["finish_reason"] = finish_reason_name(o.finish_reason);
+      if (!o.error.empty()) j["error"] = o.error;
+      if (text.has_tokenizer()) j["text"] = o.text;
+      if (args.json) {
+        std::cout << j.dump() << "\n";
+      } else {
+        std::cout << "prompt " << i << " sample " << o.index << " ("
+                  << out.prompt_token_ids.size() << " prompt tokens, " << o.token_ids.size()
+                  << " generated, " << finish_reason_name(o.finish_reason) << ")\n";
+        if (!o.error.empty()) std::cout << "  error: " << o.error << "\n";
+        std::cout << "  token_ids: " << j["token_ids"].dump() << "\n";
+        std::cout << "  logprobs:  " << j["logprobs"].dump() << "\n";
+        if (text.has_tokenizer()) std::cout << "  text:      " << j["text"].dump() << "\n";
+      }
     }
   }
-  const EngineStats& st = engine->stats();
-  std::fprintf(stderr,
-               "pagellm: %s backend, %lld steps, %lld prefill + %lld decode tokens, "
-               "%lld preemptions, %.1f generated tok/s\n",
-               engine->backend().name().c_str(), static_cast<long long>(st.steps),
-               static_cast<long long>(st.prefill_tokens), static_cast<long long>(st.decode_tokens),
-               static_cast<long long>(st.preemptions), secs > 0 ? generated / secs : 0.0);
+  std::fprintf(stderr, "pagellm: %zu requests, %zu samples, %lld generated tokens, %.1f tok/s\n",
+               requests.size(), samples, static_cast<long long>(generated),
+               secs > 0 ? generated / secs : 0.0);
   std::cout.flush();
-  PAGELLM_CHECK(failed == 0) << failed << " of " << results.size()
-                             << " requests were rejected (their errors are printed above)";
+  PAGELLM_CHECK(failed == 0) << failed << " of " << requests.size()
+                             << (batch ? " requests failed (their error lines are printed above)"
+                                       : " requests were rejected (their errors are printed above)");
 }
 
 }  // namespace
@@ -203,7 +364,11 @@ void register_model_commands(CLI::App& app) {
   gen->add_option("--prompt", ga->prompts, "a prompt as text (repeatable)");
   gen->add_option("--messages", ga->messages_file, "chat messages JSON file, rendered by the chat template");
   gen->add_flag("--no-thinking", ga->no_thinking, "render the chat template with enable_thinking=false");
-  gen->add_option("-n,--num-samples", ga->n, "samples per prompt")->check(CLI::PositiveNumber);
+  gen->add_option("--input", ga->input_file,
+                  "JSON-lines batch file: one request per line ({\"prompt\": ...} | "
+                  "{\"prompt_token_ids\": [...]} | {\"messages\": [...]}, with optional \"id\" "
+                  "and sampling overrides); one JSON result per line, in input order");
+  gen->add_option("-n,--num-samples", ga->n, "samples per prompt (>= 1)");
   gen->add_option("--max-tokens", ga->params.max_tokens, "tokens to generate")->capture_default_str();
   gen->add_option("--temperature", ga->params.temperature, "0 = greedy")->capture_default_str();
   gen->add_option("--top-k", ga->params.top_k, "0 = off");
@@ -212,13 +377,17 @@ void register_model_commands(CLI::App& app) {
   gen->add_option("--repetition-penalty", ga->params.repetition_penalty);
   gen->add_option("--presence-penalty", ga->params.presence_penalty);
   gen->add_option("--frequency-penalty", ga->params.frequency_penalty);
-  gen->add_option("--seed", ga->seed, "per-request seed (sample j of a prompt uses seed + j)")
-      ->each([ga](const std::string&) { ga->has_seed = true; });
+  gen->add_option("--seed", ga->seed,
+                  "per-request seed in [0, 2^64 - 1]; sample j of a prompt uses seed + j "
+                  "(default: derived from the request number, so runs are repeatable)");
+  gen->add_option("--stop", ga->params.stop, "a string that ends a sample (repeatable)");
   gen->add_option("--stop-token-ids", ga->stop_ids, "comma-separated ids that end a request");
   gen->add_flag("--ignore-eos", ga->params.ignore_eos, "keep going past EOS");
   gen->add_flag("--processed-logprobs", ga->params.processed_logprobs,
                 "also report log-probabilities under the processed distribution");
   gen->add_flag("--json", ga->json, "one JSON object per sample");
+  gen->add_flag("!--keep-special-tokens", ga->params.skip_special_tokens,
+                "keep special tokens (<|im_end|>, ...) in the output text");
   gen->add_option("--dump-logits", ga->dump_logits,
                   "write every sampled step's float32 logits to FILE (testing)");
   add_engine_options(gen, ga->engine);

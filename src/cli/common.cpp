@@ -28,6 +28,20 @@ void add_engine_options(CLI::App* cmd, EngineSettings& s) {
       ->capture_default_str();
 }
 
+EngineOptions engine_options(const EngineSettings& s) {
+  EngineOptions o;
+  o.backend = s.config.backend;
+  o.page_size = s.config.page_size;
+  o.num_pages = s.config.num_pages;
+  if (s.kv_cache_gb > 0) o.kv_cache_bytes = static_cast<size_t>(s.kv_cache_gb * 1e9);
+  o.max_num_seqs = s.config.max_num_seqs;
+  o.max_num_batched_tokens = s.config.max_num_batched_tokens;
+  o.max_model_len = s.config.max_model_len;
+  o.use_graphs = s.config.use_graphs;
+  o.attention_backend = s.config.attention_backend;
+  return o;
+}
+
 std::unique_ptr<Engine> load_engine(const std::string& model_dir, const EngineSettings& s) {
   EngineConfig config = s.config;
   if (s.kv_cache_gb > 0) config.kv_cache_bytes = static_cast<size_t>(s.kv_cache_gb * 1e9);

@@ -1,4 +1,5 @@
-// Pieces shared by the pagellm subcommands: engine options, the default model, text.
+// Pieces shared by the pagellm subcommands: engine options, the default model, the
+// tokenizer make-model writes.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "pagellm/engine/engine.h"
+#include "pagellm/engine_options.h"
 
 namespace pagellm::cli {
 
@@ -17,6 +19,9 @@ struct EngineSettings {
   double kv_cache_gb = 0.0;
 };
 void add_engine_options(CLI::App* cmd, EngineSettings& settings);
+
+/// The public API's engine options for the flags.
+EngineOptions engine_options(const EngineSettings& settings);
 
 /// Loads a model folder into an engine, with a progress bar for large models.
 std::unique_ptr<Engine> load_engine(const std::string& model_dir, const EngineSettings& settings);
@@ -28,18 +33,5 @@ std::string default_model_dir();
 /// Puts a tokenizer into a model folder: the real Qwen3 files when they are found and the
 /// vocabulary fits, else a small byte-level tokenizer.
 void write_model_tokenizer(const std::string& model_dir, int64_t vocab_size);
-
-/// Text in and out for a model folder that has a tokenizer.
-class TextCodec {
- public:
-  virtual ~TextCodec() = default;
-  /// nullptr when the folder has no tokenizer.json.
-  static std::unique_ptr<TextCodec> open(const std::string& model_dir);
-  virtual std::vector<int32_t> encode(const std::string& text) const = 0;
-  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
-  /// Renders a messages JSON file with the chat template (add_generation_prompt) and encodes.
-  virtual std::vector<int32_t> encode_chat_file(const std::string& path,
-                                                bool enable_thinking) const = 0;
-};
 
 }  // namespace pagellm::cli

@@ -13,13 +13,6 @@ add_test(NAME cli_generate_text COMMAND ${_pl} generate --model ${_dir} --prompt
   --max-tokens 4 --temperature 0)
 set_tests_properties(cli_generate_text PROPERTIES FIXTURES_REQUIRED cli_model
   PASS_REGULAR_EXPRESSION "text: +\"")
-add_test(NAME cli_generate_bad_token COMMAND ${_pl} generate --model ${_dir} --prompt-ids 1,99999)
-set_tests_properties(cli_generate_bad_token PROPERTIES FIXTURES_REQUIRED cli_model
-  PASS_REGULAR_EXPRESSION "error: prompt token 1 has id 99999, outside the vocabulary.*1 of 1 requests were rejected")
-add_test(NAME cli_generate_too_long COMMAND ${_pl} generate --model ${_dir} --prompt-ids 1,2,3,4,5,6
-  --max-model-len 4)
-set_tests_properties(cli_generate_too_long PROPERTIES FIXTURES_REQUIRED cli_model
-  PASS_REGULAR_EXPRESSION "error: request 1 has a prompt of 6 tokens but max_model_len is 4")
 add_test(NAME cli_generate_bad_ids COMMAND ${_pl} generate --model ${_dir} --prompt-ids 1,x)
 set_tests_properties(cli_generate_bad_ids PROPERTIES FIXTURES_REQUIRED cli_model
   PASS_REGULAR_EXPRESSION "'x' in '1,x' is not a token id")
@@ -36,6 +29,71 @@ add_test(NAME cli_generate_few_pages COMMAND ${_pl} generate --model ${_dir} --p
   --num-pages 3 --page-size 1 --max-tokens 8)
 set_tests_properties(cli_generate_few_pages PROPERTIES FIXTURES_REQUIRED cli_model
   PASS_REGULAR_EXPRESSION "needs up to 10 KV-cache pages .* but the KV cache has only 2 pages")
+add_test(NAME cli_generate_stop_string COMMAND ${_pl} generate --model ${_dir} --prompt-ids 1,2
+  --max-tokens 30 --temperature 0 --ignore-eos --stop e --stop a --json)
+set_tests_properties(cli_generate_stop_string PROPERTIES FIXTURES_REQUIRED cli_model
+  PASS_REGULAR_EXPRESSION "\"finish_reason\":\"stop_string\"")
+
+# Bad generate input: one line naming the option and the accepted range, exit 1, before
+# the weights load. The model below has a real config.json and tokenizer but garbage weights,
+# so an error found only after loading would be about the weights instead.
+set(_bad ${CMAKE_CURRENT_BINARY_DIR}/cli-garbage-weights)
+add_test(NAME cli_make_garbage_model COMMAND ${CMAKE_COMMAND} -DFROM=${_dir} -DTO=${_bad}
+  -P ${CMAKE_CURRENT_LIST_DIR}/garbage_weights.cmake)
+set_tests_properties(cli_make_garbage_model PROPERTIES FIXTURES_REQUIRED cli_model
+  FIXTURES_SETUP cli_garbage_model)
+set(_expect ${CMAKE_CURRENT_LIST_DIR}/expect_error.sh)
+function(cli_generate_error name regex)
+  add_test(NAME cli_generate_rejects_${name} COMMAND ${_expect} "${regex}" ${_pl} generate
+    --model ${_bad} ${ARGN})
+  set_tests_properties(cli_generate_rejects_${name} PROPERTIES FIXTURES_REQUIRED cli_garbage_model)
+endfunction()
+# Proof that the garbage is found when the weights do load:
+cli_generate_error(garbage_weights_when_valid "^pagellm: error: .*safetensors" --prompt-ids 1)
+cli_generate_error(temperature_negative
+  "^pagellm: error: --temperature: .*temperature must be a finite number >= 0.*got -1$"
+  --temperature -1)
+cli_generate_error(temperature_nan "^pagellm: error: --temperature: .*finite number >= 0.*got nan$"
+  --temperature nan)
+cli_generate_error(top_p "^pagellm: error: --top-p: .*top_p must be in \\(0, 1\\].*got 2$" --top-p 2)
+cli_generate_error(top_k "^pagellm: error: --top-k: .*top_k must be -1 or 0" --top-k -5)
+cli_generate_error(min_p "^pagellm: error: --min-p: .*min_p must be in \\[0, 1\\]" --min-p 1.5)
+cli_generate_error(presence_penalty "^pagellm: error: --presence-penalty: .*\\[-2, 2\\]"
+  --presence-penalty 3)
+cli_generate_error(repetition_penalty "^pagellm: error: --repetition-penalty: .*> 0"
+  --repetition-penalty 0)
+cli_generate_error(max_tokens "^pagellm: error: --max-tokens: .*max_tokens must be >= 1, got 0$"
+  --max-tokens 0)
+cli_generate_error(n_zero "^pagellm: error: -n: .*n \\(samples per prompt\\) must be >= 1, got 0$"
+  -n 0)
+cli_generate_error(seed_negative
+  "^pagellm: error: --seed must be an integer in \\[0, 18446744073709551615\\], got -1$"
+  --seed -1)
+cli_generate_error(stop_token_negative "^pagellm: error: --stop-token-ids: .*>= 0, got -3$"
+  --stop-token-ids -3)
+cli_generate_error(empty_prompt "^pagellm: error: --prompt: the prompt is empty" --prompt @empty)
+cli_generate_error(empty_prompt_ids "^pagellm: error: --prompt-ids: the prompt is empty"
+  --prompt-ids @empty)
+cli_generate_error(prompt_utf8
+  "^pagellm: error: --prompt: the prompt text is not valid UTF-8: byte 2 \\(0xff\\)"
+  --prompt "@b:ab\\377c")
+cli_generate_error(token_outside_vocab
+  "^pagellm: error: --prompt-ids: prompt token 1 has id 99999, outside the vocabulary \\[0, 1024\\)$"
+  --prompt-ids 1,99999)
+cli_generate_error(prompt_over_context
+  "^pagellm: error: --prompt-ids: the prompt has 6 tokens but max_model_len is 4"
+  --prompt-ids 1,2,3,4,5,6 --max-model-len 4)
+cli_generate_error(max_model_len_over_model
+  "^pagellm: error: --max-model-len: max_model_len 5000 is above the model's max_position_embeddings 2048"
+  --max-model-len 5000)
+cli_generate_error(input_with_prompt "^pagellm: error: --input cannot be combined with --prompt"
+  --input x.jsonl --prompt hi)
+
+# generate --input: good and bad lines; every line gets its result line, in order; exit 1.
+add_test(NAME cli_generate_input COMMAND ${CMAKE_COMMAND} -DPAGELLM=$<TARGET_FILE:pagellm_cli>
+  -DMODEL=${_dir} -DWORK=${CMAKE_CURRENT_BINARY_DIR}/cli-input -P ${CMAKE_CURRENT_LIST_DIR}/generate_input.cmake)
+set_tests_properties(cli_generate_input PROPERTIES FIXTURES_REQUIRED cli_model)
+
 # The bench's kernel trace needs CUPTI and a GPU: elsewhere it says so and the bench goes on.
 add_test(NAME cli_bench_trace_unavailable COMMAND ${_pl} bench --preset tiny --backend cpu
   --batch 2 --prompt-len 4 --output-len 8 --trace-steps 2)

@@ -147,7 +147,6 @@ RunResult run(bool graphs, bool persistent, const Qwen3Config& c,
   SamplingParams sp;
   sp.temperature = 0.8f;
   sp.top_p = 0.9f;
-  sp.has_seed = true;
   sp.seed = 7;
   sp.ignore_eos = true;
   std::vector<SamplingParams> per;

@@ -19,3 +19,13 @@ pagellm_layer_include_test(backend_cannot_see_cpu pagellm_backend pagellm/cpu/cp
 pagellm_layer_include_test(model_cannot_see_cpu pagellm_model pagellm/cpu/cpu_backend.h fails)
 pagellm_layer_include_test(attention_cannot_see_backend pagellm_attention
   pagellm/backend/backend.h fails)
+# The public vocabulary headers (plain types) are the one definition the layers below use;
+# the public classes that pull in the engine are seen only from the api layer up.
+pagellm_layer_include_test(sampling_sees_public_sampling_params pagellm_sampling
+  pagellm/sampling_params.h compiles)
+pagellm_layer_include_test(common_sees_public_outputs pagellm_common pagellm/outputs.h compiles)
+pagellm_layer_include_test(engine_cannot_see_public_llm pagellm_engine pagellm/llm.h fails)
+pagellm_layer_include_test(engine_cannot_see_public_async_engine pagellm_engine
+  pagellm/async_engine.h fails)
+pagellm_layer_include_test(engine_cannot_see_api pagellm_engine pagellm/api/engine_core.h fails)
+pagellm_layer_include_test(api_sees_engine pagellm_api pagellm/engine/engine.h compiles)

@@ -7,16 +7,12 @@
 #pragma once
 
 #include <sstream>
-#include <stdexcept>
 #include <string>
 
-namespace pagellm {
+// pagellm::Error, the one exception type the library throws, is public.
+#include "pagellm/error.h"
 
-/// The one exception type the library throws. what() is meant for a user to read.
-class Error : public std::runtime_error {
- public:
-  explicit Error(const std::string& message) : std::runtime_error(message) {}
-};
+namespace pagellm {
 
 namespace detail {
 // Collects a message with operator<< and throws it when destroyed at the end of the

@@ -77,7 +77,7 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& p
   seq->prompt = std::move(prompt);
   seq->params = params;
   // Without a seed, the first output of a SplitMix64 generator seeded with the id.
-  seq->seed = params.has_seed ? params.seed : splitmix64_at(static_cast<uint64_t>(id), 0);
+  seq->seed = params.seed ? *params.seed : splitmix64_at(static_cast<uint64_t>(id), 0);
   Sequence* raw = seq.get();
   requests_[id] = std::move(seq);
 

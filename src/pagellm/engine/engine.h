@@ -94,6 +94,13 @@ class Engine {
   using LogitsHook = ModelRunner::LogitsHook;
   void set_logits_hook(LogitsHook hook) { runner_->set_logits_hook(std::move(hook)); }
 
+  /// Version of the weights the model samples with: 0 after loading, increased by one by
+  /// each weight update (bump_weights_version). Outputs report the version their tokens
+  /// were sampled under.
+  uint64_t weights_version() const { return weights_version_; }
+  /// Records that the weights changed; call between steps (after the update is complete).
+  void bump_weights_version() { ++weights_version_; }
+
   const EngineConfig& config() const { return config_; }
   const SchedulerConfig& scheduler_config() const { return scheduler_config_; }
   const EngineStats& stats() const { return stats_; }
@@ -119,6 +126,7 @@ class Engine {
   std::unique_ptr<Scheduler> scheduler_;
   std::map<int64_t, std::unique_ptr<Sequence>> requests_;
   int64_t next_id_ = 1;
+  uint64_t weights_version_ = 0;
   EngineStats stats_;
 };
 

@@ -6,22 +6,15 @@
 #include <vector>
 
 #include "pagellm/kv/kv_cache_manager.h"
+#include "pagellm/outputs.h"
 #include "pagellm/sampling/sampling_params.h"
 
 namespace pagellm {
 
 enum class SequenceStatus { kWaiting, kRunning, kFinished };
 
-enum class FinishReason {
-  kNone,
-  kEos,           // sampled the model's EOS token
-  kStopToken,     // sampled one of params.stop_token_ids
-  kLength,        // reached params.max_tokens
-  kContextLimit,  // reached the engine's max_model_len
-  kAborted,       // cancelled by the caller
-  kError,         // rejected; see Sequence::error
-};
-const char* finish_reason_name(FinishReason r);
+// FinishReason and finish_reason_name() are public (pagellm/outputs.h): the engine's
+// reasons are what a caller sees. The engine never sets kStopString (the text API does).
 
 /// One generation request and its progress. Owned by the engine; the scheduler holds
 /// pointers. Tokens are the prompt followed by the output. The KvSequence part (id,

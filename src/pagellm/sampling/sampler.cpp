@@ -155,6 +155,9 @@ void validate_sampler_fields(const SamplingParams& p) {
 }  // namespace
 
 void validate_sampling_params(const SamplingParams& params) {
+  PAGELLM_CHECK(params.n >= 1) << "invalid sampling parameters: n (samples per prompt) must be "
+                                  ">= 1, got "
+                               << params.n;
   validate_sampler_fields(params);
   PAGELLM_CHECK(params.max_tokens >= 1)
       << "invalid sampling parameters: max_tokens must be >= 1, got " << params.max_tokens;
@@ -162,6 +165,8 @@ void validate_sampling_params(const SamplingParams& params) {
     PAGELLM_CHECK(id >= 0) << "invalid sampling parameters: stop_token_ids must be token ids "
                               ">= 0, got "
                            << id;
+  for (const std::string& s : params.stop)
+    PAGELLM_CHECK(!s.empty()) << "invalid sampling parameters: stop strings must be non-empty";
 }
 
 namespace detail {

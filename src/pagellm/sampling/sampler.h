@@ -54,11 +54,12 @@ namespace detail {
 class RowSampler;  // sampler.cpp
 }  // namespace detail
 
-/// Throws Error naming the first invalid field of params and the accepted range:
-/// temperature finite and >= 0; top_k >= -1 (-1 and 0 disable it); top_p in (0, 1];
-/// min_p in [0, 1]; repetition_penalty finite and > 0; presence_penalty and
-/// frequency_penalty in [-2, 2] (OpenAI's range); max_tokens >= 1; stop_token_ids >= 0.
-void validate_sampling_params(const SamplingParams& params);
+// validate_sampling_params (declared in the public pagellm/sampling_params.h, defined in
+// sampler.cpp) throws Error naming the first invalid field of params and the accepted range:
+// n >= 1; temperature finite and >= 0; top_k >= -1 (-1 and 0 disable it); top_p in (0, 1];
+// min_p in [0, 1]; repetition_penalty finite and > 0; presence_penalty and
+// frequency_penalty in [-2, 2] (OpenAI's range); max_tokens >= 1; stop_token_ids >= 0;
+// stop strings non-empty.
 
 /// Scratch memory for sampling rows of one vocabulary size, reused across rows to avoid
 /// allocating ~1.5 MB per row at V = 151,936. One per thread; not thread-safe.

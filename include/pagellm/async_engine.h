@@ -1,0 +1,116 @@
+// AsyncEngine: the engine loop on its own thread, for many callers at once (vLLM's AsyncLLM).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "pagellm/engine_options.h"
+#include "pagellm/outputs.h"
+#include "pagellm/prompt.h"
+#include "pagellm/sampling_params.h"
+
+namespace pagellm {
+
+class RequestStream;
+
+/// An engine whose loop runs on a thread of its own. Requests stream their tokens back as
+/// deltas (RequestOutput whose CompletionOutputs hold only what is new), through a callback
+/// or a pull-based RequestStream.
+///
+/// Thread contract:
+///   - submit, abort, shutdown, weights_version and every RequestStream method are safe to
+///     call from any number of threads at once.
+///   - Callbacks run on the engine loop thread, one at a time, in the order of the request's
+///     deltas. A callback must return quickly (the whole engine waits for it) and must not
+///     call shutdown() or destroy the AsyncEngine (that would wait for the loop it runs on);
+///     it may call submit and abort. An exception thrown by a callback is caught: the
+///     request is aborted and the callback is not called again.
+///   - The destructor calls shutdown().
+///
+/// One request's path: submit checks the prompt and params on the caller's thread (errors
+/// throw at once, before any work), tokenizes, and queues the request; the loop thread adds
+/// its n samples to the engine before its next step, steps the engine, and after each step
+/// turns every advanced sample's new tokens into a delta (text by an incremental
+/// StreamDecoder, stop strings checked) delivered to the callback or stream. abort() is
+/// queued the same way and applied before the next step: the engine frees the samples'
+/// KV pages at once and the request ends with FinishReason::kAborted.
+class AsyncEngine {
+ public:
+  /// Loads the model on the calling thread, then starts the loop thread.
+  explicit AsyncEngine(const std::string& model_dir, const EngineOptions& options = {});
+  ~AsyncEngine();
+  AsyncEngine(const AsyncEngine&) = delete;
+  AsyncEngine& operator=(const AsyncEngine&) = delete;
+
+  /// Called with each delta on the loop thread; the last has finished == true.
+  using Callback = std::function<void(const RequestOutput& delta)>;
+
+  /// Queues a request whose deltas are pulled from the returned stream. request_id: unique
+  /// among unfinished requests; empty: "req-<counter>". Throws pagellm::Error for bad
+  /// params or prompt (same checks as LLM::generate), a duplicate id, or after shutdown.
+  std::shared_ptr<RequestStream> submit(const Prompt& prompt, const SamplingParams& params,
+                                        std::string request_id = "");
+  /// Queues a request whose deltas go to `callback`; returns its id.
+  std::string submit(const Prompt& prompt, const SamplingParams& params, Callback callback,
+                     std::string request_id = "");
+
+  /// Ends the request (all its samples) with FinishReason::kAborted and frees its pages
+  /// before the next step. Unknown or finished ids are ignored (the request may have just
+  /// finished). A final delta (finished == true) is still delivered.
+  void abort(const std::string& request_id);
+
+  /// Stops accepting requests, aborts every unfinished one (each gets its final delta),
+  /// and joins the loop thread. Idempotent.
+  void shutdown();
+
+  /// Version of the weights the engine samples with now; increases on a weight update.
+  uint64_t weights_version() const;
+  /// Tokenizer access, safe from any thread (throws without a tokenizer).
+  std::vector<int32_t> encode(const std::string& text) const;
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
+
+  /// Engine introspection for tests and monitoring, answered by the loop thread (blocks
+  /// until its current step ends). Checks page ownership and returns the free KV pages.
+  int64_t check_invariants_and_count_free_pages();
+  int64_t num_usable_pages() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+/// The pull side of one request. Deltas queue up until next() takes them.
+class RequestStream {
+ public:
+  /// Waits for the next delta. Returns false when the timeout passed first (nullopt: wait
+  /// without limit) or when the stream has ended (finished() is then true and no delta is
+  /// left).
+  bool next(RequestOutput& delta,
+            std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  /// Waits for the end and returns the whole output (all remaining deltas merged); the
+  /// deltas taken by next() before are included.
+  RequestOutput collect();
+  /// The last delta has been taken.
+  bool finished() const;
+  const std::string& request_id() const { return request_id_; }
+  /// Same as AsyncEngine::abort(request_id()).
+  void abort();
+
+  struct State;
+  RequestStream(std::string request_id, std::shared_ptr<State> state);
+
+ private:
+  std::string request_id_;
+  std::shared_ptr<State> state_;
+};
+
+/// Appends a delta to an accumulated output: per sample, token ids, logprobs, text and
+/// weights versions are appended and the finish reason and cumulative logprob replaced.
+void merge_delta(RequestOutput& total, const RequestOutput& delta);
+
+}  // namespace pagellm

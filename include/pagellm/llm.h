@@ -1,0 +1,91 @@
+// LLM: offline, synchronous generation over a model folder (vLLM's LLM).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pagellm/engine_options.h"
+#include "pagellm/outputs.h"
+#include "pagellm/prompt.h"
+#include "pagellm/sampling_params.h"
+
+namespace pagellm {
+
+/// Loads a Hugging Face Qwen3 folder (config.json, safetensors, and tokenizer.json for text)
+/// and generates for batches of prompts on the calling thread, all of a batch at once
+/// (continuous batching, chunked prefill, preemption).
+///
+/// n samples: sample j of a prompt whose params carry seed s uses seed s + j, so it
+/// equals a single request with seed s + j (SamplingParams documents seeds).
+///
+/// Thread safety: an LLM is used by one thread at a time (generate steps the engine on the
+/// caller's thread). encode, decode and apply_chat_template are safe from any thread. For
+/// many callers at once use AsyncEngine.
+class LLM {
+ public:
+  /// Throws pagellm::Error for a missing or malformed folder, bad options, or
+  /// options.max_model_len above the model's max_position_embeddings.
+  /// Loading reports bytes of weights read so far to `progress` (optional).
+  using LoadProgress = std::function<void(size_t bytes_done, size_t bytes_total)>;
+  explicit LLM(const std::string& model_dir, const EngineOptions& options = {},
+               const LoadProgress& progress = nullptr);
+  ~LLM();
+  LLM(const LLM&) = delete;
+  LLM& operator=(const LLM&) = delete;
+
+  /// One RequestOutput per prompt, in input order. `params` holds one set for all prompts
+  /// or one per prompt. Every prompt and params set is checked before any work starts: bad
+  /// sampling parameters, an empty prompt, a prompt that cannot fit max_model_len, ids
+  /// outside the vocabulary, text without a tokenizer or bad chat messages throw
+  /// pagellm::Error naming the prompt index and the problem.
+  std::vector<RequestOutput> generate(const std::vector<Prompt>& prompts,
+                                      const std::vector<SamplingParams>& params);
+  std::vector<RequestOutput> generate(const std::vector<Prompt>& prompts,
+                                      const SamplingParams& params = {});
+  std::vector<RequestOutput> generate(const std::vector<std::string>& prompts,
+                                      const SamplingParams& params = {});
+  std::vector<RequestOutput> generate(const std::vector<std::vector<int32_t>>& prompt_token_ids,
+                                      const SamplingParams& params = {});
+  /// Chat conversations through the chat template.
+  std::vector<RequestOutput> chat(const std::vector<std::vector<ChatMessage>>& conversations,
+                                  const SamplingParams& params = {},
+                                  std::optional<bool> enable_thinking = std::nullopt);
+
+  /// Text to ids with the model's tokenizer (throws without one).
+  std::vector<int32_t> encode(const std::string& text) const;
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
+  /// The prompt text a chat Prompt renders to (add_generation_prompt on).
+  std::string apply_chat_template(const Prompt& chat_prompt) const;
+  /// Token ids of any Prompt, exactly as generate would use them.
+  std::vector<int32_t> prompt_token_ids(const Prompt& prompt) const;
+
+  bool has_tokenizer() const;
+  int64_t vocab_size() const;
+  int32_t max_model_len() const;
+  /// KV pages free now and in all (page 0, reserved, excluded): equal when idle.
+  int64_t num_free_pages() const;
+  int64_t num_usable_pages() const;
+  /// Version of the weights the next tokens are sampled with (see RequestOutput).
+  uint64_t weights_version() const;
+
+  /// Debugging and tests: called after each forward pass with every sampled row's float32
+  /// logits [vocab]. sample_number counts the samples this LLM has queued, from 0, in
+  /// order (prompt i's sample j of a first generate call with n samples each: i * n + j);
+  /// output_index is the index of the token the logits produce. Costs a device-to-host
+  /// copy each step; nullptr removes it.
+  using LogitsHook = std::function<void(int64_t sample_number, int64_t output_index,
+                                        const float* logits, int64_t vocab)>;
+  void set_logits_hook(LogitsHook hook);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pagellm

@@ -1,0 +1,274 @@
+// AsyncEngine: EngineCore on a loop thread. Callers only touch the queues below (under
+// `mu`); the core, the engine and the tokenizer's stream decoders are used by the loop
+// thread alone, so the engine itself needs no locks.
+#include "pagellm/async_engine.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "pagellm/api/engine_core.h"
+#include "pagellm/common/check.h"
+
+namespace pagellm {
+
+struct RequestStream::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<RequestOutput> queue;  // deltas not yet taken by next()
+  RequestOutput accumulated;        // every delta so far, merged (for collect())
+  bool final_queued = false;
+  bool final_taken = false;
+  std::weak_ptr<AsyncEngine::Impl> engine;
+};
+
+struct AsyncEngine::Impl {
+  std::shared_ptr<const api::TextModel> text;
+  std::unique_ptr<api::EngineCore> core;  // the loop thread's alone while it runs
+  api::RequestLimits limits;
+  int64_t usable_pages = 0;
+  std::atomic<uint64_t> weights_version{0};
+
+  std::mutex mu;  // guards everything below
+  std::condition_variable wake;
+  std::vector<api::TrackedRequest> pending;
+  std::vector<std::string> aborts;
+  std::vector<std::function<void()>> tasks;  // run on the loop thread between steps
+  std::set<std::string> live_ids;            // submitted and not yet finished
+  uint64_t counter = 0;
+  bool stopping = false;
+  std::string failure;  // why the loop stopped on its own, if it did
+
+  std::mutex shutdown_mu;
+  std::thread loop;
+
+  void run();
+  std::string queue(const Prompt& prompt, const SamplingParams& params, std::string request_id,
+                    std::function<void(RequestOutput&&)> sink);
+  void request_abort(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!live_ids.count(id)) return;
+    aborts.push_back(id);
+    wake.notify_one();
+  }
+  void forget(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu);
+    live_ids.erase(id);
+  }
+};
+
+void AsyncEngine::Impl::run() {
+  for (;;) {
+    std::vector<api::TrackedRequest> adds;
+    std::vector<std::string> cancels;
+    std::vector<std::function<void()>> work;
+    bool stop = false;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      wake.wait(lock, [&] {
+        return stopping || !pending.empty() || !aborts.empty() || !tasks.empty() ||
+               core->has_requests();
+      });
+      adds.swap(pending);
+      cancels.swap(aborts);
+      work.swap(tasks);
+      stop = stopping;
+    }
+    try {
+      for (api::TrackedRequest& r : adds) core->add(std::move(r));
+      for (const std::string& id : cancels) core->abort(id);
+      for (auto& task : work) task();
+      if (stop) {
+        core->abort_all();
+        core->emit();
+        PAGELLM_ASSERT(!core->has_requests()) << "requests left after aborting all at shutdown";
+        return;
+      }
+      core->step();
+      weights_version.store(core->engine().weights_version(), std::memory_order_release);
+    } catch (const std::exception& e) {
+      // An engine failure ends every request (aborted) and the loop; later calls say why.
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        stopping = true;
+        failure = std::string("the engine loop stopped after an error: ") + e.what();
+      }
+      try {
+        core->abort_all();
+        core->emit();
+      } catch (const std::exception&) {
+      }
+      return;
+    }
+  }
+}
+
+std::string AsyncEngine::Impl::queue(const Prompt& prompt, const SamplingParams& params,
+                                     std::string request_id,
+                                     std::function<void(RequestOutput&&)> sink) {
+  // The checks and the tokenization run on the caller's thread, before any engine work.
+  api::TrackedRequest r;
+  r.prompt = text->encode_prompt(prompt);
+  api::check_request(r.prompt, params, limits, text->has_tokenizer());
+  r.params = params;
+  std::lock_guard<std::mutex> lock(mu);
+  PAGELLM_CHECK(!stopping) << (failure.empty() ? "submit after shutdown: the AsyncEngine no "
+                                                 "longer accepts requests"
+                                               : failure);
+  if (request_id.empty()) request_id = "req-" + std::to_string(counter++);
+  PAGELLM_CHECK(!live_ids.count(request_id))
+      << "request id '" << request_id << "' is already in use by an unfinished request";
+  live_ids.insert(request_id);
+  r.request_id = request_id;
+  r.sink = std::move(sink);
+  pending.push_back(std::move(r));
+  wake.notify_one();
+  return request_id;
+}
+
+AsyncEngine::AsyncEngine(const std::string& model_dir, const EngineOptions& options)
+    : impl_(std::make_shared<Impl>()) {
+  const EngineConfig config = api::to_engine_config(options, model_dir);
+  impl_->text = std::make_shared<const api::TextModel>(model_dir);
+  impl_->core = std::make_unique<api::EngineCore>(Engine::create(model_dir, config), impl_->text);
+  impl_->limits = api::limits_of(impl_->core->engine());
+  impl_->usable_pages = impl_->core->engine().allocator().num_usable();
+  impl_->weights_version = impl_->core->engine().weights_version();
+  impl_->loop = std::thread([impl = impl_.get()] { impl->run(); });
+}
+
+AsyncEngine::~AsyncEngine() { shutdown(); }
+
+std::shared_ptr<RequestStream> AsyncEngine::submit(const Prompt& prompt,
+                                                   const SamplingParams& params,
+                                                   std::string request_id) {
+  auto state = std::make_shared<RequestStream::State>();
+  state->engine = impl_;
+  Impl* impl = impl_.get();
+  auto sink = [state, impl](RequestOutput&& delta) {
+    const bool last = delta.finished;
+    if (last) impl->forget(delta.request_id);
+    std::lock_guard<std::mutex> lock(state->mu);
+    merge_delta(state->accumulated, delta);
+    state->final_queued = last;
+    state->queue.push_back(std::move(delta));
+    state->cv.notify_all();
+  };
+  const std::string id = impl_->queue(prompt, params, std::move(request_id), std::move(sink));
+  return std::make_shared<RequestStream>(id, state);
+}
+
+std::string AsyncEngine::submit(const Prompt& prompt, const SamplingParams& params,
+                                Callback callback, std::string request_id) {
+  PAGELLM_CHECK(callback) << "submit: the callback is empty";
+  Impl* impl = impl_.get();
+  auto failed = std::make_shared<bool>(false);  // touched by the loop thread only
+  auto sink = [impl, callback = std::move(callback), failed](RequestOutput&& delta) {
+    const bool last = delta.finished;
+    if (last) impl->forget(delta.request_id);
+    if (*failed) return;
+    try {
+      callback(delta);
+    } catch (...) {
+      // The caller's code failed: stop spending work on its request.
+      *failed = true;
+      if (!last) impl->request_abort(delta.request_id);
+    }
+  };
+  return impl_->queue(prompt, params, std::move(request_id), std::move(sink));
+}
+
+void AsyncEngine::abort(const std::string& request_id) { impl_->request_abort(request_id); }
+
+void AsyncEngine::shutdown() {
+  std::lock_guard<std::mutex> guard(impl_->shutdown_mu);
+  if (!impl_->loop.joinable()) return;
+  PAGELLM_CHECK(std::this_thread::get_id() != impl_->loop.get_id())
+      << "AsyncEngine::shutdown() called from a callback on the engine loop thread (it "
+         "would wait for itself); call it from another thread";
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stopping = true;
+    impl_->wake.notify_one();
+  }
+  impl_->loop.join();
+}
+
+uint64_t AsyncEngine::weights_version() const {
+  return impl_->weights_version.load(std::memory_order_acquire);
+}
+
+std::vector<int32_t> AsyncEngine::encode(const std::string& text) const {
+  return impl_->text->encode(text);
+}
+
+std::string AsyncEngine::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  return impl_->text->decode(ids, skip_special_tokens);
+}
+
+int64_t AsyncEngine::check_invariants_and_count_free_pages() {
+  auto inspect = [core = impl_->core.get()] {
+    core->engine().check_invariants();
+    return static_cast<int64_t>(core->engine().allocator().num_free());
+  };
+  std::packaged_task<int64_t()> task(inspect);
+  std::future<int64_t> result = task.get_future();
+  {
+    std::lock_guard<std::mutex> guard(impl_->shutdown_mu);
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    if (impl_->stopping || !impl_->loop.joinable()) {
+      // No loop will run it: wait for the loop to end, then inspect here.
+      lock.unlock();
+      if (impl_->loop.joinable() && std::this_thread::get_id() != impl_->loop.get_id()) {
+        impl_->loop.join();
+      }
+      return inspect();
+    }
+    impl_->tasks.push_back([&task] { task(); });
+    impl_->wake.notify_one();
+  }
+  return result.get();
+}
+
+int64_t AsyncEngine::num_usable_pages() const { return impl_->usable_pages; }
+
+RequestStream::RequestStream(std::string request_id, std::shared_ptr<State> state)
+    : request_id_(std::move(request_id)), state_(std::move(state)) {}
+
+bool RequestStream::next(RequestOutput& delta, std::optional<std::chrono::milliseconds> timeout) {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  auto ready = [&] { return !state_->queue.empty() || state_->final_taken; };
+  if (timeout) {
+    if (!state_->cv.wait_for(lock, *timeout, ready)) return false;
+  } else {
+    state_->cv.wait(lock, ready);
+  }
+  if (state_->queue.empty()) return false;  // ended
+  delta = std::move(state_->queue.front());
+  state_->queue.pop_front();
+  if (delta.finished) state_->final_taken = true;
+  return true;
+}
+
+RequestOutput RequestStream::collect() {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  state_->cv.wait(lock, [&] { return state_->final_queued; });
+  state_->queue.clear();
+  state_->final_taken = true;
+  return state_->accumulated;
+}
+
+bool RequestStream::finished() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->final_taken;
+}
+
+void RequestStream::abort() {
+  if (auto engine = state_->engine.lock()) engine->request_abort(request_id_);
+}
+
+}  // namespace pagellm

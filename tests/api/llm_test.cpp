@@ -1,0 +1,283 @@
+// LLM (offline generation): output shape and contents, prompts as text, ids and chat, the
+// n-samples seed rule, stop strings and tokens, and bad input rejected before any work.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "api/api_test_util.h"
+#include "pagellm/pagellm.h"
+
+namespace pagellm {
+namespace {
+
+testing::TinyModelCleanup cleanup;
+using Ids = std::vector<std::vector<int32_t>>;
+
+EngineOptions small_engine() {
+  EngineOptions o;
+  o.max_num_seqs = 16;
+  o.max_num_batched_tokens = 256;
+  o.max_model_len = 256;
+  o.num_pages = 128;
+  return o;
+}
+
+LLM& shared_llm() {
+  static LLM llm(testing::tiny_model_dir(), small_engine());
+  return llm;
+}
+
+SamplingParams greedy(int max_tokens) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+void expect_consistent(const LLM& llm, const RequestOutput& r, const SamplingParams& p) {
+  ASSERT_TRUE(r.finished);
+  ASSERT_EQ(r.outputs.size(), static_cast<size_t>(p.n));
+  for (size_t j = 0; j < r.outputs.size(); ++j) {
+    const CompletionOutput& o = r.outputs[j];
+    EXPECT_EQ(o.index, static_cast<int>(j));
+    EXPECT_EQ(o.logprobs.size(), o.token_ids.size());
+    EXPECT_EQ(o.weights_versions, std::vector<uint64_t>(o.token_ids.size(), 0));
+    double sum = 0;
+    for (float lp : o.logprobs) {
+      EXPECT_LE(lp, 0.0f);
+      sum += lp;
+    }
+    EXPECT_NEAR(o.cumulative_logprob, sum, 1e-9 * (1 + std::abs(sum)));
+    if (o.finish_reason != FinishReason::kStopString) {
+      EXPECT_EQ(o.text, llm.decode(o.token_ids, p.skip_special_tokens));
+    }
+  }
+}
+
+TEST(Llm, GenerateFromIdsHasVllmShape) {
+  LLM& llm = shared_llm();
+  const SamplingParams p = greedy(6);
+  const std::vector<RequestOutput> out = llm.generate(Ids{{1, 2, 3}, {7, 8}}, p);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].prompt_token_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(out[1].prompt_token_ids, (std::vector<int32_t>{7, 8}));
+  EXPECT_TRUE(out[0].prompt.empty());
+  EXPECT_NE(out[0].request_id, out[1].request_id);
+  for (const RequestOutput& r : out) {
+    expect_consistent(llm, r, p);
+    EXPECT_EQ(r.outputs[0].token_ids.size(), 6u);
+    EXPECT_EQ(r.outputs[0].finish_reason, FinishReason::kLength);
+    EXPECT_STREQ(finish_reason_openai(r.outputs[0].finish_reason), "length");
+    for (int32_t t : r.outputs[0].token_ids) EXPECT_TRUE(t >= 0 && t < llm.vocab_size());
+  }
+  EXPECT_EQ(llm.num_free_pages(), llm.num_usable_pages());
+}
+
+TEST(Llm, TextPromptEqualsItsIds) {
+  LLM& llm = shared_llm();
+  const SamplingParams p = greedy(5);
+  const std::string text = "The paged KV cache is";
+  const auto from_text = llm.generate(std::vector<std::string>{text}, p);
+  const auto from_ids = llm.generate({llm.encode(text)}, p);
+  EXPECT_EQ(from_text[0].prompt, text);
+  EXPECT_EQ(from_text[0].prompt_token_ids, llm.encode(text));
+  EXPECT_EQ(from_text[0].outputs[0].token_ids, from_ids[0].outputs[0].token_ids);
+  expect_consistent(llm, from_text[0], p);
+}
+
+TEST(Llm, ChatPromptGoesThroughTheTemplate) {
+  LLM& llm = shared_llm();
+  const std::vector<ChatMessage> conversation = {{"user", "Hello"}};
+  const Prompt thinking = Prompt::from_messages(conversation, true);
+  const Prompt plain = Prompt::from_messages(conversation, false);
+  const std::string rendered = llm.apply_chat_template(plain);
+  EXPECT_NE(rendered.find("Hello"), std::string::npos);
+  EXPECT_NE(rendered, llm.apply_chat_template(thinking)) << "enable_thinking is not passed";
+  const auto out = llm.chat({conversation}, greedy(4), false);
+  EXPECT_EQ(out[0].prompt, rendered);
+  EXPECT_EQ(out[0].prompt_token_ids, llm.encode(rendered));
+  expect_consistent(llm, out[0], greedy(4));
+}
+
+TEST(Llm, SampleJOfNEqualsASingleRequestWithSeedPlusJ) {
+  LLM& llm = shared_llm();
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.max_tokens = 8;
+  p.ignore_eos = true;
+  p.n = 3;
+  p.seed = 100;
+  const auto group = llm.generate(Ids{{5, 6, 7}}, p);
+  expect_consistent(llm, group[0], p);
+  for (int j = 0; j < 3; ++j) {
+    SamplingParams single = p;
+    single.n = 1;
+    single.seed = 100 + j;
+    const auto one = llm.generate(Ids{{5, 6, 7}}, single);
+    EXPECT_EQ(group[0].outputs[static_cast<size_t>(j)].token_ids, one[0].outputs[0].token_ids)
+        << "sample " << j;
+  }
+  EXPECT_NE(group[0].outputs[0].token_ids, group[0].outputs[1].token_ids);
+}
+
+TEST(Llm, RunsWithoutSeedAreDeterministic) {
+  SamplingParams p;
+  p.max_tokens = 8;
+  p.ignore_eos = true;
+  p.n = 2;
+  std::vector<std::vector<int32_t>> first;
+  for (int run = 0; run < 2; ++run) {
+    LLM llm(testing::tiny_model_dir(), small_engine());
+    const auto out = llm.generate(Ids{{9, 10}}, p);
+    if (run == 0) {
+      for (const auto& o : out[0].outputs) first.push_back(o.token_ids);
+    } else {
+      EXPECT_EQ(out[0].outputs[0].token_ids, first[0]);
+      EXPECT_EQ(out[0].outputs[1].token_ids, first[1]);
+    }
+  }
+}
+
+TEST(Llm, StopTokenEndsTheSampleAndIsKept) {
+  LLM& llm = shared_llm();
+  const auto full = llm.generate(Ids{{3, 4}}, greedy(8))[0].outputs[0].token_ids;
+  SamplingParams p = greedy(8);
+  p.stop_token_ids = {full[2]};
+  const auto out = llm.generate(Ids{{3, 4}}, p)[0].outputs[0];
+  const size_t first = static_cast<size_t>(std::find(full.begin(), full.end(), full[2]) - full.begin());
+  EXPECT_EQ(out.token_ids, std::vector<int32_t>(full.begin(), full.begin() + first + 1));
+  EXPECT_EQ(out.finish_reason, FinishReason::kStopToken);
+  EXPECT_STREQ(finish_reason_openai(out.finish_reason), "stop");
+}
+
+TEST(Llm, StopStringCutsTheTextAndFreesThePages) {
+  LLM& llm = shared_llm();
+  const SamplingParams base = greedy(24);
+  const CompletionOutput full = llm.generate(Ids{{11, 12, 13}}, base)[0].outputs[0];
+  ASSERT_GE(full.text.size(), 6u) << "the tiny model's text is too short for this test";
+  // A stop string from the middle of the text: the output ends before its first occurrence.
+  size_t at = full.text.size() / 2;
+  while (at > 0 && (static_cast<uint8_t>(full.text[at]) & 0xC0) == 0x80) --at;
+  const std::string stop = full.text.substr(at, 2);
+  SamplingParams p = base;
+  p.stop = {"\x01never", stop};
+  const RequestOutput r = llm.generate(Ids{{11, 12, 13}}, p)[0];
+  const CompletionOutput& out = r.outputs[0];
+  EXPECT_EQ(out.finish_reason, FinishReason::kStopString);
+  EXPECT_STREQ(finish_reason_name(out.finish_reason), "stop_string");
+  EXPECT_STREQ(finish_reason_openai(out.finish_reason), "stop");
+  EXPECT_EQ(out.text, full.text.substr(0, full.text.find(stop)));
+  ASSERT_LE(out.token_ids.size(), full.token_ids.size());
+  EXPECT_TRUE(std::equal(out.token_ids.begin(), out.token_ids.end(), full.token_ids.begin()));
+  EXPECT_LT(out.token_ids.size(), full.token_ids.size());
+  expect_consistent(llm, r, p);
+  EXPECT_EQ(llm.num_free_pages(), llm.num_usable_pages());
+}
+
+TEST(Llm, ProcessedLogprobsOnRequest) {
+  LLM& llm = shared_llm();
+  SamplingParams p = greedy(3);
+  EXPECT_TRUE(llm.generate(Ids{{1}}, p)[0].outputs[0].processed_logprobs.empty());
+  p.processed_logprobs = true;
+  const auto o = llm.generate(Ids{{1}}, p)[0].outputs[0];
+  EXPECT_EQ(o.processed_logprobs, std::vector<float>(3, 0.0f));  // greedy: one-hot
+}
+
+void expect_rejected(const std::vector<Prompt>& prompts, const SamplingParams& p,
+                     const std::string& message) {
+  LLM& llm = shared_llm();
+  try {
+    llm.generate(prompts, std::vector<SamplingParams>{p});
+    ADD_FAILURE() << "accepted; expected: " << message;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+  }
+  // Nothing was queued: the next request runs alone and the cache is whole.
+  EXPECT_EQ(llm.num_free_pages(), llm.num_usable_pages());
+}
+
+TEST(Llm, BadInputIsRejectedBeforeAnyWork) {
+  const Prompt ok = Prompt::from_token_ids({1, 2});
+  SamplingParams p = greedy(4);
+  p.temperature = -1;
+  expect_rejected({ok}, p, "prompt 0: invalid sampling parameters: temperature must be a "
+                           "finite number >= 0");
+  p = greedy(4);
+  p.temperature = std::nanf("");
+  expect_rejected({ok}, p, "temperature must be a finite number >= 0");
+  p = greedy(4);
+  p.top_p = 2;
+  expect_rejected({ok}, p, "top_p must be in (0, 1]");
+  p = greedy(0);
+  expect_rejected({ok}, p, "max_tokens must be >= 1, got 0");
+  p = greedy(4);
+  p.n = 0;
+  expect_rejected({ok}, p, "n (samples per prompt) must be >= 1, got 0");
+  p = greedy(4);
+  p.stop = {""};
+  expect_rejected({ok}, p, "stop strings must be non-empty");
+  // The second prompt is bad: the first must not run either.
+  expect_rejected({ok, Prompt::from_token_ids({})}, greedy(4), "prompt 1: the prompt is empty");
+  expect_rejected({Prompt::from_token_ids({1, 5000})}, greedy(4),
+                  "prompt token 1 has id 5000, outside the vocabulary [0, 1024)");
+  expect_rejected({Prompt::from_token_ids(std::vector<int32_t>(256, 1))}, greedy(4),
+                  "the prompt has 256 tokens but max_model_len is 256");
+  expect_rejected({Prompt::from_text("ok \xff here")}, greedy(4),
+                  "not valid UTF-8: byte 3 (0xff)");
+  expect_rejected({Prompt::from_messages_json("[{\"role\": \"user\"")}, greedy(4),
+                  "chat messages are not JSON");
+}
+
+TEST(Llm, MaxModelLenAboveTheModelsIsRejected) {
+  EngineOptions o = small_engine();
+  o.max_model_len = 4096;
+  try {
+    LLM llm(testing::tiny_model_dir(), o);
+    ADD_FAILURE() << "accepted max_model_len 4096";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_model_len 4096 is above the model's "
+                                         "max_position_embeddings 2048"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Llm, VersionMatchesTheProject) { EXPECT_STREQ(kVersion, PAGELLM_PROJECT_VERSION); }
+
+TEST(Llm, MergeDeltaAppendsPerSample) {
+  RequestOutput total;
+  RequestOutput d1;
+  d1.request_id = "r";
+  d1.prompt_token_ids = {1};
+  CompletionOutput a;
+  a.index = 1;
+  a.token_ids = {5};
+  a.text = "x";
+  a.logprobs = {-1.0f};
+  a.cumulative_logprob = -1.0;
+  d1.outputs = {a};
+  merge_delta(total, d1);
+  RequestOutput d2;
+  CompletionOutput b = a;
+  b.index = 0;
+  CompletionOutput c = a;
+  c.token_ids = {6};
+  c.text = "y";
+  c.cumulative_logprob = -2.0;
+  c.finish_reason = FinishReason::kLength;
+  d2.outputs = {b, c};
+  d2.finished = true;
+  merge_delta(total, d2);
+  ASSERT_EQ(total.outputs.size(), 2u);
+  EXPECT_EQ(total.outputs[0].index, 0);
+  EXPECT_EQ(total.outputs[1].token_ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(total.outputs[1].text, "xy");
+  EXPECT_EQ(total.outputs[1].cumulative_logprob, -2.0);
+  EXPECT_TRUE(total.finished);
+  EXPECT_EQ(total.prompt_token_ids, (std::vector<int32_t>{1}));
+}
+
+}  // namespace
+}  // namespace pagellm
