@@ -17,15 +17,7 @@ EngineConfig to_engine_config(const EngineOptions& o, const std::string& model_d
       << mc.max_position_embeddings << " (config.json); use at most "
       << mc.max_position_embeddings;
   EngineConfig c;
-  c.backend = o.backend;
-  c.page_size = o.page_size;
-  c.num_pages = o.num_pages;
-  c.kv_cache_bytes = o.kv_cache_bytes;
-  c.max_num_seqs = o.max_num_seqs;
-  c.max_num_batched_tokens = o.max_num_batched_tokens;
-  c.max_model_len = o.max_model_len;
-  c.use_graphs = o.use_graphs;
-  c.attention_backend = o.attention_backend;
+  static_cast<EngineOptions&>(c) = o;
   return c;
 }
 

@@ -12,6 +12,7 @@
 
 #include "pagellm/backend/backend.h"
 #include "pagellm/engine/model_runner.h"
+#include "pagellm/engine_options.h"
 #include "pagellm/engine/scheduler.h"
 #include "pagellm/engine/sequence.h"
 #include "pagellm/kv/kv_cache_manager.h"
@@ -19,27 +20,11 @@
 
 namespace pagellm {
 
-/// Engine settings. Zero means "derive a default".
-struct EngineConfig {
-  std::string backend = "cpu";
-  int32_t page_size = 16;
-  /// Physical pages per layer, page 0 included. 0: sized from kv_cache_bytes.
-  int64_t num_pages = 0;
-  /// Bytes for all layers' K and V pools. 0: a share of the backend's free memory
-  /// (a quarter on the CPU, up to 4 GiB; 90 % on a GPU).
-  size_t kv_cache_bytes = 0;
-  int32_t max_num_seqs = 256;
-  int32_t max_num_batched_tokens = 2048;
-  /// Longest prompt + output. 0: the model's max_position_embeddings.
-  int32_t max_model_len = 0;
-  /// Decode steps replay one captured graph per batch-size bucket (backends with graphs).
-  bool use_graphs = true;
+/// Engine settings: the public EngineOptions (pagellm/engine_options.h, one definition for
+/// the API and the engine) plus what only the engine's own callers set.
+struct EngineConfig : EngineOptions {
   /// Bucket sizes; empty: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every 32 up to max_num_seqs.
   std::vector<int32_t> graph_buckets;
-  /// Who runs paged attention: "auto" (the backend's dispatcher: cuDNN only where measured
-  /// to win, never an error because of cuDNN), "native" or "cudnn" (cuda backend only;
-  /// a call cuDNN cannot serve is an Error). Passed to Backend::set_attention_backend.
-  std::string attention_backend = "auto";
 };
 
 /// Counters since the engine started.
