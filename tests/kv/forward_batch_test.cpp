@@ -8,19 +8,12 @@
 #include <vector>
 
 #include "pagellm/common/check.h"
+#include "common/expect_error.h"
 
 namespace pagellm {
 namespace {
 
-template <class Fn>
-void expect_error(Fn fn, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an Error containing \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using testing::expect_error;
 
 // Two sequences in rows 2 and 1 of a 3-row table of 3 entries, pages of 4 tokens:
 // sequence 0 decodes position 4 (page 7, its second page, sent in this batch), sequence 1

@@ -7,19 +7,12 @@
 #include <vector>
 
 #include "pagellm/common/check.h"
+#include "common/expect_error.h"
 
 namespace pagellm {
 namespace {
 
-template <class Fn>
-void expect_error(Fn fn, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an Error containing \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using testing::expect_error;
 
 TEST(PageTable, HandsOutRowsOneUpLowestFirstAndNeverRowZero) {
   PageTable t(4, 3);

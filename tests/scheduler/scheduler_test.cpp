@@ -10,6 +10,7 @@
 
 #include "pagellm/common/check.h"
 #include "scheduler/sim.h"
+#include "common/expect_error.h"
 
 namespace pagellm {
 namespace {
@@ -19,15 +20,7 @@ using testing::Request;
 using testing::Sim;
 using testing::small_config;
 
-template <class Fn>
-void expect_error(Fn fn, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an Error containing \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using testing::expect_error;
 
 bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
