@@ -67,7 +67,6 @@ Outcome run(bool persistent, const Workload& wl) {
     if (wl.seeded) {
       sp.temperature = 0.9f;
       sp.top_k = 20;
-      sp.has_seed = true;
       sp.seed = 100 + i;
     } else {
       sp.temperature = 0.0f;
