@@ -192,6 +192,10 @@ void register_bench_command(CLI::App& app) {
                   "record this many decode steps' kernels (CUPTI) and print where the time goes")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--trace-out", a->trace_out, "with --trace-steps: write the kernels as CSV");
+  cmd->add_flag_function(
+      "--dense-page-table",
+      [a](int64_t) { a->engine.config.persistent_page_table = false; },
+      "send each step's whole page-table rows instead of the changed entries (an ablation)");
   add_engine_options(cmd, a->engine);
   cmd->callback([a] { run_bench(*a); });
 }

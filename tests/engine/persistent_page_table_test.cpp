@@ -39,17 +39,22 @@ struct Workload {
   int abort_after_steps = 0;
 };
 
-Outcome run(bool persistent, const Workload& wl) {
+/// The dense path either by the engine's switch (EngineConfig::persistent_page_table) or
+/// because the backend keeps no table of its own.
+enum class Path { kPersistent, kDenseBySwitch, kDenseByBackend };
+
+Outcome run(Path path, const Workload& wl) {
   Qwen3Config c = testing::small_config(false);
   testing::HostWeights w = testing::random_weights(c, 4242);
   std::unique_ptr<Backend> backend;
-  if (persistent) {
-    backend = std::make_unique<CpuBackend>();
-  } else {
+  if (path == Path::kDenseByBackend) {
     backend = std::make_unique<DenseCpuBackend>();
+  } else {
+    backend = std::make_unique<CpuBackend>();
   }
   auto model = std::make_unique<Qwen3Model>(*backend, c, w.lookup());
   EngineConfig ec;
+  ec.persistent_page_table = path == Path::kPersistent;
   ec.page_size = wl.page_size;
   ec.num_pages = wl.num_pages;
   ec.max_num_seqs = 6;
@@ -99,8 +104,8 @@ Outcome run(bool persistent, const Workload& wl) {
 }
 
 void expect_same(const Workload& wl, bool expect_preemption) {
-  const Outcome dense = run(false, wl);
-  const Outcome persistent = run(true, wl);
+  const Outcome dense = run(Path::kDenseByBackend, wl);
+  const Outcome persistent = run(Path::kPersistent, wl);
   EXPECT_EQ(dense.tokens, persistent.tokens);
   EXPECT_EQ(dense.logprobs, persistent.logprobs);  // bit for bit: same pages, same sums
   EXPECT_EQ(dense.reasons, persistent.reasons);
@@ -114,6 +119,20 @@ void expect_same(const Workload& wl, bool expect_preemption) {
   }
   EXPECT_LT(persistent.stats.page_table_entries_uploaded,
             dense.stats.page_table_entries_uploaded / 4);
+}
+
+TEST(PersistentPageTable, EngineSwitchSendsDenseRowsLikeABackendWithoutATable) {
+  Workload wl;
+  wl.num_pages = 200;
+  const Outcome by_switch = run(Path::kDenseBySwitch, wl);
+  const Outcome by_backend = run(Path::kDenseByBackend, wl);
+  const Outcome persistent = run(Path::kPersistent, wl);
+  EXPECT_EQ(by_switch.tokens, persistent.tokens);
+  EXPECT_EQ(by_switch.logprobs, persistent.logprobs);
+  EXPECT_EQ(by_switch.stats.page_table_entries_uploaded,
+            by_backend.stats.page_table_entries_uploaded);
+  EXPECT_LT(persistent.stats.page_table_entries_uploaded,
+            by_switch.stats.page_table_entries_uploaded / 4);
 }
 
 TEST(PersistentPageTable, GreedyWithChunkedPrefillMatchesDense) {
@@ -136,8 +155,8 @@ TEST(PersistentPageTable, AbortsMatchDense) {
   wl.page_size = 8;
   wl.abort_index = 2;
   wl.abort_after_steps = 4;
-  const Outcome dense = run(false, wl);
-  const Outcome persistent = run(true, wl);
+  const Outcome dense = run(Path::kDenseByBackend, wl);
+  const Outcome persistent = run(Path::kPersistent, wl);
   EXPECT_EQ(persistent.reasons[2], FinishReason::kAborted);
   EXPECT_EQ(dense.tokens, persistent.tokens);
   EXPECT_EQ(dense.logprobs, persistent.logprobs);

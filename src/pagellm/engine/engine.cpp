@@ -29,6 +29,7 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
   rc.page_table_rows = config_.max_num_seqs + 1;  // row 0 is the padding row
   rc.use_graphs = config_.use_graphs;
   rc.graph_buckets = config_.graph_buckets;
+  rc.persistent_page_table = config_.persistent_page_table;
   runner_ = std::make_unique<ModelRunner>(std::move(backend), std::move(model), rc);
   kv_cache_ = std::make_unique<KvCacheManager>(static_cast<int32_t>(runner_->num_pages()),
                                                config_.page_size, rc.page_table_rows,

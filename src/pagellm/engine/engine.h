@@ -25,6 +25,10 @@ namespace pagellm {
 struct EngineConfig : EngineOptions {
   /// Bucket sizes; empty: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every 32 up to max_num_seqs.
   std::vector<int32_t> graph_buckets;
+  /// Sends only the page-table entries that changed when the backend keeps its own table
+  /// (Backend::supports_persistent_page_table); false sends every batch its dense rows
+  /// (an ablation: `pagellm bench --dense-page-table`).
+  bool persistent_page_table = true;
 };
 
 /// Counters since the engine started.

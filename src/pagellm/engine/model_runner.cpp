@@ -9,7 +9,7 @@ namespace pagellm {
 ModelRunner::ModelRunner(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> model,
                          const ModelRunnerConfig& config)
     : config_(config), backend_(std::move(backend)), model_(std::move(model)) {
-  persistent_ = backend_->supports_persistent_page_table();
+  persistent_ = config_.persistent_page_table && backend_->supports_persistent_page_table();
   model_->reserve(config_.max_num_batched_tokens, config_.max_num_seqs);
   allocate_kv(size_kv_cache());
   if (config_.use_graphs && backend_->supports_graphs()) capture_graphs();

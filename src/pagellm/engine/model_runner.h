@@ -37,6 +37,8 @@ struct ModelRunnerConfig {
   bool use_graphs = true;
   /// Bucket sizes; empty: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every 32 up to max_num_seqs.
   std::vector<int32_t> graph_buckets;
+  /// Use the backend's persistent page table when it has one (EngineConfig's switch).
+  bool persistent_page_table = true;
 };
 
 /// Runs steps on one backend. Not thread-safe: the engine's thread only.
