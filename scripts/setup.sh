@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what pagellm needs to build and test on a fresh Debian 12 machine:
-# compilers and libraries from Debian, Python packages for the parity tests from PyPI.
+# compilers and libraries from Debian (clang and its compiler-rt for the libFuzzer targets),
+# Python packages for the parity tests from PyPI.
 # The CUDA toolkit (nvcc, cuBLASLt, cuDNN, NCCL) is expected under /usr/local/cuda when
 # the CUDA backend is wanted; without it the CPU-only build is made.
 set -euo pipefail
@@ -9,7 +10,8 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 packages=(build-essential cmake ninja-build pkg-config git python3 python3-pip
   nlohmann-json3-dev libcli11-dev libopenblas-dev libpcre2-dev libutf8proc-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev gfortran)
+  libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev gfortran
+  clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
