@@ -29,16 +29,8 @@ void add_engine_options(CLI::App* cmd, EngineSettings& s) {
 }
 
 EngineOptions engine_options(const EngineSettings& s) {
-  EngineOptions o;
-  o.backend = s.config.backend;
-  o.page_size = s.config.page_size;
-  o.num_pages = s.config.num_pages;
+  EngineOptions o = s.config;  // the public part of the engine's settings
   if (s.kv_cache_gb > 0) o.kv_cache_bytes = static_cast<size_t>(s.kv_cache_gb * 1e9);
-  o.max_num_seqs = s.config.max_num_seqs;
-  o.max_num_batched_tokens = s.config.max_num_batched_tokens;
-  o.max_model_len = s.config.max_model_len;
-  o.use_graphs = s.config.use_graphs;
-  o.attention_backend = s.config.attention_backend;
   return o;
 }
 
