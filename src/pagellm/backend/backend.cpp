@@ -28,6 +28,42 @@ std::vector<SampledToken> Backend::sample(const Tensor& logits,
   return sample_rows(host.data(), num_rows, vocab_size, rows);
 }
 
+void Backend::copy_kv_pages(std::vector<LayerKv>& kv,
+                            const std::vector<std::pair<int32_t, int32_t>>& src_dst) {
+  (void)kv;
+  PAGELLM_CHECK(src_dst.empty())
+      << "the " << name() << " backend cannot copy KV pages (copy_kv_pages), which n-sample "
+      << "fan-out needs; use n = 1 or the cpu or cuda backend";
+}
+
+size_t check_kv_page_copies(const std::vector<LayerKv>& kv,
+                            const std::vector<std::pair<int32_t, int32_t>>& src_dst,
+                            const std::string& backend) {
+  PAGELLM_CHECK(!kv.empty()) << backend << " backend: copy_kv_pages got no layers";
+  const Tensor& first = kv[0].k;
+  PAGELLM_CHECK(first.ndim == 4) << backend << " backend: copy_kv_pages needs pools of shape "
+                                    "[num_pages, num_kv_heads, page_size, head_dim], got "
+                                 << first.shape_string();
+  for (size_t l = 0; l < kv.size(); ++l) {
+    for (const Tensor* pool : {&kv[l].k, &kv[l].v}) {
+      PAGELLM_CHECK(pool->data != nullptr && pool->ndim == 4 && pool->dtype == first.dtype &&
+                    pool->shape_string() == first.shape_string())
+          << backend << " backend: copy_kv_pages: layer " << l << "'s "
+          << (pool == &kv[l].k ? "K" : "V") << " pool is " << dtype_name(pool->dtype) << " "
+          << pool->shape_string() << ", layer 0's K pool " << dtype_name(first.dtype) << " "
+          << first.shape_string() << " (every pool must match)";
+    }
+  }
+  const int64_t num_pages = first.size(0);
+  for (size_t i = 0; i < src_dst.size(); ++i) {
+    const auto [src, dst] = src_dst[i];
+    PAGELLM_CHECK(src >= 1 && src < num_pages && dst >= 1 && dst < num_pages && src != dst)
+        << backend << " backend: copy_kv_pages pair " << i << " copies page " << src
+        << " to page " << dst << "; pages must differ and lie in 1.." << num_pages - 1;
+  }
+  return first.nbytes() / static_cast<size_t>(num_pages);
+}
+
 AttentionPlanRef Backend::plan_attention(const BatchTensors& batch, const AttentionShape& shape,
                                          const LayerKv& kv) {
   (void)batch;

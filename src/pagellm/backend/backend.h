@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pagellm/attention/provider.h"
@@ -89,6 +90,14 @@ class Backend {
   virtual std::vector<float> download_f32(const Tensor& src) = 0;
   /// Sets every element to value (tests poison outputs with NaN).
   virtual void fill(Tensor& t, float value) = 0;
+  /// Copy-on-write of KV pages (n-sample fan-out): for each (src, dst) in order, page dst
+  /// of every layer's K and V pool becomes a copy of page src ([num_kv_heads, page_size,
+  /// head_dim] each). A later pair may read a page an earlier one wrote, so pairs run in
+  /// order. Runs on the backend's stream before the step's forward; never inside a graph
+  /// capture. Pages outside the pools throw Error. The default throws (a backend without
+  /// it cannot run n > 1 fan-out).
+  virtual void copy_kv_pages(std::vector<LayerKv>& kv,
+                             const std::vector<std::pair<int32_t, int32_t>>& src_dst);
 
   /// Copies the batch metadata to the device; the result stays valid until the next call.
   /// A backend that supports_persistent_page_table() accepts both page-table forms of
@@ -249,6 +258,14 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
+
+/// Checks copy_kv_pages' arguments for a backend named `backend`: pools of one shape
+/// [num_pages, num_kv_heads, page_size, head_dim] and dtype in every layer's K and V, and
+/// each pair two different pages in 1 .. num_pages-1. Throws Error naming the first
+/// violation. Returns the bytes of one page of one pool.
+size_t check_kv_page_copies(const std::vector<LayerKv>& kv,
+                            const std::vector<std::pair<int32_t, int32_t>>& src_dst,
+                            const std::string& backend);
 
 /// Creates a backend by name: "cpu" or "cuda" (when built). Throws Error with the list of
 /// available backends otherwise, or when the device cannot be used.

@@ -111,6 +111,22 @@ void CpuBackend::fill(Tensor& t, float value) {
   std::fill_n(t.ptr<float>(), t.numel(), value);
 }
 
+void CpuBackend::copy_kv_pages(std::vector<LayerKv>& kv,
+                               const std::vector<std::pair<int32_t, int32_t>>& src_dst) {
+  if (src_dst.empty()) return;
+  const size_t page_bytes = check_kv_page_copies(kv, src_dst, "cpu");
+  // In order: a later pair may read a page an earlier one wrote.
+  for (const auto& [src, dst] : src_dst) {
+    for (LayerKv& layer : kv) {
+      for (Tensor* pool : {&layer.k, &layer.v}) {
+        char* base = static_cast<char*>(pool->data);
+        std::memcpy(base + static_cast<size_t>(dst) * page_bytes,
+                    base + static_cast<size_t>(src) * page_bytes, page_bytes);
+      }
+    }
+  }
+}
+
 void CpuBackend::reserve_batch(int32_t max_tokens, int32_t max_seqs, int32_t max_pages_per_seq,
                                int32_t max_rows) {
   (void)max_tokens;

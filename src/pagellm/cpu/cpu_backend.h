@@ -28,6 +28,8 @@ class CpuBackend : public Backend {
               int64_t n) override;
   std::vector<float> download_f32(const Tensor& src) override;
   void fill(Tensor& t, float value) override;
+  void copy_kv_pages(std::vector<LayerKv>& kv,
+                     const std::vector<std::pair<int32_t, int32_t>>& src_dst) override;
   BatchTensors upload_batch(const ForwardBatch& batch) override;
   bool supports_persistent_page_table() const override { return true; }
   void reserve_batch(int32_t max_tokens, int32_t max_seqs, int32_t max_pages_per_seq,

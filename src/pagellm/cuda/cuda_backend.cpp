@@ -129,6 +129,36 @@ void CudaBackend::fill(Tensor& t, float value) {
   launch_fill(t.data, t.dtype, t.numel(), value, as_stream(stream_));
 }
 
+void CudaBackend::copy_kv_pages(std::vector<LayerKv>& kv,
+                                const std::vector<std::pair<int32_t, int32_t>>& src_dst) {
+  if (src_dst.empty()) return;
+  PAGELLM_CHECK(!capturing())
+      << "cuda backend: copy_kv_pages runs before a step's forward and cannot be captured in a "
+         "graph";
+  const size_t page_bytes = check_kv_page_copies(kv, src_dst, "cuda");
+  // A fan-out copies one partly filled page per sample, so runs are short; merging
+  // consecutive pages still keeps the copy count down when pages were handed out in order.
+  for (size_t i = 0; i < src_dst.size();) {
+    const int32_t src = src_dst[i].first, dst = src_dst[i].second;
+    int32_t len = 1;
+    while (i + len < src_dst.size() && src_dst[i + len].first == src + len &&
+           src_dst[i + len].second == dst + len &&
+           (dst + len + 1 <= src || src + len + 1 <= dst)) {  // ranges stay disjoint
+      ++len;
+    }
+    for (LayerKv& layer : kv) {
+      for (Tensor* pool : {&layer.k, &layer.v}) {
+        char* base = static_cast<char*>(pool->data);
+        PAGELLM_CUDA_CHECK(cudaMemcpyAsync(base + static_cast<size_t>(dst) * page_bytes,
+                                           base + static_cast<size_t>(src) * page_bytes,
+                                           static_cast<size_t>(len) * page_bytes,
+                                           cudaMemcpyDeviceToDevice, stream_));
+      }
+    }
+    i += static_cast<size_t>(len);
+  }
+}
+
 // ---- batch metadata (BatchStaging) ---------------------------------------------------------
 
 BatchTensors CudaBackend::upload_batch(const ForwardBatch& batch) {

@@ -77,6 +77,11 @@ class CudaBackend final : public Backend {
               int64_t n) override;
   std::vector<float> download_f32(const Tensor& src) override;
   void fill(Tensor& t, float value) override;
+  /// One cudaMemcpyAsync (device to device, on the stream) per layer, pool and run of
+  /// pairs whose source and destination pages are both consecutive and do not overlap;
+  /// runs in the pairs' order. Not while capturing.
+  void copy_kv_pages(std::vector<LayerKv>& kv,
+                     const std::vector<std::pair<int32_t, int32_t>>& src_dst) override;
   /// Packs the batch's int32 arrays into a pinned buffer and copies them with one async
   /// copy into a persistent device buffer. Each array has a fixed region sized by the
   /// current capacities, so every batch within them gets the same device addresses, and a
