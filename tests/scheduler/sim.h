@@ -14,6 +14,13 @@
 // to two sequences, a stale page-table row or a wrong slot mapping shows up as a mismatch.
 // It then samples script[output index] for each sampling sequence (100 + output index when
 // the script is shorter), so recompute after preemption reproduces the same tokens.
+//
+// n-sample groups (add_group): the samples share sample 0's prompt, and a cell of a prompt
+// position may have been written by any member of the group (the prompt's pages are
+// shared); every later position must be the reader's own. The step's copy-on-write copies
+// (SchedulerOutput::page_copies) are applied to the fake pool before the step writes, as
+// the model runner does, so a sample that wrote into a page it still shared, or a copy
+// that was missed, shows up as a mismatch.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -108,6 +115,16 @@ class Sim {
     return raw;
   }
   bool add(const Request& r) { return scheduler_.add(make(r)); }
+  /// Adds the requests as one n-sample group: every sample gets the first one's prompt.
+  bool add_group(const std::vector<Request>& samples) {
+    std::vector<Sequence*> group;
+    for (const Request& r : samples) {
+      group.push_back(make(r));
+      group.back()->prompt = group.front()->prompt;
+      group_of_[r.id] = samples.front().id;
+    }
+    return scheduler_.add_group(group);
+  }
   Sequence* seq(int64_t id) { return by_id_.at(id); }
 
   /// The token the mocked model samples for `seq` now.
@@ -133,6 +150,11 @@ class Sim {
       t.token = next_token(*s.seq);
       t.logprob = -0.25f * static_cast<float>(s.seq->output.size() + 1);
       sampled.push_back(t);
+      for (const Sequence* sample : s.fan_out) {  // first tokens of a fan-out
+        t.token = next_token(*sample);
+        t.logprob = -0.25f;
+        sampled.push_back(t);
+      }
     }
     last_output_ = out;
     std::vector<Sequence*> done = scheduler_.on_step_done(out, sampled);
@@ -143,6 +165,7 @@ class Sim {
     for (size_t i = 0; i < out.scheduled.size(); ++i) {
       sch << (i ? " " : "") << out.scheduled[i].seq->id << ":" << out.scheduled[i].num_new_tokens
           << (out.scheduled[i].samples ? "*" : "");
+      if (!out.scheduled[i].fan_out.empty()) sch << "+" << out.scheduled[i].fan_out.size();
     }
     rec.scheduled = sch.str();
     rec.preempted = join_ids(out.preempted);
@@ -182,6 +205,8 @@ class Sim {
   PageTable& table() { return kv_.page_table(); }
   Scheduler& scheduler() { return scheduler_; }
   const SchedulerOutput& last_output() const { return last_output_; }
+  /// Copy-on-write page copies the steps have carried so far.
+  int64_t copies() const { return copies_; }
   /// Page-table entries the persistent path has uploaded so far.
   int64_t entries_uploaded() const { return entries_uploaded_; }
   /// Page lists held outside the scheduler, for the ownership cross-check.
@@ -239,6 +264,11 @@ class Sim {
     ASSERT_EQ(batch.num_seqs(), static_cast<int32_t>(out.scheduled.size()));
     ASSERT_EQ(batch.num_tokens(), out.num_tokens);
     ASSERT_EQ(static_cast<int32_t>(batch.logits_indices.size()), out.num_sampling());
+    for (const auto& [src, dst] : out.page_copies) {
+      ASSERT_EQ(allocator().refcount(dst), 1) << "a copy into page " << dst << ", not owned once";
+      for (int32_t o = 0; o < ps; ++o) kv_cells_[dst * ps + o] = kv_cells_[src * ps + o];
+    }
+    copies_ += static_cast<int64_t>(out.page_copies.size());
     std::set<int32_t> written;
     for (int32_t b = 0; b < batch.num_seqs(); ++b) {
       const Sequence& s = *out.scheduled[b].seq;
@@ -259,7 +289,10 @@ class Sim {
       for (int32_t pos = 0; pos < batch.kv_lens[b]; ++pos) {
         const int32_t page = batch.page_table[b * batch.max_pages_per_seq + pos / ps];
         const Cell& c = kv_cells_[page * ps + pos % ps];
-        ASSERT_TRUE(c.id == s.id && c.position == pos && c.token == s.token_at(pos))
+        const bool writer_ok =
+            c.id == s.id || (pos < static_cast<int32_t>(s.prompt.size()) && group_of_.count(s.id) &&
+                             group_of_.count(c.id) && group_of_.at(c.id) == group_of_.at(s.id));
+        ASSERT_TRUE(writer_ok && c.position == pos && c.token == s.token_at(pos))
             << "request " << s.id << " position " << pos << " reads a cell of request " << c.id
             << " position " << c.position;
       }
@@ -271,6 +304,8 @@ class Sim {
   std::vector<Cell> kv_cells_;  // [num_pages * page_size]
   std::vector<int32_t> backend_table_;  // the persistent copy a backend would keep
   int64_t entries_uploaded_ = 0;
+  int64_t copies_ = 0;
+  std::map<int64_t, int64_t> group_of_;  // sample id -> its group's first id
   std::vector<std::unique_ptr<Sequence>> owned_;
   std::map<int64_t, Sequence*> by_id_;
   std::map<int64_t, std::vector<int32_t>> scripts_;

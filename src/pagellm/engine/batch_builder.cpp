@@ -38,7 +38,9 @@ ForwardBatch build_batch_without_table(const SchedulerOutput& out, const PageTab
     }
     batch.query_start.push_back(batch.num_tokens());
     batch.kv_lens.push_back(end);
-    if (s.samples) batch.logits_indices.push_back(batch.num_tokens() - 1);
+    // A fan-out samples every sample's first token from the same row.
+    if (s.samples) batch.logits_indices.insert(batch.logits_indices.end(), 1 + s.fan_out.size(),
+                                               batch.num_tokens() - 1);
   }
   return batch;
 }
@@ -80,6 +82,14 @@ std::vector<SamplingRow> build_sampling_rows(const SchedulerOutput& out) {
     row.prompt_tokens = &seq.prompt;
     row.output_tokens = &seq.output;
     rows.push_back(row);
+    for (const Sequence* sample : s.fan_out) {  // their first token: own seed, index 0
+      row.params = &sample->params;
+      row.seed = sample->seed;
+      row.output_index = 0;
+      row.prompt_tokens = &sample->prompt;
+      row.output_tokens = &sample->output;
+      rows.push_back(row);
+    }
   }
   return rows;
 }

@@ -17,8 +17,9 @@ namespace pagellm {
 /// positions are token_at(c .. c+n-1) and c .. c+n-1; slot_mapping[t] = page * page_size +
 /// offset of position p in seq->pages; kv_lens[b] = c + n; page_table row b is the
 /// sequence's PageTable row (its pages, then zeros); logits_indices holds the last token
-/// row of each sequence with samples == true, in scheduled order, so logits row r belongs
-/// to the r-th sampling sequence, as on_step_done() expects.
+/// row of each sequence with samples == true, in scheduled order, 1 + fan_out.size() times
+/// (a fan-out samples every sample's first token from it), so logits row r belongs to the
+/// r-th sampled token, as on_step_done() expects.
 ForwardBatch build_forward_batch(const SchedulerOutput& out, const PageTable& page_table,
                                  int32_t page_size);
 
@@ -30,7 +31,8 @@ ForwardBatch build_forward_batch(const SchedulerOutput& out, const PageTable& pa
 ForwardBatch build_persistent_forward_batch(const SchedulerOutput& out, PageTable& page_table,
                                             int32_t page_size);
 
-/// One SamplingRow per sampling sequence of `out`, in the order of logits_indices.
+/// One SamplingRow per sampled token of `out`, in the order of logits_indices: each
+/// sampling sequence's, then its fan-out samples' (their own seed, output index 0).
 /// The rows point into the sequences, so they stay valid until on_step_done().
 std::vector<SamplingRow> build_sampling_rows(const SchedulerOutput& out);
 

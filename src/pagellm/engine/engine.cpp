@@ -105,6 +105,56 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& p
   return id;
 }
 
+std::vector<int64_t> Engine::add_request_group(std::vector<int32_t> prompt,
+                                               const SamplingParams& params) {
+  if (params.n == 1) return {add_request(std::move(prompt), params)};
+  std::string error;
+  try {
+    validate_sampling_params(params);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  const int64_t vocab = runner_->model().config().vocab_size;
+  for (size_t i = 0; i < prompt.size() && error.empty(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= vocab) {
+      error = "prompt token " + std::to_string(i) + " has id " + std::to_string(prompt[i]) +
+              ", outside the vocabulary [0, " + std::to_string(vocab) + ")";
+    }
+  }
+  if (error.empty() && params.n > config_.max_num_seqs) {
+    error = "request asks for n = " + std::to_string(params.n) + " samples but max_num_seqs is " +
+            std::to_string(config_.max_num_seqs) +
+            ": the n samples of a request run together, sharing the prompt's KV pages; use n "
+            "<= " + std::to_string(config_.max_num_seqs) + " or raise max_num_seqs";
+  }
+  // A rejected request gets one id to report its error on (n may be huge or below 1).
+  const int n = error.empty() ? params.n : 1;
+  std::vector<int64_t> ids;
+  std::vector<Sequence*> samples;
+  for (int j = 0; j < n; ++j) {
+    auto seq = std::make_unique<Sequence>();
+    const int64_t id = next_id_++;
+    seq->id = id;
+    seq->prompt = prompt;
+    seq->params = params;
+    seq->params.n = 1;
+    if (params.seed) seq->params.seed = *params.seed + static_cast<uint64_t>(j);
+    // The rule of add_request: the seed, or the first SplitMix64 output seeded with the id.
+    seq->seed = seq->params.seed ? *seq->params.seed
+                                 : splitmix64_at(static_cast<uint64_t>(id), 0);
+    if (!error.empty()) {
+      seq->status = SequenceStatus::kFinished;
+      seq->finish_reason = FinishReason::kError;
+      seq->error = error;
+    }
+    samples.push_back(seq.get());
+    ids.push_back(id);
+    requests_[id] = std::move(seq);
+  }
+  if (error.empty()) scheduler_->add_group(samples);  // rejects what can never run
+  return ids;
+}
+
 void Engine::abort(int64_t id) { scheduler_->abort(id); }
 
 bool Engine::has_unfinished() const { return scheduler_->has_unfinished(); }
@@ -127,6 +177,7 @@ std::vector<int64_t> Engine::step() {
   const auto start = Clock::now();
   SchedulerOutput out = scheduler_->schedule();
   stats_.preemptions += static_cast<int64_t>(out.preempted.size());
+  stats_.cow_page_copies += static_cast<int64_t>(out.page_copies.size());
   std::vector<int64_t> done;
   for (Sequence* s : out.finished) done.push_back(s->id);
   if (out.scheduled.empty()) {
@@ -142,6 +193,7 @@ std::vector<int64_t> Engine::step() {
   stats_.page_table_entries_uploaded += result.page_table_entries;
 
   for (Sequence* s : scheduler_->on_step_done(out, result.sampled)) done.push_back(s->id);
+  stats_.forked_samples = scheduler_->forked_samples();
   ++stats_.steps;
   // Host time while the device waits: before the launch, and after the tokens arrived.
   const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };

@@ -42,6 +42,10 @@ struct EngineStats {
   /// included) on the dense path; on the persistent path only the entries that changed,
   /// about one per sequence every page_size decode steps.
   int64_t page_table_entries_uploaded = 0;
+  /// n-sample fan-out: samples forked from their group's sample 0 (sharing its pages), and
+  /// KV pages copied because a sample wrote into a page it still shared (copy-on-write).
+  int64_t forked_samples = 0;
+  int64_t cow_page_copies = 0;
   /// Host time per step while the device waits: scheduling, batch building and upload
   /// before the forward is launched, plus the bookkeeping after the sampled tokens arrive.
   double host_gap_seconds = 0.0;
@@ -64,6 +68,18 @@ class Engine {
   /// too-long prompt, token ids outside the vocabulary, bad sampling parameters) is
   /// finished at once with FinishReason::kError and a message in Sequence::error.
   int64_t add_request(std::vector<int32_t> prompt, const SamplingParams& params);
+  /// Queues params.n samples of one prompt (n-sample fan-out) and returns their ids,
+  /// sample 0 first; n == 1 is add_request. The prompt is prefilled once, by sample 0; the
+  /// step that completes it samples every sample's first token from the same logits, and
+  /// the other samples then share its KV pages (copy-on-write of the partly filled last
+  /// page). Sample j runs with params.n = 1 and seed s + j when params.seed is s, else a
+  /// seed derived from its own id (as add_request), so it produces what a single request
+  /// with that seed would. A group that can never run is rejected at once: n above
+  /// max_num_seqs, bad sampling parameters or prompt tokens give one id, finished with
+  /// FinishReason::kError and a message naming the value and the limit; a prompt the
+  /// scheduler rejects (too long, ...) finishes all n ids so.
+  std::vector<int64_t> add_request_group(std::vector<int32_t> prompt,
+                                         const SamplingParams& params);
   /// Finishes a request with FinishReason::kAborted and frees its pages.
   void abort(int64_t id);
   /// Runs one scheduling step and one forward pass; returns the ids that finished in it.

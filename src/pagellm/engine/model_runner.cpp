@@ -148,8 +148,10 @@ ModelRunner::StepResult ModelRunner::run(const SchedulerOutput& out, PageTable& 
                            : build_forward_batch(out, page_table, config_.page_size);
   bool pure_decode = true;
   for (const ScheduledSeq& s : out.scheduled) {
-    pure_decode = pure_decode && s.num_new_tokens == 1 && s.samples;
+    pure_decode = pure_decode && s.num_new_tokens == 1 && s.samples && s.fan_out.empty();
   }
+  // Copy-on-write of pages shared after a fan-out, before the forward writes into them.
+  if (!out.page_copies.empty()) backend_->copy_kv_pages(kv_, out.page_copies);
   Tensor logits = forward(batch, pure_decode, &result);
   if (logits_hook_) {
     const std::vector<float> host = backend_->download_f32(logits);
@@ -160,6 +162,10 @@ ModelRunner::StepResult ModelRunner::run(const SchedulerOutput& out, PageTable& 
       logits_hook_(s.seq->id, static_cast<int64_t>(s.seq->output.size()),
                    host.data() + r * vocab, vocab);
       ++r;
+      for (const Sequence* sample : s.fan_out) {
+        logits_hook_(sample->id, 0, host.data() + r * vocab, vocab);
+        ++r;
+      }
     }
   }
   result.sampled = backend_->sample(logits, build_sampling_rows(out));

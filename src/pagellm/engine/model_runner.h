@@ -51,7 +51,8 @@ class ModelRunner {
 
   /// What one step did, for the engine's counters.
   struct StepResult {
-    /// One token per scheduled sequence with samples == true, in scheduled order.
+    /// One token per scheduled sequence with samples == true, in scheduled order, each
+    /// followed by its fan-out samples' first tokens.
     std::vector<SampledToken> sampled;
     bool replayed_graph = false;
     /// Page-table entries sent to the backend: B * max_pages_per_seq (padding rows
@@ -72,7 +73,8 @@ class ModelRunner {
 
   /// Runs the step `out` plans (non-empty, between schedule() and on_step_done()) with the
   /// engine's page table: on the persistent path its changed entries travel with the batch
-  /// and count as uploaded.
+  /// and count as uploaded. out.page_copies run first (Backend::copy_kv_pages); a step
+  /// with a fan-out runs eagerly and samples 1 + fan_out.size() tokens from that row.
   StepResult run(const SchedulerOutput& out, PageTable& page_table);
 
   void set_logits_hook(LogitsHook hook) { logits_hook_ = std::move(hook); }

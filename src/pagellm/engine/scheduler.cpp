@@ -18,7 +18,9 @@ bool contains(const std::vector<int32_t>& tokens, int32_t token) {
 
 int32_t SchedulerOutput::num_sampling() const {
   int32_t n = 0;
-  for (const ScheduledSeq& s : scheduled) n += s.samples ? 1 : 0;
+  for (const ScheduledSeq& s : scheduled) {
+    n += s.samples ? 1 + static_cast<int32_t>(s.fan_out.size()) : 0;
+  }
   return n;
 }
 
@@ -117,6 +119,62 @@ bool Scheduler::add(Sequence* seq) {
   return true;
 }
 
+bool Scheduler::add_group(const std::vector<Sequence*>& samples) {
+  PAGELLM_CHECK(!samples.empty()) << "Scheduler::add_group() got no samples";
+  if (samples.size() == 1) return add(samples[0]);
+  Sequence* first = samples[0];
+  for (const Sequence* seq : samples) {
+    PAGELLM_CHECK(seq != nullptr) << "Scheduler::add_group() got a null sequence";
+    PAGELLM_CHECK(seq->status == SequenceStatus::kWaiting && seq->output.empty() &&
+                  seq->sampled.empty() && seq->num_computed == 0 && seq->pages.empty() &&
+                  seq->slot == 0 && seq->fan_out.empty() && seq->fan_out_parent == nullptr)
+        << "Scheduler::add_group(): request " << seq->id
+        << " is not a fresh sequence (it must be waiting, with no output, nothing computed, "
+           "no pages, no page-table row and no group)";
+    PAGELLM_CHECK(unfinished_.count(seq->id) == 0)
+        << "Scheduler::add_group(): request id " << seq->id << " is already waiting or running";
+    PAGELLM_CHECK(seq->prompt == first->prompt)
+        << "Scheduler::add_group(): request " << seq->id << " has another prompt than request "
+        << first->id << "; the samples of a group share one prompt";
+  }
+  const int32_t n = static_cast<int32_t>(samples.size());
+  // All n samples run at once after the fan-out, each in a page-table row of its own.
+  const int32_t capacity = std::min(config_.max_num_seqs, kv_.page_table().max_slots() - 1);
+  std::string why;
+  if (n > capacity) {
+    std::ostringstream message;
+    message << "request " << first->id << " asks for n = " << n << " samples but at most "
+            << capacity << " sequences run at once (max_num_seqs = " << config_.max_num_seqs
+            << "); the n samples of a request run together, sharing the prompt's KV pages: "
+               "use n <= "
+            << capacity << " or raise max_num_seqs";
+    why = message.str();
+  } else {
+    why = rejection_reason(*first);
+  }
+  if (!why.empty()) {
+    for (Sequence* seq : samples) {
+      seq->status = SequenceStatus::kFinished;
+      seq->finish_reason = FinishReason::kError;
+      seq->error = why;
+    }
+    return false;
+  }
+  for (Sequence* seq : samples) unfinished_.emplace(seq->id, seq);
+  for (int32_t j = 1; j < n; ++j) {
+    first->fan_out.push_back(samples[static_cast<size_t>(j)]);
+    samples[static_cast<size_t>(j)]->fan_out_parent = first;
+  }
+  waiting_.push_back(first);
+  return true;
+}
+
+int32_t Scheduler::reserved_rows() const {
+  int32_t reserved = 0;
+  for (const Sequence* seq : running_) reserved += static_cast<int32_t>(seq->fan_out.size());
+  return reserved;
+}
+
 void Scheduler::preempt_last_running(SchedulerOutput* out) {
   Sequence* victim = running_.back();
   running_.pop_back();
@@ -129,7 +187,11 @@ void Scheduler::preempt_last_running(SchedulerOutput* out) {
 }
 
 void Scheduler::finish(Sequence* seq, FinishReason reason) {
-  if (seq->status == SequenceStatus::kRunning) {
+  if (seq->fan_out_parent != nullptr) {  // a sample waiting for its group's fan-out
+    std::vector<Sequence*>& samples = seq->fan_out_parent->fan_out;
+    samples.erase(std::find(samples.begin(), samples.end(), seq));
+    seq->fan_out_parent = nullptr;
+  } else if (seq->status == SequenceStatus::kRunning) {
     running_.erase(std::find(running_.begin(), running_.end(), seq));
   } else {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), seq));
@@ -138,6 +200,29 @@ void Scheduler::finish(Sequence* seq, FinishReason reason) {
   seq->status = SequenceStatus::kFinished;
   seq->finish_reason = reason;
   unfinished_.erase(seq->id);
+  // Sample 0 of a group that ends before its fan-out for any reason but an abort (which
+  // promotes the next sample first) takes its waiting samples with it: an error.
+  for (Sequence* sample : seq->fan_out) {
+    sample->fan_out_parent = nullptr;
+    sample->status = SequenceStatus::kFinished;
+    sample->finish_reason = reason;
+    sample->error = seq->error;
+    unfinished_.erase(sample->id);
+  }
+  seq->fan_out.clear();
+}
+
+void Scheduler::promote_next_sample(Sequence* seq) {
+  Sequence* heir = seq->fan_out.front();
+  heir->fan_out.assign(seq->fan_out.begin() + 1, seq->fan_out.end());
+  seq->fan_out.clear();
+  heir->fan_out_parent = nullptr;
+  for (Sequence* sample : heir->fan_out) sample->fan_out_parent = heir;
+  if (seq->status == SequenceStatus::kRunning) {
+    waiting_.push_front(heir);  // it had started: first in line, as a preempted one
+  } else {
+    waiting_.insert(std::find(waiting_.begin(), waiting_.end(), seq), heir);
+  }
 }
 
 SchedulerOutput Scheduler::schedule() {
@@ -157,13 +242,13 @@ SchedulerOutput Scheduler::schedule() {
     PAGELLM_ASSERT(remaining >= 1) << "running request " << seq->id << " has nothing to compute";
     const int32_t n = std::min(remaining, budget);
     const int32_t target = seq->num_computed + n;
-    bool fits = kv_.allocate(*seq, n);
+    bool fits = kv_.allocate_for_write(*seq, n);
     while (!fits && running_.size() > i + 1) {
       preempt_last_running(&out);
-      fits = kv_.allocate(*seq, n);
+      fits = kv_.allocate_for_write(*seq, n);
     }
     if (fits) {
-      out.scheduled.push_back({seq, n, target == seq->num_tokens()});
+      out.scheduled.push_back({seq, n, target == seq->num_tokens(), {}});
       budget -= n;
       ++i;
     } else if (i > 0) {
@@ -178,19 +263,25 @@ SchedulerOutput Scheduler::schedule() {
           << " are free and no other request is running (pages are held outside the "
              "scheduler)";
       seq->error = why.str();
-      finish(seq, FinishReason::kError);
       out.finished.push_back(seq);
+      out.finished.insert(out.finished.end(), seq->fan_out.begin(), seq->fan_out.end());
+      finish(seq, FinishReason::kError);
     }
   }
 
   // 2. Waiting requests, FIFO, while budget, rows and pages allow. Not after a preemption:
   // the pool is short, and a new request would only be preempted in turn. A request whose
   // prompt exceeds the remaining budget is admitted with a chunk of it.
+  // A group's sample 0 needs rows and room for all n samples (reserved until its fan-out).
   if (out.preempted.empty()) {
-    while (!waiting_.empty() && budget > 0 &&
-           static_cast<int32_t>(running_.size()) < config_.max_num_seqs &&
-           kv_.num_free_rows() > 0) {
+    int32_t reserved = reserved_rows();
+    while (!waiting_.empty() && budget > 0) {
       Sequence* seq = waiting_.front();
+      const int32_t group = 1 + static_cast<int32_t>(seq->fan_out.size());
+      if (static_cast<int32_t>(running_.size()) + reserved + group > config_.max_num_seqs ||
+          kv_.num_free_rows() - reserved < group) {
+        break;
+      }
       const int32_t n = std::min(seq->num_tokens(), budget);
       if (!kv_.can_allocate(*seq, n)) {
         if (!running_.empty()) break;  // pages come back as running requests finish
@@ -202,8 +293,9 @@ SchedulerOutput Scheduler::schedule() {
             << kv_.num_usable_pages()
             << " are free and no request is running (pages are held outside the scheduler)";
         seq->error = why.str();
-        finish(seq, FinishReason::kError);
         out.finished.push_back(seq);
+        out.finished.insert(out.finished.end(), seq->fan_out.begin(), seq->fan_out.end());
+        finish(seq, FinishReason::kError);
         continue;
       }
       waiting_.pop_front();
@@ -211,11 +303,19 @@ SchedulerOutput Scheduler::schedule() {
       PAGELLM_ASSERT(allocated) << "a row and pages checked free but allocation failed";
       seq->status = SequenceStatus::kRunning;
       running_.push_back(seq);
-      out.scheduled.push_back({seq, n, n == seq->num_tokens()});
+      reserved += group - 1;
+      out.scheduled.push_back({seq, n, n == seq->num_tokens(), {}});
       budget -= n;
     }
   }
 
+  // Fan-out: the step that completes a group's prefill samples every sample's first token.
+  for (ScheduledSeq& s : out.scheduled) {
+    if (s.samples && !s.seq->fan_out.empty()) s.fan_out = s.seq->fan_out;
+    PAGELLM_ASSERT(kv_.pages_to_copy(*s.seq, s.num_new_tokens) == 0)
+        << "request " << s.seq->id << " would write a shared KV page";
+  }
+  out.page_copies = kv_.take_page_copies();
   out.num_tokens = config_.max_num_batched_tokens - budget;
   step_in_flight_ = !out.scheduled.empty();
   return out;
@@ -241,6 +341,8 @@ std::vector<Sequence*> Scheduler::on_step_done(const SchedulerOutput& out,
   size_t k = 0;
   for (const ScheduledSeq& s : out.scheduled) {
     const SampledToken* token = s.samples ? &sampled[k++] : nullptr;
+    const size_t first_fanned = k;  // the fan-out samples' tokens follow seq's
+    if (s.samples) k += s.fan_out.size();
     Sequence* seq = s.seq;
     if (seq->finished()) continue;  // aborted after schedule(): drop its token
     PAGELLM_ASSERT(seq->status == SequenceStatus::kRunning &&
@@ -248,30 +350,55 @@ std::vector<Sequence*> Scheduler::on_step_done(const SchedulerOutput& out,
         << "request " << seq->id << " was changed between schedule() and on_step_done()";
     seq->num_computed += s.num_new_tokens;
     if (token == nullptr) continue;
-    seq->output.push_back(token->token);
-    seq->sampled.push_back(*token);
-
-    FinishReason reason = FinishReason::kNone;
-    if (!seq->params.ignore_eos && contains(config_.eos_token_ids, token->token)) {
-      reason = FinishReason::kEos;
-    } else if (contains(seq->params.stop_token_ids, token->token)) {
-      reason = FinishReason::kStopToken;
-    } else if (static_cast<int64_t>(seq->output.size()) >= seq->params.max_tokens) {
-      reason = FinishReason::kLength;
-    } else if (seq->num_tokens() >= config_.max_model_len) {
-      reason = FinishReason::kContextLimit;
-    }
-    if (reason != FinishReason::kNone) {
-      finish(seq, reason);
-      finished.push_back(seq);
+    if (!s.fan_out.empty()) fork_samples(s);  // before seq can finish and drop its pages
+    if (append_token(seq, *token)) finished.push_back(seq);
+    for (size_t j = 0; j < s.fan_out.size(); ++j) {
+      Sequence* sample = s.fan_out[j];
+      if (sample->status != SequenceStatus::kRunning) continue;  // aborted: not forked
+      if (append_token(sample, sampled[first_fanned + j])) finished.push_back(sample);
     }
   }
   return finished;
 }
 
+void Scheduler::fork_samples(const ScheduledSeq& s) {
+  Sequence* parent = s.seq;
+  // parent->fan_out, not s.fan_out: samples aborted since schedule() have left it.
+  for (Sequence* sample : parent->fan_out) {
+    const bool forked = kv_.fork_all_pages(*parent, *sample);
+    PAGELLM_ASSERT(forked) << "no page-table row for request " << sample->id
+                           << "'s fan-out, though rows were reserved at admission";
+    sample->fan_out_parent = nullptr;
+    sample->status = SequenceStatus::kRunning;
+    running_.push_back(sample);
+    ++forked_samples_;
+  }
+  parent->fan_out.clear();
+}
+
+bool Scheduler::append_token(Sequence* seq, const SampledToken& token) {
+  seq->output.push_back(token.token);
+  seq->sampled.push_back(token);
+
+  FinishReason reason = FinishReason::kNone;
+  if (!seq->params.ignore_eos && contains(config_.eos_token_ids, token.token)) {
+    reason = FinishReason::kEos;
+  } else if (contains(seq->params.stop_token_ids, token.token)) {
+    reason = FinishReason::kStopToken;
+  } else if (static_cast<int64_t>(seq->output.size()) >= seq->params.max_tokens) {
+    reason = FinishReason::kLength;
+  } else if (seq->num_tokens() >= config_.max_model_len) {
+    reason = FinishReason::kContextLimit;
+  }
+  if (reason == FinishReason::kNone) return false;
+  finish(seq, reason);
+  return true;
+}
+
 bool Scheduler::abort(int64_t id) {
   auto it = unfinished_.find(id);
   if (it == unfinished_.end()) return false;
+  if (!it->second->fan_out.empty()) promote_next_sample(it->second);
   finish(it->second, FinishReason::kAborted);
   return true;
 }
@@ -286,9 +413,35 @@ void Scheduler::check_invariants(
   PAGELLM_ASSERT(kv_.num_used_rows() == static_cast<int32_t>(running_.size()))
       << kv_.num_used_rows() << " page-table rows in use for " << running_.size()
       << " running sequences";
-  PAGELLM_ASSERT(unfinished_.size() == running_.size() + waiting_.size())
-      << unfinished_.size() << " unfinished requests but " << running_.size() << " running and "
-      << waiting_.size() << " waiting";
+  // Samples waiting for their group's fan-out are in neither queue: they hang off sample 0.
+  size_t pending = 0;
+  for (const Sequence* seq : running_) pending += seq->fan_out.size();
+  for (const Sequence* seq : waiting_) pending += seq->fan_out.size();
+  PAGELLM_ASSERT(unfinished_.size() == running_.size() + waiting_.size() + pending)
+      << unfinished_.size() << " unfinished requests but " << running_.size() << " running, "
+      << waiting_.size() << " waiting and " << pending << " waiting for a fan-out";
+  PAGELLM_ASSERT(static_cast<int32_t>(running_.size()) + reserved_rows() <= config_.max_num_seqs &&
+                 reserved_rows() <= kv_.num_free_rows())
+      << running_.size() << " running sequences and " << reserved_rows()
+      << " rows reserved for fan-outs exceed max_num_seqs " << config_.max_num_seqs
+      << " or the free page-table rows " << kv_.num_free_rows();
+  auto check_group = [&](const Sequence* seq) {
+    PAGELLM_ASSERT(seq->fan_out_parent == nullptr)
+        << "queued request " << seq->id << " still waits for a fan-out";
+    PAGELLM_ASSERT(seq->fan_out.empty() || seq->output.empty())
+        << "request " << seq->id << " has output but its samples were not forked";
+    for (const Sequence* sample : seq->fan_out) {
+      auto it = unfinished_.find(sample->id);
+      PAGELLM_ASSERT(it != unfinished_.end() && it->second == sample &&
+                     sample->fan_out_parent == seq && sample->fan_out.empty() &&
+                     sample->status == SequenceStatus::kWaiting && sample->pages.empty() &&
+                     sample->slot == 0 && sample->num_computed == 0 && sample->output.empty())
+          << "request " << sample->id << ", waiting for request " << seq->id
+          << "'s fan-out, is not registered, or holds pages, a row, tokens or samples";
+    }
+  };
+  for (const Sequence* seq : running_) check_group(seq);
+  for (const Sequence* seq : waiting_) check_group(seq);
 
   for (const Sequence* seq : running_) {
     auto it = unfinished_.find(seq->id);

@@ -13,6 +13,7 @@
 #include <deque>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "pagellm/engine/sequence.h"
@@ -47,6 +48,10 @@ struct ScheduledSeq {
   /// True when this step reaches the end of the sequence's known tokens, so its last row
   /// produces a sampled token (a decode or the last prefill chunk).
   bool samples = false;
+  /// n-sample fan-out: when this step completes the prefill of a group's sample 0, the
+  /// other samples (seq->fan_out); each samples its own first token from the same logits
+  /// row as seq, after it, and is forked from seq by on_step_done(). Empty otherwise.
+  std::vector<Sequence*> fan_out;
 };
 
 /// The plan of one step.
@@ -66,7 +71,11 @@ struct SchedulerOutput {
   std::vector<Sequence*> finished;
   /// Sum of num_new_tokens; <= max_num_batched_tokens.
   int32_t num_tokens = 0;
-  /// Entries with samples == true, that is, the number of tokens on_step_done() expects.
+  /// Copy-on-write of KV pages (source, destination), in order, to run before this step's
+  /// forward (Backend::copy_kv_pages): pages shared after a fan-out that a scheduled
+  /// sequence writes into this step.
+  std::vector<std::pair<int32_t, int32_t>> page_copies;
+  /// Tokens on_step_done() expects: one per entry with samples == true, plus its fan_out.
   int32_t num_sampling() const;
 };
 
@@ -90,6 +99,17 @@ class Scheduler {
   /// sequence (engine bugs, not user input).
   bool add(Sequence* seq);
 
+  /// Queues an n-sample group (n = samples.size() >= 1; all fresh, with the same prompt):
+  /// samples[0] waits like add()'s request and prefills the prompt once; the others wait
+  /// with it (Sequence::fan_out) and are forked from it when the prefill completes. The
+  /// group is admitted only with n page-table rows and room for n sequences under
+  /// max_num_seqs, and those rows stay reserved until the fork. A group that can never run
+  /// (n > max_num_seqs, or any reason add() rejects a request for) is finished at once with
+  /// FinishReason::kError and a message on every sample. Returns whether it was queued.
+  bool add_group(const std::vector<Sequence*>& samples);
+  /// Samples forked from their group's sample 0 so far.
+  int64_t forked_samples() const { return forked_samples_; }
+
   /// Plans one step; see SchedulerOutput and docs/design.md. Throws Error if the
   /// previous non-empty step has not been reported with on_step_done().
   SchedulerOutput schedule();
@@ -104,7 +124,9 @@ class Scheduler {
                                       const std::vector<SampledToken>& sampled);
 
   /// Cancels a waiting or running request: frees its pages and row and finishes it with
-  /// FinishReason::kAborted. Returns false when no unfinished request has this id.
+  /// FinishReason::kAborted. Returns false when no unfinished request has this id. A group's
+  /// sample 0 aborted before its fan-out hands the prefill to the next sample (at the
+  /// front of the waiting queue if sample 0 had started, else in its place).
   bool abort(int64_t id);
 
   bool has_unfinished() const { return !waiting_.empty() || !running_.empty(); }
@@ -127,6 +149,14 @@ class Scheduler {
  private:
   void preempt_last_running(SchedulerOutput* out);
   void finish(Sequence* seq, FinishReason reason);
+  /// Page-table rows held back for the fan-out of running groups' samples (their fan_out).
+  int32_t reserved_rows() const;
+  /// Forks s.fan_out from s.seq (whose prefill just completed) and makes them running.
+  void fork_samples(const ScheduledSeq& s);
+  /// The next sample of aborted sample 0 takes over the group's prefill.
+  void promote_next_sample(Sequence* seq);
+  /// Appends a sampled token and applies the stop rules; true when seq finished.
+  bool append_token(Sequence* seq, const SampledToken& token);
   /// Why a new request can never run, or "" if it can.
   std::string rejection_reason(const Sequence& seq) const;
 
@@ -137,6 +167,7 @@ class Scheduler {
   std::unordered_map<int64_t, Sequence*> unfinished_;  // id -> sequence, waiting or running
   int64_t step_ = 0;
   bool step_in_flight_ = false;
+  int64_t forked_samples_ = 0;
 };
 
 }  // namespace pagellm

@@ -35,6 +35,13 @@ struct Sequence : KvSequence {
 
   int32_t num_preemptions = 0;
 
+  /// n-sample fan-out (Engine::add_request_group). On sample 0 of a group until its prompt
+  /// is prefilled: samples 1..n-1, in order, forked from it (sharing its pages) at the step
+  /// that completes the prefill. On a sample waiting for that: sample 0. Empty and null
+  /// otherwise (once forked, a sample is an ordinary running sequence).
+  std::vector<Sequence*> fan_out;
+  Sequence* fan_out_parent = nullptr;
+
   int32_t num_tokens() const { return static_cast<int32_t>(prompt.size() + output.size()); }
   int32_t token_at(int32_t i) const {
     int32_t p = static_cast<int32_t>(prompt.size());
