@@ -23,11 +23,15 @@ namespace pagellm {
 /// so the same seed gives the same tokens in any batch. Without a seed the engine derives
 /// one from the request's engine id (the first output of SplitMix64 seeded with the id),
 /// so a run without seeds is deterministic too: the same requests submitted in the same
-/// order give the same tokens. With n > 1, sample j of a request with seed s uses seed
-/// s + j (so it equals a single request with seed s + j); without a seed each sample gets
-/// its own derived seed.
+/// order give the same tokens. With n > 1, sample j (0-based) of a request with seed s uses
+/// seed s + j, so it equals a single request with seed s + j; without a seed, sample j
+/// derives its seed from its own engine id (Engine::add_request_group hands a group n
+/// consecutive ids, sample 0 first), as a single request does. A sample's tokens thus
+/// depend only on its own seed, never on n, on the other samples or on their order.
 struct SamplingParams {
-  /// Samples per prompt (vLLM's n). Each is an independent request in the engine.
+  /// Samples per prompt (vLLM's n), at most the engine's max_num_seqs (they run together).
+  /// The prompt is prefilled once and its KV pages are shared by the n samples
+  /// (copy-on-write of the partly filled last page); each sample then decodes on its own.
   int n = 1;
   float temperature = 1.0f;
   int top_k = 0;                    // -1 or 0: disabled

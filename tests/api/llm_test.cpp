@@ -216,6 +216,9 @@ TEST(Llm, BadInputIsRejectedBeforeAnyWork) {
   p.n = 0;
   expect_rejected({ok}, p, "n (samples per prompt) must be >= 1, got 0");
   p = greedy(4);
+  p.n = 17;  // small_engine(): max_num_seqs 16
+  expect_rejected({ok}, p, "n = 17 samples but max_num_seqs is 16");
+  p = greedy(4);
   p.stop = {""};
   expect_rejected({ok}, p, "stop strings must be non-empty");
   // The second prompt is bad: the first must not run either.

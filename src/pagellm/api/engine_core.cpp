@@ -30,6 +30,7 @@ RequestLimits limits_from_config(const EngineOptions& options, const std::string
   l.max_model_len = options.max_model_len > 0
                         ? options.max_model_len
                         : static_cast<int32_t>(std::min<int64_t>(mc.max_position_embeddings, 1 << 20));
+  l.max_num_seqs = options.max_num_seqs;
   return l;
 }
 
@@ -37,6 +38,7 @@ RequestLimits limits_of(Engine& engine) {
   RequestLimits l;
   l.vocab_size = engine.model().config().vocab_size;
   l.max_model_len = engine.config().max_model_len;
+  l.max_num_seqs = engine.config().max_num_seqs;
   return l;
 }
 
@@ -49,12 +51,10 @@ void EngineCore::add(TrackedRequest request) {
   Active active;
   const SamplingParams& params = request.params;
   for (const std::string& s : params.stop) longest_stop_ = std::max(longest_stop_, s.size());
-  for (int j = 0; j < params.n; ++j) {
-    SamplingParams one = params;
-    one.n = 1;
-    if (params.seed) one.seed = *params.seed + static_cast<uint64_t>(j);
+  // One group: the prompt is prefilled once and fanned out (sample j: seed s + j).
+  for (int64_t engine_id : engine_->add_request_group(request.prompt.ids, params)) {
     Sample sample;
-    sample.engine_id = engine_->add_request(request.prompt.ids, one);
+    sample.engine_id = engine_id;
     if (text_->has_tokenizer()) {
       DecodeOptions options;
       options.skip_special_tokens = params.skip_special_tokens;

@@ -34,6 +34,10 @@ void check_request(const EncodedPrompt& prompt, const SamplingParams& params,
       << "the prompt has " << prompt.ids.size() << " tokens but max_model_len is "
       << limits.max_model_len << "; the prompt must be at most " << limits.max_model_len - 1
       << " tokens so that at least one token can be generated";
+  PAGELLM_CHECK(limits.max_num_seqs <= 0 || params.n <= limits.max_num_seqs)
+      << "the request asks for n = " << params.n << " samples but max_num_seqs is "
+      << limits.max_num_seqs << ": the n samples of a request run together, sharing the "
+      << "prompt's KV pages; use n <= " << limits.max_num_seqs << " or raise max_num_seqs";
   PAGELLM_CHECK(params.stop.empty() || has_tokenizer)
       << "stop strings need a tokenizer (tokenizer.json in the model folder); use "
          "stop_token_ids";

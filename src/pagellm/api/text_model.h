@@ -30,11 +30,14 @@ struct EncodedPrompt {
 struct RequestLimits {
   int64_t vocab_size = 0;
   int32_t max_model_len = 0;
+  /// The engine's max_num_seqs: the most samples (n) one request may ask for, since all n
+  /// run together after the prompt's fan-out. 0: not checked.
+  int32_t max_num_seqs = 0;
 };
 
 /// Throws Error naming the problem: invalid sampling params, an empty prompt, a prompt of
 /// max_model_len tokens or more, an id outside [0, vocab_size), stop strings without a
-/// tokenizer.
+/// tokenizer, n above max_num_seqs.
 void check_request(const EncodedPrompt& prompt, const SamplingParams& params,
                    const RequestLimits& limits, bool has_tokenizer);
 
