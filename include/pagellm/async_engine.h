@@ -12,6 +12,7 @@
 #include "pagellm/outputs.h"
 #include "pagellm/prompt.h"
 #include "pagellm/sampling_params.h"
+#include "pagellm/weight_update.h"
 
 namespace pagellm {
 
@@ -69,6 +70,26 @@ class AsyncEngine {
 
   /// Version of the weights the engine samples with now; increases on a weight update.
   uint64_t weights_version() const;
+
+  // ---- weight updates (docs/design.md, "Weight updates"); from any thread but a callback
+  /// Pauses generation; `mode` says what happens to the requests submitted before:
+  /// kWait lets them finish and returns when they have (their final deltas delivered);
+  /// kAbort ends them with FinishReason::kAborted (pages freed) and returns; kKeep freezes
+  /// them where they are. Requests submitted while paused queue and run after resume().
+  /// Throws pagellm::Error when already paused or after shutdown.
+  void pause(PauseMode mode = PauseMode::kWait);
+  /// Ends the pause; no-op when not paused.
+  void resume();
+  /// Rewrites weights in place on the loop thread, between steps, and bumps the weights
+  /// version. Not paused: pauses with `mode` around the update (kWait blocks until the
+  /// running requests finish) and resumes after; paused: the pause's mode applies and it
+  /// stays paused. Running requests kept across the update (kKeep) report the version of
+  /// every token in CompletionOutput::weights_versions. A wrong name, shape, dtype or
+  /// memory kind throws pagellm::Error naming each problem; the old weights keep serving.
+  WeightUpdateResult update_weights(const std::vector<NamedTensor>& tensors,
+                                    PauseMode mode = PauseMode::kWait);
+  /// The same from a safetensors folder or file.
+  WeightUpdateResult load_weights(const std::string& path, PauseMode mode = PauseMode::kWait);
   /// Tokenizer access, safe from any thread (throws without a tokenizer).
   std::vector<int32_t> encode(const std::string& text) const;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;

@@ -13,6 +13,7 @@
 #include "pagellm/outputs.h"
 #include "pagellm/prompt.h"
 #include "pagellm/sampling_params.h"
+#include "pagellm/weight_update.h"
 
 namespace pagellm {
 
@@ -72,6 +73,15 @@ class LLM {
   int64_t num_usable_pages() const;
   /// Version of the weights the next tokens are sampled with (see RequestOutput).
   uint64_t weights_version() const;
+
+  /// Rewrites weights in place from named tensors (Hugging Face names; any subset; host,
+  /// pinned host or device memory) and bumps weights_version(); docs/design.md, "Weight
+  /// updates". Between generate calls no request runs, so nothing waits. Atomic: a wrong
+  /// name, shape, dtype or memory kind throws pagellm::Error naming each problem, and the
+  /// old weights keep serving.
+  WeightUpdateResult update_weights(const std::vector<NamedTensor>& tensors);
+  /// The same from a safetensors folder (model.safetensors or an index with shards) or file.
+  WeightUpdateResult load_weights(const std::string& path);
 
   /// Debugging and tests: called after each forward pass with every sampled row's float32
   /// logits [vocab]. sample_number counts the samples this LLM has queued, from 0, in

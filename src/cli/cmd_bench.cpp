@@ -2,6 +2,7 @@
 // with prefill, decode and end-to-end throughput and decode's fraction of the bandwidth
 // limit. The workload and its measurement are library calls (engine/benchmark.h); this
 // file parses flags and prints.
+#include <cctype>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -13,6 +14,11 @@
 
 namespace pagellm::cli {
 namespace {
+
+std::string lower_case(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
 
 /// The flags. Unset workload fields keep the named workload's values.
 struct BenchArgs {
@@ -26,6 +32,7 @@ struct BenchArgs {
   std::string json_out;
   int trace_steps = 0;
   std::string trace_out;
+  int repeats = 5;  // weight-update: full updates per source
   EngineSettings engine;
 };
 
@@ -131,13 +138,76 @@ void print_report(const BenchmarkReport& r) {
   }
 }
 
+void print_weight_update(const WeightUpdateBenchReport& r, int repeats) {
+  std::printf("weight update: %s on %s, %lld tensors, %.2f GB per update, median of %d\n",
+              r.model.c_str(), r.backend.c_str(), static_cast<long long>(r.tensors),
+              static_cast<double>(r.bytes) / 1e9, repeats);
+  const auto line = [](const WeightUpdateTiming& t, const char* limit, double limit_gbs) {
+    std::printf("  from %-12s %8.3f s  %7.1f GB/s", t.source.c_str(), t.median_seconds,
+                t.bytes_per_s / 1e9);
+    if (t.fraction_of_limit) {
+      std::printf("  %5.1f %% of %s %.1f GB/s", 100.0 * *t.fraction_of_limit, limit, limit_gbs);
+    }
+    std::printf("\n");
+  };
+  line(r.pinned, "host-to-device", r.host_to_device_bytes_per_s / 1e9);
+  line(r.device, "device copy (read+write / 2)", r.device_copy_bytes_per_s / 2e9);
+}
+
+void print_grpo(const GrpoReport& r) {
+  const GrpoWorkload& w = r.workload;
+  std::printf("W2 (grpo): %s on %s, %d rounds of %d prompts x n = %d (seed %llu)\n",
+              r.model.c_str(), r.backend.c_str(), w.rounds, w.prompts, w.n,
+              static_cast<unsigned long long>(w.seed));
+  std::printf("  rollout     %lld tokens in %.2f s = %.0f tok/s over %lld steps (%lld preemptions)\n",
+              static_cast<long long>(r.generated_tokens), r.rollout_seconds, r.rollout_tok_s(),
+              static_cast<long long>(r.steps), static_cast<long long>(r.preemptions));
+  if (r.fraction_of_limit()) {
+    std::printf("  limit       %.2f s step by step at %.0f GB/s: %.1f %% of the bandwidth limit\n",
+                r.limit_seconds, *r.bandwidth_bytes_per_s / 1e9, 100.0 * *r.fraction_of_limit());
+  }
+  std::printf("  KV pages    peak %lld of %lld\n", static_cast<long long>(r.peak_kv_pages),
+              static_cast<long long>(r.usable_kv_pages));
+  for (double s : r.weight_update_seconds) std::printf("  weight update %.3f s\n", s);
+  // TODO(lead, wt-prefix merge): print the prefix cache's hit rate (GrpoReport) here.
+}
+
 void run_bench(const BenchArgs& args) {
+  if (lower_case(args.workload) == kGrpoWorkload) {
+    GrpoWorkload grpo;
+    if (args.model) grpo.model_dir = *args.model;
+    if (args.preset) grpo.preset = *args.preset;
+    if (args.seed) grpo.seed = *args.seed;
+    grpo.validate();
+    EngineConfig config = args.engine.config;
+    if (args.engine.kv_cache_gb > 0) {
+      config.kv_cache_bytes = static_cast<size_t>(args.engine.kv_cache_gb * 1e9);
+    }
+    std::unique_ptr<Engine> engine;
+    {
+      ProgressBar bar(grpo.model_dir.empty() ? "building " + grpo.preset : "loading " + grpo.model_dir);
+      engine = make_benchmark_engine(grpo.model_workload(), grpo_engine_config(grpo, config),
+                                     [&](size_t done, size_t total) {
+                                       if (total > (size_t{256} << 20)) bar.update(done, total);
+                                     });
+    }
+    const GrpoReport report = run_grpo_benchmark(*engine, grpo);
+    print_grpo(report);
+    if (!args.json_out.empty()) {
+      std::ofstream out(args.json_out, std::ios::app);
+      PAGELLM_CHECK(out.good()) << "--json-out: cannot append to " << args.json_out;
+      out << grpo_json_line(report) << "\n";
+    }
+    return;
+  }
   const DecodeWorkload workload = workload_of(args);
   workload.validate();
+  const bool weight_update = lower_case(args.workload) == kWeightUpdateWorkload;
   EngineConfig config = args.engine.config;
   if (args.engine.kv_cache_gb > 0) {
     config.kv_cache_bytes = static_cast<size_t>(args.engine.kv_cache_gb * 1e9);
   }
+  if (weight_update) config = weight_update_engine_config(config);
   std::unique_ptr<Engine> engine;
   {
     ProgressBar bar(workload.model_dir.empty() ? "building " + workload.preset
@@ -145,6 +215,17 @@ void run_bench(const BenchArgs& args) {
     engine = make_benchmark_engine(workload, config, [&](size_t done, size_t total) {
       if (total > (size_t{256} << 20)) bar.update(done, total);
     });
+  }
+  if (weight_update) {
+    const WeightUpdateBenchReport report =
+        run_weight_update_benchmark(*engine, workload, args.repeats);
+    print_weight_update(report, args.repeats);
+    if (!args.json_out.empty()) {
+      std::ofstream out(args.json_out, std::ios::app);
+      PAGELLM_CHECK(out.good()) << "--json-out: cannot append to " << args.json_out;
+      out << weight_update_json_line(report) << "\n";
+    }
+    return;
   }
   BenchmarkOptions options;
   options.trace_steps = args.trace_steps;
@@ -192,6 +273,9 @@ void register_bench_command(CLI::App& app) {
                   "record this many decode steps' kernels (CUPTI) and print where the time goes")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--trace-out", a->trace_out, "with --trace-steps: write the kernels as CSV");
+  cmd->add_option("--repeats", a->repeats, "weight-update: full updates timed per source")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_flag_function(
       "--dense-page-table",
       [a](int64_t) { a->engine.config.persistent_page_table = false; },

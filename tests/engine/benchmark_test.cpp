@@ -9,6 +9,7 @@
 
 #include "pagellm/common/check.h"
 #include "pagellm/engine/benchmark.h"
+#include "pagellm/model/make_model.h"
 
 namespace pagellm {
 namespace {
@@ -215,6 +216,109 @@ TEST(BenchmarkTest, AnEngineTooSmallForTheWorkloadIsAnError) {
         << e.what();
   }
   EXPECT_FALSE(engine->has_unfinished());
+}
+
+
+TEST(BenchmarkTest, WeightUpdateTimesFullUpdatesFromBothSources) {
+  DecodeWorkload w = named_workload("weight-update");
+  EXPECT_EQ(w.name, "weight-update");
+  EXPECT_EQ(w.preset, "qwen3-4b");
+  w.preset = "tiny";
+  // A 1 GiB pool unless the pool is sized (room beside the device copy of the weights).
+  EXPECT_EQ(weight_update_engine_config(cpu_config()).kv_cache_bytes, size_t{1} << 30);
+  EngineConfig sized = cpu_config();
+  sized.num_pages = 32;
+  EXPECT_EQ(weight_update_engine_config(sized).kv_cache_bytes, 0u);
+  std::unique_ptr<Engine> engine = make_benchmark_engine(w, weight_update_engine_config(sized));
+  const WeightUpdateBenchReport r = run_weight_update_benchmark(*engine, w, 3);
+  const Qwen3Config c = preset_config("tiny");
+  EXPECT_EQ(r.tensors, 3 + 11 * c.num_hidden_layers);  // embed, norm, lm_head (untied)
+  EXPECT_EQ(r.bytes, static_cast<uint64_t>(c.num_parameters()) * 4);  // float32 on the CPU
+  EXPECT_EQ(engine->weights_version(), 6u);  // 3 updates from each source
+  for (const WeightUpdateTiming* t : {&r.pinned, &r.device}) {
+    ASSERT_EQ(t->seconds.size(), 3u);
+    EXPECT_GT(t->median_seconds, 0.0);
+    EXPECT_DOUBLE_EQ(t->bytes_per_s, static_cast<double>(r.bytes) / t->median_seconds);
+    ASSERT_TRUE(t->fraction_of_limit.has_value());
+    EXPECT_GT(*t->fraction_of_limit, 0.0);
+  }
+  EXPECT_DOUBLE_EQ(*r.pinned.fraction_of_limit, r.pinned.bytes_per_s / r.host_to_device_bytes_per_s);
+  EXPECT_DOUBLE_EQ(*r.device.fraction_of_limit,
+                   r.device.bytes_per_s / (r.device_copy_bytes_per_s / 2.0));
+  const nlohmann::json j = nlohmann::json::parse(weight_update_json_line(r));
+  EXPECT_EQ(j.at("workload"), "weight-update");
+  EXPECT_EQ(j.at("bytes").get<uint64_t>(), r.bytes);
+  EXPECT_DOUBLE_EQ(j.at("device").at("median_s").get<double>(), r.device.median_seconds);
+  EXPECT_THROW(run_weight_update_benchmark(*engine, w, 0), Error);
+}
+
+
+GrpoWorkload tiny_grpo() {
+  GrpoWorkload g;
+  g.preset = "tiny";
+  g.prompts = 3;
+  g.n = 2;
+  g.min_prompt_len = 4;
+  g.max_prompt_len = 9;
+  g.median_output_len = 5;
+  g.max_output_len = 12;
+  g.seed = 3;
+  return g;
+}
+
+TEST(BenchmarkTest, GrpoRunsTwoSeededRoundsAroundAWeightUpdate) {
+  const GrpoWorkload g = tiny_grpo();
+  EngineConfig base = cpu_config();
+  base.num_pages = 64;
+  const EngineConfig config = grpo_engine_config(g, base);
+  EXPECT_EQ(config.max_num_seqs, 6);
+  EXPECT_EQ(config.max_model_len, 9 + 12);
+  std::unique_ptr<Engine> engine = make_benchmark_engine(g.model_workload(), config);
+  const GrpoReport r = run_grpo_benchmark(*engine, g);
+  EXPECT_EQ(r.samples, 6);
+  EXPECT_GE(r.prompt_tokens, 2 * 6 * 4);  // two rounds of 6 samples of >= 4 prompt tokens
+  EXPECT_GE(r.generated_tokens, 12);   // every sample at least one token, two rounds
+  EXPECT_LE(r.generated_tokens, 12 * 12);
+  ASSERT_EQ(r.weight_update_seconds.size(), 1u);
+  EXPECT_GT(r.weight_update_seconds[0], 0.0);
+  EXPECT_EQ(engine->weights_version(), 1u);
+  EXPECT_GT(r.peak_kv_pages, 0);
+  EXPECT_LE(r.peak_kv_pages, r.usable_kv_pages);
+  EXPECT_GT(r.rollout_tok_s(), 0.0);
+  ASSERT_TRUE(r.fraction_of_limit().has_value());
+  EXPECT_GT(*r.fraction_of_limit(), 0.0);
+  EXPECT_EQ(engine->allocator().num_free(), engine->allocator().num_usable());
+  // Seeded: the same workload on a fresh engine draws the same lengths.
+  std::unique_ptr<Engine> again = make_benchmark_engine(g.model_workload(), config);
+  EXPECT_EQ(run_grpo_benchmark(*again, g, false).generated_tokens, r.generated_tokens);
+  const nlohmann::json j = nlohmann::json::parse(grpo_json_line(r));
+  EXPECT_EQ(j.at("generated_tokens").get<int64_t>(), r.generated_tokens);
+  GrpoWorkload bad = g;
+  bad.n = 0;
+  EXPECT_THROW(bad.validate(), Error);
+}
+
+TEST(BenchmarkTest, PromptSamplesAreRequestsWithSeedsSPlusJ) {
+  DecodeWorkload w = tiny_workload();
+  std::unique_ptr<Engine> engine = make_benchmark_engine(w, cpu_config());
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 40;
+  p.ignore_eos = true;
+  const std::vector<int64_t> ids = add_prompt_samples(*engine, {5, 6, 7}, p, {4, 2, 3});
+  ASSERT_EQ(ids.size(), 3u);
+  while (engine->has_unfinished()) engine->step();
+  for (size_t j = 0; j < ids.size(); ++j) {
+    const Sequence& s = engine->request(ids[j]);
+    EXPECT_EQ(s.seed, 40u + j);
+    EXPECT_EQ(s.output.size(), std::vector<size_t>({4, 2, 3})[j]);
+    SamplingParams one = p;
+    one.seed = 40 + j;
+    one.max_tokens = static_cast<int32_t>(s.output.size());
+    const int64_t alone = engine->add_request({5, 6, 7}, one);
+    while (engine->has_unfinished()) engine->step();
+    EXPECT_EQ(engine->request(alone).output, s.output) << "sample " << j;
+  }
 }
 
 }  // namespace

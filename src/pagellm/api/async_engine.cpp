@@ -45,8 +45,23 @@ struct AsyncEngine::Impl {
 
   std::mutex shutdown_mu;
   std::thread loop;
+  std::thread::id loop_id;  // set once at construction (read without a lock)
+
+  // pause(kWait): promises kept when the engine is drained (loop thread only).
+  std::vector<std::shared_ptr<std::promise<void>>> drain_waiters;
 
   void run();
+  /// Runs fn on the loop thread between steps and returns its result (rethrows its error).
+  template <class Fn>
+  auto call(Fn fn) -> decltype(fn());
+  /// When the engine is paused with kWait: blocks until no request from before the pause is
+  /// left. Returns at once otherwise.
+  void wait_drained();
+  /// Keeps the drain promises once the engine is drained (loop thread).
+  void notify_drained();
+  /// At loop exit: runs the tasks still queued (their callers wait on them) and fails the
+  /// drain promises.
+  void finish_waiters(const std::string& why);
   std::string queue(const Prompt& prompt, const SamplingParams& params, std::string request_id,
                     std::function<void(RequestOutput&&)> sink);
   void request_abort(const std::string& id) {
@@ -69,9 +84,10 @@ void AsyncEngine::Impl::run() {
     bool stop = false;
     {
       std::unique_lock<std::mutex> lock(mu);
+      // A paused engine with nothing it may run waits for a task (resume) instead of spinning.
       wake.wait(lock, [&] {
         return stopping || !pending.empty() || !aborts.empty() || !tasks.empty() ||
-               core->has_requests();
+               (core->has_requests() && core->engine().has_runnable());
       });
       adds.swap(pending);
       cancels.swap(aborts);
@@ -86,10 +102,12 @@ void AsyncEngine::Impl::run() {
         core->abort_all();
         core->emit();
         PAGELLM_ASSERT(!core->has_requests()) << "requests left after aborting all at shutdown";
+        finish_waiters("the AsyncEngine shut down");
         return;
       }
       core->step();
       weights_version.store(core->engine().weights_version(), std::memory_order_release);
+      notify_drained();
     } catch (const std::exception& e) {
       // An engine failure ends every request (aborted) and the loop; later calls say why.
       {
@@ -102,9 +120,62 @@ void AsyncEngine::Impl::run() {
         core->emit();
       } catch (const std::exception&) {
       }
+      finish_waiters(failure);
       return;
     }
   }
+}
+
+template <class Fn>
+auto AsyncEngine::Impl::call(Fn fn) -> decltype(fn()) {
+  using Result = decltype(fn());
+  PAGELLM_CHECK(std::this_thread::get_id() != loop_id)
+      << "AsyncEngine: pause, resume and weight updates cannot be called from a callback on "
+         "the engine loop thread (they wait for that thread); call them from another thread";
+  std::packaged_task<Result()> task(std::move(fn));
+  std::future<Result> result = task.get_future();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    PAGELLM_CHECK(!stopping)
+        << (failure.empty() ? "the AsyncEngine has shut down" : failure);
+    tasks.push_back([&task] { task(); });
+    wake.notify_one();
+  }
+  return result.get();
+}
+
+void AsyncEngine::Impl::notify_drained() {
+  if (drain_waiters.empty() || (core->engine().paused() && !core->engine().drained())) return;
+  // Drained, or resumed meanwhile (nothing left to wait for either way).
+  for (auto& waiter : drain_waiters) waiter->set_value();
+  drain_waiters.clear();
+}
+
+void AsyncEngine::Impl::wait_drained() {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> drained = done->get_future();
+  const bool wait = call([&] {
+    Engine& engine = core->engine();
+    // Only a kWait pause lets requests run to their end; the others have nothing to wait for.
+    if (!engine.paused() || engine.pause_mode() != PauseMode::kWait || engine.drained())
+      return false;
+    drain_waiters.push_back(done);
+    return true;
+  });
+  if (wait) drained.get();
+}
+
+void AsyncEngine::Impl::finish_waiters(const std::string& why) {
+  std::vector<std::function<void()>> left;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    left.swap(tasks);
+  }
+  for (auto& task : left) task();  // their callers wait; an engine error reaches them
+  for (auto& waiter : drain_waiters) {
+    waiter->set_exception(std::make_exception_ptr(Error(why)));
+  }
+  drain_waiters.clear();
 }
 
 std::string AsyncEngine::Impl::queue(const Prompt& prompt, const SamplingParams& params,
@@ -139,6 +210,7 @@ AsyncEngine::AsyncEngine(const std::string& model_dir, const EngineOptions& opti
   impl_->usable_pages = impl_->core->engine().allocator().num_usable();
   impl_->weights_version = impl_->core->engine().weights_version();
   impl_->loop = std::thread([impl = impl_.get()] { impl->run(); });
+  impl_->loop_id = impl_->loop.get_id();
 }
 
 AsyncEngine::~AsyncEngine() { shutdown(); }
@@ -235,6 +307,66 @@ int64_t AsyncEngine::check_invariants_and_count_free_pages() {
 }
 
 int64_t AsyncEngine::num_usable_pages() const { return impl_->usable_pages; }
+
+void AsyncEngine::pause(PauseMode mode) {
+  impl_->call([impl = impl_.get(), mode] { impl->core->engine().pause(mode); });
+  if (mode == PauseMode::kWait) impl_->wait_drained();
+}
+
+void AsyncEngine::resume() {
+  impl_->call([impl = impl_.get()] { impl->core->engine().resume(); });
+}
+
+namespace {
+
+// The pause protocol of AsyncEngine::update_weights: check (on the loop thread, before any
+// pause), pause unless paused, wait for the drain, update, resume what it paused.
+WeightUpdateResult update_on_loop(AsyncEngine::Impl& impl, PauseMode mode,
+                                  const std::vector<NamedTensor>& tensors) {
+  const bool paused_here = impl.call([&] {
+    Engine& engine = impl.core->engine();
+    engine.check_weights_update(tensors);
+    if (engine.paused()) return false;
+    engine.pause(mode);
+    return true;
+  });
+  try {
+    // kWait: the loop keeps stepping (and delivering deltas) until the requests finish.
+    impl.wait_drained();
+    WeightUpdateResult result = impl.call([&] {
+      WeightUpdateResult r = impl.core->engine().update_weights(tensors, mode);
+      impl.weights_version.store(r.weights_version, std::memory_order_release);
+      return r;
+    });
+    if (paused_here) impl.call([&] { impl.core->engine().resume(); });
+    return result;
+  } catch (...) {
+    if (paused_here) {
+      try {
+        impl.call([&] { impl.core->engine().resume(); });
+      } catch (const std::exception&) {
+      }
+    }
+    throw;
+  }
+}
+
+}  // namespace
+
+WeightUpdateResult AsyncEngine::update_weights(const std::vector<NamedTensor>& tensors,
+                                               PauseMode mode) {
+  return update_on_loop(*impl_, mode, tensors);
+}
+
+WeightUpdateResult AsyncEngine::load_weights(const std::string& path, PauseMode mode) {
+  // The files are opened and mapped here, on the caller's thread.
+  const WeightStore store = WeightStore::open(path);
+  try {
+    return update_on_loop(*impl_, mode, named_tensors_of(store));
+  } catch (const Error& e) {
+    PAGELLM_FAIL() << store.source() << ": " << e.what();
+  }
+}
 
 RequestStream::RequestStream(std::string request_id, std::shared_ptr<State> state)
     : request_id_(std::move(request_id)), state_(std::move(state)) {}

@@ -81,7 +81,7 @@ void EngineCore::abort_all() {
 }
 
 void EngineCore::step() {
-  if (engine_->has_unfinished()) engine_->step();
+  if (engine_->has_runnable()) engine_->step();
   emit();
 }
 
@@ -90,7 +90,6 @@ bool EngineCore::advance(Active& active, int index, CompletionOutput& out) {
   if (s.reported_finish) return false;
   const SamplingParams& params = active.request.params;
   const Sequence& seq = engine_->request(s.engine_id);
-  const uint64_t version = engine_->weights_version();
   out.index = index;
   const size_t first = s.seen;
   for (size_t k = s.seen; k < seq.output.size(); ++k) {
@@ -98,7 +97,7 @@ bool EngineCore::advance(Active& active, int index, CompletionOutput& out) {
     out.token_ids.push_back(t.token);
     out.logprobs.push_back(t.logprob);
     if (params.processed_logprobs) out.processed_logprobs.push_back(t.processed_logprob);
-    out.weights_versions.push_back(version);
+    out.weights_versions.push_back(t.weights_version);  // the version it was sampled under
     s.cumulative_logprob += t.logprob;
     if (s.decoder) s.text += s.decoder->push(t.token);
   }
@@ -152,7 +151,6 @@ void EngineCore::emit() {
     Active& active = it->second;
     RequestOutput delta;
     delta.request_id = active.request.request_id;
-    delta.weights_version = version;
     bool finished = true;
     for (int j = 0; j < static_cast<int>(active.samples.size()); ++j) {
       CompletionOutput out;
@@ -163,6 +161,16 @@ void EngineCore::emit() {
       ++it;
       continue;
     }
+    // The newest token's version; the current one for a delta without tokens.
+    bool has_tokens = false;
+    for (const CompletionOutput& out : delta.outputs) {
+      if (out.weights_versions.empty()) continue;
+      delta.weights_version =
+          has_tokens ? std::max(delta.weights_version, out.weights_versions.back())
+                     : out.weights_versions.back();
+      has_tokens = true;
+    }
+    if (!has_tokens) delta.weights_version = version;
     if (!active.prompt_sent) {
       delta.prompt = active.request.prompt.text;
       delta.prompt_token_ids = active.request.prompt.ids;

@@ -112,6 +112,14 @@ int64_t LLM::num_free_pages() const { return impl_->core->engine().allocator().n
 int64_t LLM::num_usable_pages() const { return impl_->core->engine().allocator().num_usable(); }
 uint64_t LLM::weights_version() const { return impl_->core->engine().weights_version(); }
 
+WeightUpdateResult LLM::update_weights(const std::vector<NamedTensor>& tensors) {
+  return impl_->core->engine().update_weights(tensors, PauseMode::kWait);
+}
+
+WeightUpdateResult LLM::load_weights(const std::string& path) {
+  return impl_->core->engine().load_weights(path, PauseMode::kWait);
+}
+
 void LLM::set_logits_hook(LogitsHook hook) {
   if (!hook) {
     impl_->core->engine().set_logits_hook(nullptr);

@@ -1,9 +1,11 @@
-// Default implementations of the Backend interface: host sampling, a host-memory copy
-// bandwidth, and a clear refusal of graph capture.
+// Default implementations of the Backend interface: host sampling, host-memory copy
+// bandwidths, ordinary memory as "pinned" memory, and a clear refusal of graph capture.
 #include "pagellm/backend/backend.h"
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "pagellm/common/check.h"
@@ -103,6 +105,39 @@ double Backend::measure_copy_bandwidth() {
   }
   std::sort(times.begin() + 1, times.end());
   return 2.0 * static_cast<double>(bytes) / times[3];
+}
+
+void* Backend::allocate_host_pinned(size_t bytes) {
+  void* p = std::malloc(bytes == 0 ? 1 : bytes);
+  PAGELLM_CHECK(p != nullptr) << name() << " backend: out of host memory allocating " << bytes
+                              << " bytes";
+  return p;
+}
+
+void Backend::free_host_pinned(void* ptr) { std::free(ptr); }
+
+double Backend::measure_host_to_device_bandwidth() {
+  // Half of free memory at most, so that a full device still measures something.
+  const size_t bytes =
+      std::min<size_t>(size_t{256} << 20, std::max<size_t>(free_memory() / 2, size_t{1} << 20));
+  void* host = allocate_host_pinned(bytes);
+  std::vector<double> times;
+  try {
+    std::memset(host, 1, bytes);  // touch every page before timing
+    DeviceBuffer device(this, bytes);
+    for (int i = 0; i < 6; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      copy_to_device(device.get(), host, bytes);  // waits for the copy
+      times.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  } catch (...) {
+    free_host_pinned(host);
+    throw;
+  }
+  free_host_pinned(host);
+  std::sort(times.begin() + 1, times.end());  // the first copy warms up, and is dropped
+  return static_cast<double>(bytes) / times[3];
 }
 
 void Backend::begin_capture() {

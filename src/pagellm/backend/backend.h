@@ -17,6 +17,7 @@
 #include "pagellm/common/kernel_timeline.h"
 #include "pagellm/common/tensor.h"
 #include "pagellm/sampling/sampler.h"
+#include "pagellm/weight_update.h"
 
 namespace pagellm {
 
@@ -178,6 +179,41 @@ class Backend {
     (void)gated_inter;
     return 0;
   }
+
+  // ---- weight updates -----------------------------------------------------------------
+  /// Returns "" when the `bytes` at `src` are memory of the kind `memory` claims (host
+  /// pageable, host pinned, or this backend's device memory), else what is wrong with it
+  /// ("is device memory of GPU 0, not pinned host memory"). The default (a backend whose
+  /// device is the host) accepts every kind.
+  virtual std::string check_weight_source(const void* src, size_t bytes,
+                                          TensorMemory memory) const {
+    (void)src;
+    (void)bytes;
+    (void)memory;
+    return "";
+  }
+  /// Writes n elements of src (src_dtype, a float type, in `memory` of the kind checked by
+  /// check_weight_source) into the weight dst from element dst_offset, converting to
+  /// dst.dtype. Host sources: pinned memory of dst's dtype is copied directly, other host
+  /// memory is staged (and converted) through pinned buffers; device sources are copied on
+  /// the device, and converted there when the dtypes differ. Asynchronous: `src` must stay
+  /// valid and unchanged until the next synchronize(). Between forwards, never while
+  /// capturing; the matrices among the rewritten weights need prepare_matrix afterwards.
+  /// The default treats every kind as host memory (upload()).
+  virtual void write_weights(Tensor& dst, int64_t dst_offset, const void* src, DType src_dtype,
+                             int64_t n, TensorMemory memory) {
+    (void)memory;
+    upload(dst, dst_offset, src, src_dtype, n);
+  }
+
+  /// Page-locked host memory (cudaHostAlloc on the cuda backend), which write_weights
+  /// copies from directly as TensorMemory::kHostPinned; the default is ordinary host
+  /// memory. Throws Error when none is left. Free with free_host_pinned.
+  virtual void* allocate_host_pinned(size_t bytes);
+  virtual void free_host_pinned(void* ptr);
+  /// Measures host-to-device copy bandwidth from page-locked memory (bytes per second,
+  /// median of 5 copies of up to 256 MiB): the limit of weight updates from host memory.
+  virtual double measure_host_to_device_bandwidth();
 
   /// Chooses what runs paged attention (`--attention-backend`): "auto" (the backend
   /// decides per forward and never fails because of an optional library), "native" (the

@@ -392,6 +392,80 @@ size_t CudaBackend::prepare_matrix(const Tensor& w, int64_t gated_inter) {
   return packed_->prepare(w, gated_inter, stream_, capturing());
 }
 
+// ---- weight updates ---------------------------------------------------------------------------
+
+std::string CudaBackend::check_weight_source(const void* src, size_t bytes,
+                                             TensorMemory memory) const {
+  (void)bytes;  // the runtime tells an allocation's kind, not its extent
+  if (src == nullptr) return "has no data (null pointer)";
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, src) != cudaSuccess) {
+    cudaGetLastError();
+    attr.type = cudaMemoryTypeUnregistered;
+  }
+  const bool on_device = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  const std::string found =
+      on_device ? "device memory of GPU " + std::to_string(attr.device)
+                : attr.type == cudaMemoryTypeHost ? "pinned host memory" : "pageable host memory";
+  switch (memory) {
+    case TensorMemory::kDevice:
+      if (!on_device) return "is " + found + ", not device memory";
+      if (attr.device != device_)
+        return "is " + found + ", but the engine runs on GPU " + std::to_string(device_);
+      return "";
+    case TensorMemory::kHostPinned:
+      if (attr.type != cudaMemoryTypeHost) return "is " + found + ", not pinned host memory";
+      return "";
+    case TensorMemory::kHost:
+      if (on_device) return "is " + found + ", not host memory";
+      return "";
+  }
+  return "has an unknown memory kind";
+}
+
+void* CudaBackend::allocate_host_pinned(size_t bytes) {
+  void* ptr = nullptr;
+  const cudaError_t err = cudaHostAlloc(&ptr, bytes == 0 ? 1 : bytes, cudaHostAllocDefault);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    PAGELLM_FAIL() << "cannot allocate " << format_bytes(bytes)
+                   << " of pinned host memory: " << cudaGetErrorString(err);
+  }
+  return ptr;
+}
+
+void CudaBackend::free_host_pinned(void* ptr) {
+  if (ptr != nullptr) PAGELLM_CUDA_CHECK(cudaFreeHost(ptr));
+}
+
+void CudaBackend::write_weights(Tensor& dst, int64_t dst_offset, const void* src,
+                                DType src_dtype, int64_t n, TensorMemory memory) {
+  PAGELLM_CHECK(!capturing()) << "cuda backend: write_weights while capturing a graph";
+  PAGELLM_CHECK(n >= 0 && dst_offset >= 0 && dst_offset + n <= dst.numel())
+      << "cuda backend: write_weights of " << n << " elements at offset " << dst_offset
+      << " does not fit tensor " << dst.shape_string();
+  if (n == 0) return;
+  char* out = static_cast<char*>(dst.data) + dst_offset * static_cast<int64_t>(dtype_size(dst.dtype));
+  const size_t bytes = static_cast<size_t>(n) * dtype_size(dst.dtype);
+  if (memory == TensorMemory::kDevice) {
+    if (src_dtype == dst.dtype) {
+      PAGELLM_CUDA_CHECK(cudaMemcpyAsync(out, src, bytes, cudaMemcpyDeviceToDevice,
+                                         as_stream(stream_)));
+    } else {
+      launch_convert(src, src_dtype, out, dst.dtype, n, as_stream(stream_));
+    }
+    return;
+  }
+  if (memory == TensorMemory::kHostPinned && src_dtype == dst.dtype) {
+    // Straight from the caller's page-locked memory: a DMA at PCIe speed, no staging.
+    PAGELLM_CUDA_CHECK(cudaMemcpyAsync(out, src, bytes, cudaMemcpyHostToDevice,
+                                       as_stream(stream_)));
+    return;
+  }
+  // Pageable memory (or a dtype to convert): staged through the pinned upload buffers.
+  memory_->upload(dst, dst_offset, src, src_dtype, n);
+}
+
 void CudaBackend::gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) {
   expect_dtype(indices, DType::I32, "gather_rows", "indices");
   const int64_t R = indices.numel();

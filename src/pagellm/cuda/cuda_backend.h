@@ -146,6 +146,21 @@ class CudaBackend final : public Backend {
   /// reads w. deallocate() of the buffer holding w frees the copy.
   size_t prepare_matrix(const Tensor& w, int64_t gated_inter = 0) override;
 
+  /// cudaPointerGetAttributes: kDevice must be memory of this GPU (device or managed),
+  /// kHostPinned page-locked host memory, kHost any host memory.
+  std::string check_weight_source(const void* src, size_t bytes,
+                                  TensorMemory memory) const override;
+  /// Device sources: cudaMemcpyAsync device to device, or the convert kernel when the
+  /// dtypes differ. Pinned host sources of the weight dtype: one cudaMemcpyAsync straight
+  /// from the caller's memory. Other host sources: upload() (converted into the two pinned
+  /// 16 MiB staging buffers, copies overlapping the next chunk's conversion).
+  void write_weights(Tensor& dst, int64_t dst_offset, const void* src, DType src_dtype,
+                     int64_t n, TensorMemory memory) override;
+
+  /// cudaHostAlloc / cudaFreeHost.
+  void* allocate_host_pinned(size_t bytes) override;
+  void free_host_pinned(void* ptr) override;
+
   /// GPU sampling with the host sampler's semantics (sampling/sampler.h); returns after one
   /// synchronisation. Throws Error like the host sampler ("row r: ...") for invalid
   /// parameters, out-of-vocabulary penalty tokens or rows without a finite logit.

@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <random>
 
 #include "pagellm/common/check.h"
 #include "pagellm/model/make_model.h"
+#include "pagellm/model/qwen3_weights.h"
 #include "pagellm/model/random_weights.h"
 
 namespace pagellm {
@@ -58,11 +61,28 @@ const std::vector<NamedWorkload>& named_workloads() {
     w1.prompt_len = 256;
     w1.output_len = 512;
     w1.seed = 0;
+    // The weight-update benchmark runs run_weight_update_benchmark, not a decode; its
+    // workload only names the model (and a short request to check the engine after).
+    DecodeWorkload update = w1;
+    update.name = kWeightUpdateWorkload;
+    update.batch = 1;
+    update.prompt_len = 4;
+    update.output_len = 4;
     return std::vector<NamedWorkload>{
         {"w1",
          "decode of Qwen3-4B (random bf16 weights), 32 prompts of 256 random ids, 512 new "
          "tokens each, greedy, EOS ignored",
          w1},
+        {kWeightUpdateWorkload,
+         "in-place update of every Qwen3-4B parameter (random bf16 weights) from pinned host "
+         "memory and from device memory, median of --repeats each, against the measured "
+         "host-to-device and device copy bandwidths",
+         update},
+        {kGrpoWorkload,
+         "W2, GRPO rollouts on Qwen3-4B (random bf16 weights): 2 rounds of 64 prompts of "
+         "256-1,024 random ids, n = 8 at temperature 1.0, output lengths log-normal (median "
+         "512, capped at 4,096; EOS ignored), one weight update between the rounds",
+         GrpoWorkload{}.model_workload()},
     };
   }();
   return all;
@@ -272,6 +292,350 @@ std::string benchmark_json_line(const BenchmarkReport& r) {
        r.bandwidth_bytes_per_s ? nlohmann::json(*r.bandwidth_bytes_per_s / 1e9) : nullptr},
       {"fraction_of_limit", or_null(r.fraction_of_limit())},
       {"limit_tok_s", or_null(r.limit_tok_s())},
+  };
+  return j.dump();
+}
+
+EngineConfig weight_update_engine_config(EngineConfig base) {
+  if (base.kv_cache_bytes == 0 && base.num_pages == 0) base.kv_cache_bytes = size_t{1} << 30;
+  return base;
+}
+
+namespace {
+
+// A pinned host or device buffer of the backend, freed on scope exit.
+struct SourceBuffer {
+  Backend& backend;
+  bool pinned;
+  void* ptr = nullptr;
+  SourceBuffer(Backend& b, bool is_pinned, size_t bytes) : backend(b), pinned(is_pinned) {
+    ptr = pinned ? backend.allocate_host_pinned(bytes) : backend.allocate(bytes);
+  }
+  ~SourceBuffer() {
+    if (pinned) {
+      backend.free_host_pinned(ptr);
+    } else {
+      backend.deallocate(ptr);
+    }
+  }
+  SourceBuffer(const SourceBuffer&) = delete;
+  SourceBuffer& operator=(const SourceBuffer&) = delete;
+};
+
+TensorDType tensor_dtype_of(DType t) {
+  switch (t) {
+    case DType::F32: return TensorDType::kFloat32;
+    case DType::BF16: return TensorDType::kBFloat16;
+    case DType::F16: return TensorDType::kFloat16;
+    default: PAGELLM_FAIL() << "weights of dtype " << dtype_name(t) << " cannot be updated";
+  }
+}
+
+// A full random checkpoint (every tensor of the config, the backend's weight dtype) laid
+// out back to back, as a trainer's flat parameter buffer is: in pinned host memory, and
+// also in device memory when asked.
+struct StagedWeights {
+  DType dtype;
+  std::vector<ExpectedWeight> expected;
+  std::vector<size_t> offsets;  // bytes into the buffers, per tensor
+  uint64_t bytes = 0;
+  std::unique_ptr<SourceBuffer> host, device;
+
+  StagedWeights(Backend& backend, const Qwen3Config& config, uint64_t seed, bool on_device)
+      : dtype(backend.weight_dtype()), expected(expected_qwen3_weights(config)) {
+    for (const ExpectedWeight& w : expected) {
+      offsets.push_back(bytes);
+      bytes += static_cast<uint64_t>(numel(w.shape)) * dtype_size(dtype);
+    }
+    host = std::make_unique<SourceBuffer>(backend, /*pinned=*/true, bytes);
+    const WeightLookup lookup = random_weight_lookup(config, seed, dtype);
+    for (size_t i = 0; i < expected.size(); ++i) {
+      const WeightView v = lookup(expected[i].name);
+      std::memcpy(static_cast<char*>(host->ptr) + offsets[i], v.data,
+                  static_cast<size_t>(numel(v.shape)) * dtype_size(dtype));
+    }
+    if (on_device) {
+      device = std::make_unique<SourceBuffer>(backend, /*pinned=*/false, bytes);
+      backend.copy_to_device(device->ptr, host->ptr, bytes);
+    }
+  }
+
+  std::vector<NamedTensor> tensors(TensorMemory memory) const {
+    const SourceBuffer& buffer = memory == TensorMemory::kDevice ? *device : *host;
+    std::vector<NamedTensor> out;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      out.push_back({expected[i].name, static_cast<const char*>(buffer.ptr) + offsets[i],
+                     tensor_dtype_of(dtype), expected[i].shape, memory});
+    }
+    return out;
+  }
+
+  static int64_t numel(const std::vector<int64_t>& shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+}  // namespace
+
+WeightUpdateBenchReport run_weight_update_benchmark(Engine& engine, const DecodeWorkload& workload,
+                                                    int32_t repeats) {
+  PAGELLM_CHECK(repeats >= 1) << "weight-update repeats must be at least 1, got " << repeats;
+  PAGELLM_CHECK(!engine.has_unfinished())
+      << "the weight-update benchmark needs an idle engine; this one has unfinished requests";
+  Backend& backend = engine.backend();
+  WeightUpdateBenchReport r;
+  r.model = workload.model_name();
+  r.backend = backend.name();
+  r.host_to_device_bytes_per_s = backend.measure_host_to_device_bandwidth();
+  r.device_copy_bytes_per_s = backend.measure_copy_bandwidth();
+
+  const StagedWeights staged(backend, engine.model().config(), workload.seed + 1,
+                             /*on_device=*/true);
+  r.bytes = staged.bytes;
+  r.tensors = static_cast<int64_t>(staged.expected.size());
+  const auto time_updates = [&](const std::vector<NamedTensor>& tensors, const char* source,
+                                double limit_bytes_per_s) {
+    WeightUpdateTiming t;
+    t.source = source;
+    for (int32_t i = 0; i < repeats; ++i) {
+      t.seconds.push_back(engine.update_weights(tensors, PauseMode::kWait).seconds);
+    }
+    std::vector<double> sorted = t.seconds;
+    std::sort(sorted.begin(), sorted.end());
+    t.median_seconds = sorted[sorted.size() / 2];
+    t.bytes_per_s = static_cast<double>(r.bytes) / t.median_seconds;
+    if (limit_bytes_per_s > 0) t.fraction_of_limit = t.bytes_per_s / limit_bytes_per_s;
+    return t;
+  };
+  r.pinned = time_updates(staged.tensors(TensorMemory::kHostPinned), "pinned host",
+                          r.host_to_device_bytes_per_s);
+  r.device = time_updates(staged.tensors(TensorMemory::kDevice), "device",
+                          r.device_copy_bytes_per_s / 2.0);
+
+  // The engine still serves (the graphs captured before the updates replay on new weights).
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.max_tokens = 4;
+  greedy.ignore_eos = true;
+  const Sequence* s = engine.generate({{1, 2, 3, 4}}, {greedy})[0];
+  PAGELLM_CHECK(s->finish_reason == FinishReason::kLength && s->output.size() == 4)
+      << "after the weight updates a request ended with " << finish_reason_name(s->finish_reason)
+      << ": " << s->error;
+  engine.release(s->id);
+  return r;
+}
+
+std::string weight_update_json_line(const WeightUpdateBenchReport& r) {
+  const auto source = [](const WeightUpdateTiming& t) {
+    return nlohmann::json{
+        {"median_s", t.median_seconds},
+        {"gbs", t.bytes_per_s / 1e9},
+        {"fraction_of_limit",
+         t.fraction_of_limit ? nlohmann::json(*t.fraction_of_limit) : nlohmann::json(nullptr)}};
+  };
+  const nlohmann::json j = {
+      {"workload", "weight-update"},
+      {"model", r.model},
+      {"backend", r.backend},
+      {"tensors", r.tensors},
+      {"bytes", r.bytes},
+      {"h2d_gbs", r.host_to_device_bytes_per_s / 1e9},
+      {"copy_gbs", r.device_copy_bytes_per_s / 1e9},
+      {"pinned", source(r.pinned)},
+      {"device", source(r.device)},
+  };
+  return j.dump();
+}
+
+void GrpoWorkload::validate() const {
+  model_workload().validate();
+  PAGELLM_CHECK(prompts >= 1) << "grpo prompts must be at least 1, got " << prompts;
+  PAGELLM_CHECK(n >= 1) << "grpo n must be at least 1, got " << n;
+  PAGELLM_CHECK(min_prompt_len >= 1 && max_prompt_len >= min_prompt_len)
+      << "grpo prompt lengths must satisfy 1 <= min <= max, got [" << min_prompt_len << ", "
+      << max_prompt_len << "]";
+  PAGELLM_CHECK(max_output_len >= 1 && median_output_len > 0 && output_len_sigma >= 0)
+      << "grpo output lengths need max >= 1, median > 0 and sigma >= 0, got max "
+      << max_output_len << ", median " << median_output_len << ", sigma " << output_len_sigma;
+  PAGELLM_CHECK(rounds >= 1) << "grpo rounds must be at least 1, got " << rounds;
+  PAGELLM_CHECK(temperature >= 0.0f) << "grpo temperature must be >= 0, got " << temperature;
+}
+
+DecodeWorkload GrpoWorkload::model_workload() const {
+  DecodeWorkload w;
+  w.name = "grpo";
+  w.model_dir = model_dir;
+  w.preset = preset;
+  w.batch = prompts * n;
+  w.prompt_len = max_prompt_len;
+  w.output_len = std::max(max_output_len, 2);
+  w.seed = seed;
+  return w;
+}
+
+EngineConfig grpo_engine_config(const GrpoWorkload& workload, EngineConfig config) {
+  if (config.max_model_len <= 0) config.max_model_len = workload.max_prompt_len + workload.max_output_len;
+  config.max_num_seqs = std::max(config.max_num_seqs, workload.prompts * workload.n);
+  config.max_num_batched_tokens = std::max(config.max_num_batched_tokens, config.max_num_seqs);
+  return config;
+}
+
+std::vector<int64_t> add_prompt_samples(Engine& engine, const std::vector<int32_t>& prompt,
+                                        const SamplingParams& params,
+                                        const std::vector<int32_t>& max_tokens) {
+  std::vector<int64_t> ids;
+  for (size_t j = 0; j < max_tokens.size(); ++j) {
+    SamplingParams one = params;
+    one.n = 1;
+    if (params.seed) one.seed = *params.seed + j;
+    one.max_tokens = max_tokens[j];
+    ids.push_back(engine.add_request(prompt, one));
+  }
+  return ids;
+}
+
+double GrpoReport::rollout_tok_s() const {
+  return rollout_seconds > 0 ? static_cast<double>(generated_tokens) / rollout_seconds : 0.0;
+}
+
+std::optional<double> GrpoReport::fraction_of_limit() const {
+  if (!bandwidth_bytes_per_s || *bandwidth_bytes_per_s <= 0 || rollout_seconds <= 0)
+    return std::nullopt;
+  return limit_seconds / rollout_seconds;
+}
+
+GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
+                              bool measure_bandwidth) {
+  workload.validate();
+  PAGELLM_CHECK(!engine.has_unfinished())
+      << "the grpo benchmark needs an idle engine; this one has unfinished requests";
+  const SchedulerConfig& sc = engine.scheduler_config();
+  PAGELLM_CHECK(sc.max_model_len >= workload.max_prompt_len + 1)
+      << "the engine's max_model_len is " << sc.max_model_len << " but grpo prompts reach "
+      << workload.max_prompt_len << " tokens";
+  Backend& backend = engine.backend();
+  const Qwen3Config& mc = engine.model().config();
+  GrpoReport r;
+  r.workload = workload;
+  r.model = workload.model_workload().model_name();
+  r.backend = backend.name();
+  r.samples = static_cast<int64_t>(workload.prompts) * workload.n;
+  r.usable_kv_pages = engine.allocator().num_usable();
+  if (measure_bandwidth) r.bandwidth_bytes_per_s = backend.measure_copy_bandwidth();
+
+  // Bytes every step reads at least: each weight once (an untied embedding table is only
+  // gathered), plus per running sequence the K/V of its context.
+  const size_t embed_bytes =
+      static_cast<size_t>(mc.vocab_size * mc.hidden_size) * dtype_size(backend.weight_dtype());
+  const double weight_read_bytes = static_cast<double>(
+      mc.tie_word_embeddings ? engine.model().weight_bytes()
+                             : engine.model().weight_bytes() - embed_bytes);
+  const double kv_per_token = 2.0 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim *
+                              dtype_size(backend.kv_dtype());
+
+  // Warm-up outside the timed region (autotuning, plans).
+  {
+    SamplingParams warm;
+    warm.temperature = workload.temperature;
+    warm.max_tokens = 2;
+    warm.ignore_eos = true;
+    warm.seed = workload.seed;
+    std::vector<std::vector<int32_t>> prompts(8, std::vector<int32_t>(4, 1));
+    for (const Sequence* s : engine.generate(prompts, {warm})) engine.release(s->id);
+  }
+
+  std::mt19937_64 rng(workload.seed);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(mc.vocab_size) - 1);
+  std::uniform_int_distribution<int32_t> prompt_len(workload.min_prompt_len,
+                                                    workload.max_prompt_len);
+  std::lognormal_distribution<double> output_len(std::log(workload.median_output_len),
+                                                 workload.output_len_sigma);
+  std::unique_ptr<StagedWeights> next_weights;
+  if (workload.rounds > 1) {
+    next_weights = std::make_unique<StagedWeights>(backend, mc, workload.seed + 1,
+                                                   /*on_device=*/false);
+  }
+  const int64_t used_before = engine.allocator().num_usable() - engine.allocator().num_free();
+  const int64_t preemptions_before = engine.stats().preemptions;
+  const int64_t steps_before = engine.stats().steps;
+
+  for (int32_t round = 0; round < workload.rounds; ++round) {
+    if (round > 0) {
+      r.weight_update_seconds.push_back(
+          engine.update_weights(next_weights->tensors(TensorMemory::kHostPinned)).seconds);
+    }
+    SamplingParams params;
+    params.temperature = workload.temperature;
+    params.ignore_eos = true;
+    std::vector<int64_t> ids;
+    std::vector<int32_t> wanted;
+    for (int32_t p = 0; p < workload.prompts; ++p) {
+      std::vector<int32_t> prompt(static_cast<size_t>(prompt_len(rng)));
+      for (int32_t& t : prompt) t = token(rng);
+      const int32_t room = sc.max_model_len - static_cast<int32_t>(prompt.size());
+      std::vector<int32_t> lengths;
+      for (int32_t j = 0; j < workload.n; ++j) {
+        const double drawn = std::round(output_len(rng));
+        lengths.push_back(static_cast<int32_t>(std::clamp<double>(
+            drawn, 1.0, std::min(workload.max_output_len, room))));
+      }
+      params.seed = workload.seed * 1000003 + static_cast<uint64_t>(round) * 100003 +
+                    static_cast<uint64_t>(p) * workload.n;
+      for (int64_t id : add_prompt_samples(engine, prompt, params, lengths)) ids.push_back(id);
+      wanted.insert(wanted.end(), lengths.begin(), lengths.end());
+      r.prompt_tokens += static_cast<int64_t>(prompt.size()) * workload.n;
+    }
+    backend.synchronize();
+    const auto t0 = Clock::now();
+    while (engine.has_unfinished()) {
+      engine.step();
+      const int64_t used = engine.allocator().num_usable() - engine.allocator().num_free();
+      r.peak_kv_pages = std::max(r.peak_kv_pages, used - used_before);
+      double kv_tokens = 0;
+      for (int64_t id : ids) {
+        const Sequence& s = engine.request(id);
+        if (s.status == SequenceStatus::kRunning) kv_tokens += s.num_computed;
+      }
+      if (r.bandwidth_bytes_per_s) {
+        r.limit_seconds += (weight_read_bytes + kv_tokens * kv_per_token) / *r.bandwidth_bytes_per_s;
+      }
+    }
+    backend.synchronize();
+    r.rollout_seconds += seconds_between(t0, Clock::now());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const Sequence& s = engine.request(ids[i]);
+      PAGELLM_CHECK(s.finish_reason == FinishReason::kLength &&
+                    static_cast<int32_t>(s.output.size()) == wanted[i])
+          << "grpo sample " << ids[i] << " ended with " << finish_reason_name(s.finish_reason)
+          << " after " << s.output.size() << " of " << wanted[i] << " tokens"
+          << (s.error.empty() ? "" : ": ") << s.error;
+      r.generated_tokens += static_cast<int64_t>(s.output.size());
+      engine.release(ids[i]);
+    }
+  }
+  r.steps = engine.stats().steps - steps_before;
+  r.preemptions = engine.stats().preemptions - preemptions_before;
+  // TODO(lead, wt-prefix merge): report the prefix cache's hit rate over the rollout here.
+  return r;
+}
+
+std::string grpo_json_line(const GrpoReport& r) {
+  const nlohmann::json j = {
+      {"workload", "grpo"},
+      {"model", r.model},
+      {"backend", r.backend},
+      {"samples_per_round", r.samples},
+      {"rounds", r.workload.rounds},
+      {"generated_tokens", r.generated_tokens},
+      {"rollout_s", r.rollout_seconds},
+      {"rollout_tok_s", r.rollout_tok_s()},
+      {"fraction_of_limit",
+       r.fraction_of_limit() ? nlohmann::json(*r.fraction_of_limit()) : nlohmann::json(nullptr)},
+      {"peak_kv_pages", r.peak_kv_pages},
+      {"preemptions", r.preemptions},
+      {"weight_update_s", r.weight_update_seconds},
   };
   return j.dump();
 }

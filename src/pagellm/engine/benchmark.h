@@ -46,8 +46,15 @@ struct NamedWorkload {
   DecodeWorkload workload;
 };
 
+/// The name of the weight-update benchmark's workload (run_weight_update_benchmark).
+inline constexpr const char* kWeightUpdateWorkload = "weight-update";
+/// The name of W2, the rollout benchmark (run_grpo_benchmark).
+inline constexpr const char* kGrpoWorkload = "grpo";
+
 /// Every named workload. W1 ("w1", docs/PERFORMANCE.md): Qwen3-4B architecture, random
 /// bf16 weights, 32 prompts of 256 random ids, 512 new tokens each, greedy, EOS ignored.
+/// "weight-update": the model of run_weight_update_benchmark (Qwen3-4B, random bf16).
+/// "grpo": the model of W2 (GrpoWorkload::model_workload()).
 const std::vector<NamedWorkload>& named_workloads();
 /// The workload called `name` (case-insensitive); Error listing the known names otherwise.
 DecodeWorkload named_workload(const std::string& name);
@@ -140,5 +147,121 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
 /// host_gap_us, bandwidth_gbs, fraction_of_limit, limit_tok_s (the last three null
 /// without a bandwidth). What `pagellm bench --json-out` appends and the GPU suite reads.
 std::string benchmark_json_line(const BenchmarkReport& report);
+
+// ---- weight-update benchmark (`pagellm bench --workload weight-update`) --------------------
+
+/// The engine config the weight-update benchmark needs beside the model: `base` with a
+/// KV pool of 1 GiB when neither its bytes nor its pages are set (the benchmark holds a
+/// second copy of every weight in device memory, which a default pool would leave no room
+/// for).
+EngineConfig weight_update_engine_config(EngineConfig base);
+
+/// One source of the weight-update benchmark.
+struct WeightUpdateTiming {
+  std::string source;             // "pinned host" or "device"
+  std::vector<double> seconds;    // each full update (WeightUpdateResult::seconds)
+  double median_seconds = 0;
+  double bytes_per_s = 0;         // bytes / median_seconds
+  /// bytes_per_s against its limit: the measured host-to-device rate for pinned host
+  /// memory; for device memory, half the device copy bandwidth (a copy reads and writes
+  /// each byte). Absent without a measured limit.
+  std::optional<double> fraction_of_limit;
+};
+
+/// The figures of the weight-update benchmark.
+struct WeightUpdateBenchReport {
+  std::string model;    // workload.model_name()
+  std::string backend;  // Backend::name()
+  int64_t tensors = 0;  // Hugging Face tensors per update
+  uint64_t bytes = 0;   // bytes per update (the backend's weight dtype)
+  double host_to_device_bytes_per_s = 0;  // Backend::measure_host_to_device_bandwidth
+  double device_copy_bytes_per_s = 0;     // Backend::measure_copy_bandwidth (read + write)
+  WeightUpdateTiming pinned;
+  WeightUpdateTiming device;
+};
+
+/// Times full updates of every parameter of the engine's model (which must be idle): new
+/// random weights (seed workload.seed + 1, the backend's weight dtype) laid out back to back
+/// in one buffer, as a trainer's flat parameter buffer is, once in pinned host memory and
+/// once in device memory; `repeats` updates from each (Engine::update_weights), median.
+/// Checks afterwards that the engine serves the new weights (a short greedy request ends by
+/// length). Throws Error for repeats < 1 or when the copies do not fit.
+WeightUpdateBenchReport run_weight_update_benchmark(Engine& engine, const DecodeWorkload& workload,
+                                                    int32_t repeats = 5);
+
+/// The report as one JSON object on one line: model, backend, tensors, bytes, and per
+/// source median_s, gbs, fraction_of_limit, plus h2d_gbs and copy_gbs.
+std::string weight_update_json_line(const WeightUpdateBenchReport& report);
+
+// ---- W2, the rollout benchmark (`pagellm bench --workload grpo`) -------------------------------
+
+/// W2 (issue 16): a GRPO-style rollout. Each round, `prompts` prompts of uniformly drawn
+/// lengths in [min_prompt_len, max_prompt_len] (random ids), each sampled n times at
+/// `temperature`; sample j's output length is drawn from a log-normal with median
+/// `median_output_len` and log-space deviation `output_len_sigma`, capped at
+/// `max_output_len` (EOS ignored: it is the sample's max_tokens). Between rounds, one full
+/// weight update from pinned host memory (new random weights). Everything from `seed`.
+struct GrpoWorkload {
+  std::string model_dir;            // empty: random bf16 weights of `preset`
+  std::string preset = "qwen3-4b";
+  int32_t prompts = 64;
+  int32_t min_prompt_len = 256;
+  int32_t max_prompt_len = 1024;
+  int32_t n = 8;
+  float temperature = 1.0f;
+  double median_output_len = 512;
+  double output_len_sigma = 1.0;
+  int32_t max_output_len = 4096;
+  int32_t rounds = 2;
+  uint64_t seed = 0;
+
+  /// Throws Error naming the field for a count or length out of range or an unknown preset.
+  void validate() const;
+  /// The decode workload that names the same model (for make_benchmark_engine).
+  DecodeWorkload model_workload() const;
+};
+
+/// `base` widened so that every sample of a round runs at once: max_num_seqs >= prompts *
+/// n, max_model_len (when 0) max_prompt_len + max_output_len.
+EngineConfig grpo_engine_config(const GrpoWorkload& workload, EngineConfig base);
+
+/// Adds one prompt's n samples and returns their engine ids. Today: n requests, sample j
+/// with seed params.seed + j and max_tokens max_tokens[j] (what EngineCore does for n > 1).
+/// The fan-out API (Engine::add_request_group) replaces this on merge.
+std::vector<int64_t> add_prompt_samples(Engine& engine, const std::vector<int32_t>& prompt,
+                                        const SamplingParams& params,
+                                        const std::vector<int32_t>& max_tokens);
+
+/// The figures of W2.
+struct GrpoReport {
+  GrpoWorkload workload;
+  std::string model;
+  std::string backend;
+  int64_t samples = 0;            // per round: prompts * n
+  int64_t prompt_tokens = 0;      // over all rounds (each sample's prompt counted once)
+  int64_t generated_tokens = 0;   // over all rounds
+  double rollout_seconds = 0;     // all rounds, the weight updates excluded
+  double rollout_tok_s() const;   // generated_tokens / rollout_seconds
+  int64_t steps = 0;
+  /// The step-by-step limit: the time every step would take at the copy bandwidth,
+  /// reading every weight once plus the K/V of each running sequence's context.
+  double limit_seconds = 0;
+  std::optional<double> bandwidth_bytes_per_s;
+  /// limit_seconds / rollout_seconds (absent without a bandwidth).
+  std::optional<double> fraction_of_limit() const;
+  int64_t peak_kv_pages = 0;      // most KV pages in use at once
+  int64_t usable_kv_pages = 0;
+  int64_t preemptions = 0;
+  /// Each update between rounds (WeightUpdateResult::seconds).
+  std::vector<double> weight_update_seconds;
+};
+
+/// Runs W2 on an idle engine made for it (grpo_engine_config); throws Error when it cannot
+/// hold a round or a sample ends other than by its length.
+GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
+                              bool measure_bandwidth = true);
+
+/// The report as one JSON line.
+std::string grpo_json_line(const GrpoReport& report);
 
 }  // namespace pagellm

@@ -101,6 +101,10 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& p
     raw->error = error;
     return id;
   }
+  if (paused_) {
+    held_.push_back({raw});  // scheduled after resume()
+    return id;
+  }
   scheduler_->add(raw);  // rejects (finishes with kError) what can never fit
   return id;
 }
@@ -151,13 +155,31 @@ std::vector<int64_t> Engine::add_request_group(std::vector<int32_t> prompt,
     ids.push_back(id);
     requests_[id] = std::move(seq);
   }
-  if (error.empty()) scheduler_->add_group(samples);  // rejects what can never run
+  if (error.empty()) {
+    if (paused_) {
+      held_.push_back(samples);  // scheduled after resume()
+    } else {
+      scheduler_->add_group(samples);  // rejects what can never run
+    }
+  }
   return ids;
 }
 
-void Engine::abort(int64_t id) { scheduler_->abort(id); }
+void Engine::abort(int64_t id) {
+  for (auto group = held_.begin(); group != held_.end(); ++group) {
+    auto held = std::find_if(group->begin(), group->end(),
+                             [id](Sequence* s) { return s->id == id; });
+    if (held == group->end()) continue;
+    (*held)->status = SequenceStatus::kFinished;
+    (*held)->finish_reason = FinishReason::kAborted;
+    group->erase(held);
+    if (group->empty()) held_.erase(group);
+    return;
+  }
+  scheduler_->abort(id);
+}
 
-bool Engine::has_unfinished() const { return scheduler_->has_unfinished(); }
+bool Engine::has_unfinished() const { return scheduler_->has_unfinished() || !held_.empty(); }
 
 const Sequence& Engine::request(int64_t id) const {
   auto it = requests_.find(id);
@@ -175,6 +197,7 @@ void Engine::release(int64_t id) {
 std::vector<int64_t> Engine::step() {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
+  if (paused_ && pause_mode_ == PauseMode::kKeep) return {};  // frozen until resume()
   SchedulerOutput out = scheduler_->schedule();
   stats_.preemptions += static_cast<int64_t>(out.preempted.size());
   stats_.cow_page_copies += static_cast<int64_t>(out.page_copies.size());
@@ -189,6 +212,7 @@ std::vector<int64_t> Engine::step() {
   count_tokens(out);
 
   ModelRunner::StepResult result = runner_->run(out, kv_cache_->page_table());
+  for (SampledToken& t : result.sampled) t.weights_version = weights_version_;
   stats_.graph_steps += result.replayed_graph ? 1 : 0;
   stats_.page_table_entries_uploaded += result.page_table_entries;
 
@@ -217,6 +241,7 @@ std::vector<const Sequence*> Engine::generate(const std::vector<std::vector<int3
   PAGELLM_CHECK(params.size() == prompts.size() || params.size() == 1)
       << "generate: " << params.size() << " sampling parameter sets for " << prompts.size()
       << " prompts (give one or one per prompt)";
+  PAGELLM_CHECK(!paused_) << "generate: the engine is paused (resume() first)";
   std::vector<int64_t> ids;
   for (size_t i = 0; i < prompts.size(); ++i) {
     ids.push_back(add_request(prompts[i], params.size() == 1 ? params[0] : params[i]));
@@ -228,5 +253,90 @@ std::vector<const Sequence*> Engine::generate(const std::vector<std::vector<int3
 }
 
 void Engine::check_invariants() const { scheduler_->check_invariants(); }
+
+// ---- weight updates and pause / resume ------------------------------------------------------
+
+void Engine::pause(PauseMode mode) {
+  PAGELLM_CHECK(!paused_) << "pause: the engine is already paused (mode "
+                          << pause_mode_name(pause_mode_) << "); resume() first";
+  PAGELLM_CHECK(mode == PauseMode::kWait || mode == PauseMode::kAbort ||
+                mode == PauseMode::kKeep)
+      << "pause: unknown mode " << static_cast<int>(mode) << " (expected wait, abort or keep)";
+  paused_ = true;
+  pause_mode_ = mode;
+  paused_at_ = std::chrono::steady_clock::now();
+  std::vector<int64_t> ids;
+  for (const Sequence* s : scheduler_->running()) ids.push_back(s->id);
+  for (const Sequence* s : scheduler_->waiting()) ids.push_back(s->id);
+  paused_unfinished_ = static_cast<int64_t>(ids.size());
+  paused_aborted_ = 0;
+  if (mode == PauseMode::kAbort) {
+    for (int64_t id : ids) paused_aborted_ += scheduler_->abort(id) ? 1 : 0;
+  }
+}
+
+void Engine::resume() {
+  if (!paused_) return;
+  paused_ = false;
+  std::vector<std::vector<Sequence*>> held;
+  held.swap(held_);
+  for (const std::vector<Sequence*>& group : held) {
+    if (group.size() == 1) {
+      scheduler_->add(group[0]);
+    } else {
+      scheduler_->add_group(group);
+    }
+  }
+}
+
+WeightUpdateResult Engine::update_weights(const std::vector<NamedTensor>& tensors,
+                                          PauseMode mode) {
+  check_weights_update(tensors);  // before pausing: a bad update waits for nothing
+  return run_update(mode, tensors);
+}
+
+WeightUpdateResult Engine::load_weights(const std::string& path, PauseMode mode) {
+  const WeightStore store = WeightStore::open(path);
+  const std::vector<NamedTensor> tensors = named_tensors_of(store);
+  try {
+    check_weights_update(tensors);
+  } catch (const Error& e) {
+    PAGELLM_FAIL() << store.source() << ": " << e.what();
+  }
+  return run_update(mode, tensors);
+}
+
+WeightUpdateResult Engine::run_update(PauseMode mode, const std::vector<NamedTensor>& tensors) {
+  using Clock = std::chrono::steady_clock;
+  const bool pause_here = !paused_;
+  if (pause_here) pause(mode);
+  WeightUpdateResult result;
+  result.mode = pause_mode_;
+  try {
+    if (pause_mode_ == PauseMode::kWait) {
+      while (scheduler_->has_unfinished()) step();
+      result.wait_seconds = std::chrono::duration<double>(Clock::now() - paused_at_).count();
+      result.requests_waited = paused_unfinished_;
+    }
+    result.requests_aborted = paused_aborted_;
+    if (pause_mode_ == PauseMode::kKeep) {
+      result.requests_kept =
+          static_cast<int64_t>(scheduler_->num_running() + scheduler_->num_waiting());
+    }
+    const auto start = Clock::now();
+    const WeightWriteStats written = runner_->model().update_weights(tensors);
+    result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    result.tensors_updated = written.tensors;
+    result.bytes = written.bytes;
+  } catch (...) {
+    if (pause_here) resume();
+    throw;
+  }
+  ++weights_version_;
+  // prefix cache: reset on update (merged from wt-prefix)
+  result.weights_version = weights_version_;
+  if (pause_here) resume();
+  return result;
+}
 
 }  // namespace pagellm

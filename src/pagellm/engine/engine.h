@@ -17,6 +17,7 @@
 #include "pagellm/engine/sequence.h"
 #include "pagellm/kv/kv_cache_manager.h"
 #include "pagellm/model/qwen3.h"
+#include "pagellm/weight_update.h"
 
 namespace pagellm {
 
@@ -100,11 +101,50 @@ class Engine {
   void set_logits_hook(LogitsHook hook) { runner_->set_logits_hook(std::move(hook)); }
 
   /// Version of the weights the model samples with: 0 after loading, increased by one by
-  /// each weight update (bump_weights_version). Outputs report the version their tokens
-  /// were sampled under.
+  /// each weight update (bump_weights_version). Every SampledToken records the version it
+  /// was sampled under, and outputs report that.
   uint64_t weights_version() const { return weights_version_; }
   /// Records that the weights changed; call between steps (after the update is complete).
   void bump_weights_version() { ++weights_version_; }
+
+  // ---- weight updates and pause / resume (docs/design.md, "Weight updates") -----------
+  /// Pauses the engine for a weight update; `mode` says what happens to the requests
+  /// already added (the unfinished ones, waiting or running):
+  ///   kWait:  they keep running (step() goes on) until they finish; drained() tells when.
+  ///   kAbort: they are finished now with FinishReason::kAborted and their pages freed.
+  ///   kKeep:  they stay where they are; step() runs nothing until resume().
+  /// Requests added while paused are held (accepted, not scheduled) and queue in order
+  /// after resume(). Throws Error when already paused or for an unknown mode.
+  void pause(PauseMode mode);
+  /// Ends the pause: the held requests join the scheduler's queue. No-op when not paused.
+  void resume();
+  bool paused() const { return paused_; }
+  /// The mode of the current pause (meaningful while paused()).
+  PauseMode pause_mode() const { return pause_mode_; }
+  /// Paused and no request added before the pause is unfinished (kWait has finished).
+  bool drained() const { return paused_ && !scheduler_->has_unfinished(); }
+  /// Whether step() would advance any request now.
+  bool has_runnable() const {
+    return scheduler_->has_unfinished() && !(paused_ && pause_mode_ == PauseMode::kKeep);
+  }
+
+  /// Rewrites weights in place (Qwen3Model::update_weights: any subset, by Hugging Face
+  /// names, from host, pinned or device memory), between steps, then bumps the weights
+  /// version. The tensors are checked first (see check_weights_update). Not paused: pauses with `mode` for the update (kWait steps the engine here
+  /// until the requests added before have finished) and resumes after. Paused already:
+  /// the pause's mode applies (kWait steps until drained) and the engine stays paused.
+  /// A rejected update (bad name, shape, dtype or memory kind: Error naming each) changes
+  /// no weight and no version, and resumes a pause it made.
+  WeightUpdateResult update_weights(const std::vector<NamedTensor>& tensors,
+                                    PauseMode mode = PauseMode::kWait);
+  /// update_weights from a safetensors folder or file (WeightStore::open; errors name it).
+  WeightUpdateResult load_weights(const std::string& path, PauseMode mode = PauseMode::kWait);
+  /// The checks of update_weights alone (Qwen3Model::check_weights_update): throws the
+  /// same Error, pauses and writes nothing. update_weights runs them before it pauses, so
+  /// that a bad update never waits for running requests.
+  void check_weights_update(const std::vector<NamedTensor>& tensors) const {
+    runner_->model().check_weights_update(tensors);
+  }
 
   const EngineConfig& config() const { return config_; }
   const SchedulerConfig& scheduler_config() const { return scheduler_config_; }
@@ -133,6 +173,17 @@ class Engine {
   int64_t next_id_ = 1;
   uint64_t weights_version_ = 0;
   EngineStats stats_;
+
+  /// Runs `write` (the model's update) under the pause protocol of update_weights.
+  WeightUpdateResult run_update(PauseMode mode, const std::vector<NamedTensor>& tensors);
+  // Pause state (pause() / resume()).
+  bool paused_ = false;
+  PauseMode pause_mode_ = PauseMode::kWait;
+  std::chrono::steady_clock::time_point paused_at_;
+  int64_t paused_unfinished_ = 0;  // unfinished requests when the pause began
+  int64_t paused_aborted_ = 0;     // of them, aborted by a kAbort pause
+  /// Requests (a group's samples together) added while paused, in order.
+  std::vector<std::vector<Sequence*>> held_;
 };
 
 }  // namespace pagellm

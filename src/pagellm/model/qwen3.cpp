@@ -47,13 +47,21 @@ Qwen3Model::Qwen3Model(Backend& backend, const Qwen3Config& config, const Weight
                                    : upload_weight(lookup, "lm_head.weight", {V, H}, progress);
   // The layers' products may get a decode layout from the backend. lm_head is left alone:
   // its one product a step already streams at the copy rate (docs/design.md).
-  for (Qwen3LayerWeights& w : layers_) {
-    prepared_bytes_ += backend_.prepare_matrix(w.qkv);
-    prepared_bytes_ += backend_.prepare_matrix(w.o_proj);
-    prepared_bytes_ += backend_.prepare_matrix(w.gate_up, I);
-    prepared_bytes_ += backend_.prepare_matrix(w.down);
+  for (const auto& [w, gated_inter] : prepared_matrices()) {
+    prepared_bytes_ += backend_.prepare_matrix(w, gated_inter);
   }
   backend_.synchronize();
+}
+
+std::vector<std::pair<Tensor, int64_t>> Qwen3Model::prepared_matrices() const {
+  std::vector<std::pair<Tensor, int64_t>> out;
+  for (const Qwen3LayerWeights& w : layers_) {
+    out.emplace_back(w.qkv, 0);
+    out.emplace_back(w.o_proj, 0);
+    out.emplace_back(w.gate_up, config_.intermediate_size);
+    out.emplace_back(w.down, 0);
+  }
+  return out;
 }
 
 Tensor Qwen3Model::alloc(DType dtype, std::initializer_list<int64_t> dims) {

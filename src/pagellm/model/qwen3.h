@@ -11,10 +11,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pagellm/backend/backend.h"
 #include "pagellm/model/config.h"
+#include "pagellm/model/weight_store.h"
+#include "pagellm/weight_update.h"
 
 namespace pagellm {
 
@@ -41,6 +44,18 @@ struct Qwen3LayerWeights {
   Tensor down;        // [H, I]
 };
 
+/// Every tensor of `store` as a NamedTensor in (pageable) host memory, valid while the
+/// store lives: the input of a weight update from a safetensors folder or file.
+std::vector<NamedTensor> named_tensors_of(const WeightStore& store);
+
+/// What Qwen3Model::update_weights wrote.
+struct WeightWriteStats {
+  /// Tensors written (a tied model's lm_head.weight, checked but not written, excluded).
+  int64_t tensors = 0;
+  /// Bytes of the tensors as given (their own dtype).
+  uint64_t bytes = 0;
+};
+
 class Qwen3Model {
  public:
   /// Uploads the weights named by `lookup` (transformers names) to the backend.
@@ -58,6 +73,22 @@ class Qwen3Model {
   /// Bytes the backend holds beside them in decode layouts (Backend::prepare_matrix).
   size_t prepared_bytes() const { return prepared_bytes_; }
 
+  /// Rewrites the named weights in place (Hugging Face names, as vLLM's load_weights): any
+  /// subset of the checkpoint's tensors. q/k/v go into their rows of the fused qkv matrix
+  /// and gate/up into gate_up; with tied embeddings, model.embed_tokens.weight is also the
+  /// output projection, and an lm_head.weight (which a state_dict may carry) is checked but
+  /// not written. Every write goes into the buffer allocated at load (same addresses, so
+  /// captured graphs stay valid), then the rewritten matrices get Backend::prepare_matrix
+  /// and the backend is synchronised once.
+  /// Atomic: every name, dtype (F32/BF16/F16), shape, memory kind and pointer
+  /// (Backend::check_weight_source) is checked first; any problem throws Error listing
+  /// each one (and what is accepted), and nothing is written. Call between forwards.
+  WeightWriteStats update_weights(const std::vector<NamedTensor>& tensors);
+  /// The checks of update_weights alone (throws the same Error; writes nothing).
+  void check_weights_update(const std::vector<NamedTensor>& tensors) const;
+  /// update_weights from a safetensors folder or file (WeightStore::open; host memory).
+  WeightWriteStats update_weights_from(const std::string& path);
+
   /// Allocates activations for steps of up to max_tokens tokens and max_rows logits rows.
   /// forward() never allocates; views into this workspace are stable (CUDA graphs).
   void reserve(int32_t max_tokens, int32_t max_rows);
@@ -74,6 +105,19 @@ class Qwen3Model {
   void upload_rows_into(Tensor& dst, int64_t row_offset, const WeightLookup& lookup,
                         const std::string& name, int64_t rows, int64_t cols,
                         const ProgressFn& progress);
+
+  /// Where one Hugging Face tensor goes: elements [offset, offset + numel(shape)) of dst.
+  struct WeightTarget {
+    Tensor dst;
+    int64_t offset = 0;
+    std::vector<int64_t> shape;
+    int32_t matrix = -1;  // index into prepared_matrices(), or -1 when not prepared
+    bool skip = false;    // a tied model's lm_head.weight: checked, not written
+  };
+  /// Every name update_weights accepts.
+  std::vector<std::pair<std::string, WeightTarget>> weight_targets() const;
+  /// The matrices given to prepare_matrix, with their gated_inter.
+  std::vector<std::pair<Tensor, int64_t>> prepared_matrices() const;
 
   Backend& backend_;
   Qwen3Config config_;

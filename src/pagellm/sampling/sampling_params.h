@@ -16,6 +16,9 @@ struct SampledToken {
   float logprob = 0.0f;
   /// log-probability under the processed distribution (only when asked for; else 0).
   float processed_logprob = 0.0f;
+  /// The engine's weights version when the token was sampled (set by the engine after the
+  /// sampler returns; a token keeps it across later weight updates).
+  uint64_t weights_version = 0;
 };
 
 }  // namespace pagellm

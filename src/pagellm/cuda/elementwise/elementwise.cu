@@ -297,6 +297,52 @@ __global__ void silu_mul_kernel(const bf16* __restrict__ gate_up, bf16* __restri
   }
 }
 
+// ---- convert (weight updates from device memory) ----------------------------------------
+
+template <class T>
+__device__ float to_float(T v);
+template <>
+__device__ float to_float<float>(float v) { return v; }
+template <>
+__device__ float to_float<bf16>(bf16 v) { return __bfloat162float(v); }
+template <>
+__device__ float to_float<__half>(__half v) { return __half2float(v); }
+
+// One rounding per element (float -> Out, round to nearest even), as the host's convert.
+template <class In, class Out>
+__global__ void convert_kernel(const In* __restrict__ src, Out* __restrict__ dst, int64_t n) {
+  pdl_wait();  // the source may come from the kernel before
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    dst[i] = from_float<Out>(to_float<In>(src[i]));
+  }
+  pdl_launch_dependents();
+}
+
+template <class In>
+void convert_from(const void* src, void* dst, DType dst_dtype, int64_t n, cudaStream_t stream) {
+  constexpr int threads = 256;
+  const dim3 grid(grid_for(n, threads));
+  const In* in = static_cast<const In*>(src);
+  switch (dst_dtype) {
+    case DType::F32:
+      launch_kernel(convert_kernel<In, float>, grid, dim3(threads), 0, stream, 1, in,
+                    static_cast<float*>(dst), n);
+      break;
+    case DType::BF16:
+      launch_kernel(convert_kernel<In, bf16>, grid, dim3(threads), 0, stream, 1, in,
+                    static_cast<bf16*>(dst), n);
+      break;
+    case DType::F16:
+      launch_kernel(convert_kernel<In, __half>, grid, dim3(threads), 0, stream, 1, in,
+                    static_cast<__half*>(dst), n);
+      break;
+    default:
+      PAGELLM_FAIL() << "cuda convert: unsupported destination dtype " << dtype_name(dst_dtype)
+                     << " (float32, bfloat16 or float16)";
+  }
+}
+
 }  // namespace
 
 void launch_fill(void* data, DType dtype, int64_t n, float value, cudaStream_t stream) {
@@ -369,6 +415,19 @@ cudaError_t probe_kernel_image() {
   cudaError_t err = cudaFuncGetAttributes(&attrs, fill_kernel<float>);
   if (err != cudaSuccess) cudaGetLastError();  // clear it so later checks don't see it
   return err;
+}
+
+void launch_convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
+                    cudaStream_t stream) {
+  if (n == 0) return;
+  switch (src_dtype) {
+    case DType::F32: convert_from<float>(src, dst, dst_dtype, n, stream); break;
+    case DType::BF16: convert_from<bf16>(src, dst, dst_dtype, n, stream); break;
+    case DType::F16: convert_from<__half>(src, dst, dst_dtype, n, stream); break;
+    default:
+      PAGELLM_FAIL() << "cuda convert: unsupported source dtype " << dtype_name(src_dtype)
+                     << " (float32, bfloat16 or float16)";
+  }
 }
 
 }  // namespace pagellm::cuda

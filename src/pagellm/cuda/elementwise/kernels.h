@@ -26,6 +26,12 @@ namespace pagellm::cuda {
 /// Sets n elements of `data` (F32, BF16, F16 or I32; I32 gets the value truncated) to value.
 void launch_fill(void* data, DType dtype, int64_t n, float value, cudaStream_t stream);
 
+/// dst[i] = src[i] converted (float32, bfloat16, float16 to any of them; one rounding to
+/// nearest even) for i < n: weight updates from device memory of another dtype. Streams
+/// both arrays once (HBM-bound).
+void launch_convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
+                    cudaStream_t stream);
+
 /// dst[r, :] = src[indices[r], :] for r < num_rows, each row row_bytes long; used for the
 /// embedding lookup and for gathering the rows whose logits are wanted. An index outside
 /// [0, src_rows) yields a row of zero bytes (the host validates ids; the kernel only

@@ -1,0 +1,223 @@
+// Qwen3Model::update_weights: in-place weight updates from named tensors or a safetensors
+// folder. Check everything, then write: a rejected update leaves every weight as it was.
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "pagellm/common/check.h"
+#include "pagellm/model/qwen3.h"
+#include "pagellm/model/qwen3_weights.h"
+#include "pagellm/model/weight_store.h"
+
+namespace pagellm {
+namespace {
+
+// Problems listed in one error before "... and N more".
+constexpr size_t kMaxListedProblems = 40;
+
+bool known_dtype(TensorDType t) {
+  switch (t) {
+    case TensorDType::kFloat32:
+    case TensorDType::kBFloat16:
+    case TensorDType::kFloat16:
+    case TensorDType::kInt32:
+    case TensorDType::kInt64: return true;
+  }
+  return false;
+}
+
+DType to_dtype(TensorDType t) {
+  switch (t) {
+    case TensorDType::kFloat32: return DType::F32;
+    case TensorDType::kBFloat16: return DType::BF16;
+    case TensorDType::kFloat16: return DType::F16;
+    case TensorDType::kInt32: return DType::I32;
+    case TensorDType::kInt64: return DType::I64;
+  }
+  PAGELLM_FAIL() << "unknown tensor dtype " << static_cast<int>(t);
+}
+
+TensorDType from_dtype(DType t) {
+  switch (t) {
+    case DType::F32: return TensorDType::kFloat32;
+    case DType::BF16: return TensorDType::kBFloat16;
+    case DType::F16: return TensorDType::kFloat16;
+    case DType::I32: return TensorDType::kInt32;
+    case DType::I64: return TensorDType::kInt64;
+  }
+  PAGELLM_FAIL() << "unknown dtype " << static_cast<int>(t);
+}
+
+bool known_memory(TensorMemory m) {
+  return m == TensorMemory::kHost || m == TensorMemory::kHostPinned ||
+         m == TensorMemory::kDevice;
+}
+
+const char* memory_name(TensorMemory m) {
+  switch (m) {
+    case TensorMemory::kHost: return "host";
+    case TensorMemory::kHostPinned: return "pinned host";
+    case TensorMemory::kDevice: return "device";
+  }
+  return "unknown";
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Qwen3Model::WeightTarget>> Qwen3Model::weight_targets() const {
+  const Qwen3Config& c = config_;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  std::vector<std::pair<std::string, WeightTarget>> out;
+  auto add = [&](std::string name, const Tensor& dst, int64_t row_offset,
+                 std::vector<int64_t> shape, int32_t matrix, bool skip = false) {
+    WeightTarget t;
+    t.dst = dst;
+    t.offset = row_offset * (dst.ndim == 1 ? 1 : dst.shape[1]);
+    t.shape = std::move(shape);
+    t.matrix = matrix;
+    t.skip = skip;
+    out.emplace_back(std::move(name), std::move(t));
+  };
+  add("model.embed_tokens.weight", embed_, 0, {c.vocab_size, H}, -1);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const Qwen3LayerWeights& w = layers_[static_cast<size_t>(l)];
+    // Matrix indices follow prepared_matrices(): qkv, o_proj, gate_up, down per layer.
+    const int32_t base = static_cast<int32_t>(4 * l);
+    auto name = [&](const char* suffix) { return qwen3_layer_weight(l, suffix); };
+    add(name("self_attn.q_proj.weight"), w.qkv, 0, {c.q_size(), H}, base);
+    add(name("self_attn.k_proj.weight"), w.qkv, c.q_size(), {c.kv_size(), H}, base);
+    add(name("self_attn.v_proj.weight"), w.qkv, c.q_size() + c.kv_size(), {c.kv_size(), H},
+        base);
+    add(name("self_attn.o_proj.weight"), w.o_proj, 0, {H, c.q_size()}, base + 1);
+    add(name("self_attn.q_norm.weight"), w.q_norm, 0, {D}, -1);
+    add(name("self_attn.k_norm.weight"), w.k_norm, 0, {D}, -1);
+    add(name("mlp.gate_proj.weight"), w.gate_up, 0, {I, H}, base + 2);
+    add(name("mlp.up_proj.weight"), w.gate_up, I, {I, H}, base + 2);
+    add(name("mlp.down_proj.weight"), w.down, 0, {H, I}, base + 3);
+    add(name("input_layernorm.weight"), w.input_norm, 0, {H}, -1);
+    add(name("post_attention_layernorm.weight"), w.post_norm, 0, {H}, -1);
+  }
+  add("model.norm.weight", final_norm_, 0, {H}, -1);
+  // Tied: lm_head_ is embed_, so an update of the embedding is the output projection's too.
+  add("lm_head.weight", lm_head_, 0, {c.vocab_size, H}, -1, c.tie_word_embeddings);
+  return out;
+}
+
+void Qwen3Model::check_weights_update(const std::vector<NamedTensor>& tensors) const {
+  std::map<std::string, WeightTarget> targets;
+  for (auto& [name, target] : weight_targets()) targets.emplace(name, std::move(target));
+  std::vector<std::string> problems;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const NamedTensor& t = tensors[i];
+    const std::string what = "tensor " + std::to_string(i) + " '" + t.name + "'";
+    auto it = targets.find(t.name);
+    if (it == targets.end()) {
+      problems.push_back(what + ": not a parameter of this model (expected a Hugging Face "
+                         "Qwen3ForCausalLM name such as model.layers.0.self_attn.q_proj."
+                         "weight, layers 0.." + std::to_string(config_.num_hidden_layers - 1) +
+                         ")");
+      continue;
+    }
+    if (!seen.insert(t.name).second) {
+      problems.push_back(what + ": given more than once in this update");
+      continue;
+    }
+    if (!known_dtype(t.dtype)) {
+      problems.push_back(what + ": unknown dtype value " + std::to_string(static_cast<int>(t.dtype)) +
+                         " (expected float32, bfloat16 or float16)");
+    } else if (to_dtype(t.dtype) == DType::I32 || to_dtype(t.dtype) == DType::I64) {
+      problems.push_back(what + ": dtype " + dtype_name(to_dtype(t.dtype)) +
+                         "; weights must be float32, bfloat16 or float16");
+    }
+    if (t.shape != it->second.shape) {
+      problems.push_back(what + ": shape " + shape_to_string(t.shape) + ", expected " +
+                         shape_to_string(it->second.shape));
+    }
+    if (!known_memory(t.memory)) {
+      problems.push_back(what + ": unknown memory kind " +
+                         std::to_string(static_cast<int>(t.memory)) +
+                         " (expected host, pinned host or device)");
+    } else if (t.data == nullptr) {
+      problems.push_back(what + ": no data (null pointer)");
+    } else if (known_dtype(t.dtype) && t.shape == it->second.shape) {
+      const size_t bytes = static_cast<size_t>(numel_of(t.shape)) * dtype_size(to_dtype(t.dtype));
+      const std::string bad = backend_.check_weight_source(t.data, bytes, t.memory);
+      if (!bad.empty())
+        problems.push_back(what + ": given as " + memory_name(t.memory) + " memory, but it " +
+                           bad);
+    }
+  }
+  if (!problems.empty()) {
+    std::ostringstream msg;
+    msg << "weight update rejected, no weight was changed (" << problems.size()
+        << (problems.size() == 1 ? " problem" : " problems") << "):";
+    for (size_t i = 0; i < problems.size() && i < kMaxListedProblems; ++i)
+      msg << "\n  " << problems[i];
+    if (problems.size() > kMaxListedProblems)
+      msg << "\n  ... and " << problems.size() - kMaxListedProblems << " more";
+    PAGELLM_FAIL() << msg.str();
+  }
+}
+
+WeightWriteStats Qwen3Model::update_weights(const std::vector<NamedTensor>& tensors) {
+  // Check everything; write nothing until every tensor passed.
+  check_weights_update(tensors);
+  std::map<std::string, WeightTarget> targets;
+  for (auto& [name, target] : weight_targets()) targets.emplace(name, std::move(target));
+
+  // Write: one contiguous run per tensor (q/k/v and gate/up are row ranges of their
+  // fused matrix), then refresh the decode copies of the rewritten matrices, then wait once.
+  WeightWriteStats stats;
+  std::vector<bool> touched(static_cast<size_t>(4 * config_.num_hidden_layers), false);
+  for (const NamedTensor& t : tensors) {
+    WeightTarget& target = targets.at(t.name);
+    if (target.skip) continue;
+    const int64_t n = numel_of(t.shape);
+    backend_.write_weights(target.dst, target.offset, t.data, to_dtype(t.dtype), n, t.memory);
+    if (target.matrix >= 0) touched[static_cast<size_t>(target.matrix)] = true;
+    ++stats.tensors;
+    stats.bytes += static_cast<uint64_t>(n) * dtype_size(to_dtype(t.dtype));
+  }
+  const auto matrices = prepared_matrices();
+  for (size_t m = 0; m < matrices.size(); ++m) {
+    if (touched[m]) prepared_bytes_ += backend_.prepare_matrix(matrices[m].first, matrices[m].second);
+  }
+  backend_.synchronize();
+  return stats;
+}
+
+std::vector<NamedTensor> named_tensors_of(const WeightStore& store) {
+  std::vector<NamedTensor> tensors;
+  tensors.reserve(store.size());
+  for (const std::string& name : store.names()) {
+    const HostTensor& t = store.get(name);
+    store.prefetch(t);
+    NamedTensor n;
+    n.name = name;
+    n.data = t.data;
+    n.dtype = from_dtype(t.dtype);
+    n.shape = t.shape;
+    n.memory = TensorMemory::kHost;
+    tensors.push_back(std::move(n));
+  }
+  return tensors;
+}
+
+WeightWriteStats Qwen3Model::update_weights_from(const std::string& path) {
+  const WeightStore store = WeightStore::open(path);
+  const std::vector<NamedTensor> tensors = named_tensors_of(store);
+  try {
+    return update_weights(tensors);
+  } catch (const Error& e) {
+    PAGELLM_FAIL() << store.source() << ": " << e.what();
+  }
+}
+
+}  // namespace pagellm
