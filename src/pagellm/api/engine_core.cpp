@@ -98,6 +98,11 @@ bool EngineCore::advance(Active& active, int index, CompletionOutput& out) {
     out.token_ids.push_back(t.token);
     out.logprobs.push_back(t.logprob);
     if (params.processed_logprobs) out.processed_logprobs.push_back(t.processed_logprob);
+    if (params.logprobs > 0) {
+      out.top_logprobs.push_back(t.top);
+      out.logprob_ranks.push_back(t.rank);
+      if (params.processed_logprobs) out.processed_top_logprobs.push_back(t.processed_top);
+    }
     out.weights_versions.push_back(version);
     s.cumulative_logprob += t.logprob;
     if (s.decoder) s.text += s.decoder->push(t.token);
