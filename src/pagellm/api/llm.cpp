@@ -124,6 +124,12 @@ void LLM::set_logits_hook(LogitsHook hook) {
       });
 }
 
+std::vector<ScoreOutput> LLM::score(const std::vector<std::vector<int32_t>>& sequences,
+                                    const std::vector<int32_t>& prompt_lengths, int top_k) {
+  // generate() returns with every request finished, so the whole cache is free here.
+  return impl_->core->engine().score(sequences, prompt_lengths, top_k);
+}
+
 void merge_delta(RequestOutput& total, const RequestOutput& delta) {
   if (total.request_id.empty()) total.request_id = delta.request_id;
   if (total.prompt.empty()) total.prompt = delta.prompt;

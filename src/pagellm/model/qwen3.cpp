@@ -1,6 +1,7 @@
 #include "pagellm/model/qwen3.h"
 
 #include <cmath>
+#include <utility>
 
 namespace pagellm {
 namespace {
@@ -96,11 +97,20 @@ AttentionShape Qwen3Model::attention_shape(int64_t page_size) const {
 }
 
 size_t Qwen3Model::enable_float32_head() {
-  PAGELLM_CHECK(max_rows_ == 0) << "enable_float32_head: call before reserve()";
-  if (float32_head_) return 0;
+  if (float32_head_) {
+    // Again after a weight update: rewrite the copies in place (same addresses).
+    for (auto [src, dst] : {std::pair<const Tensor*, Tensor*>{&final_norm_, &final_norm_f32_},
+                            {&lm_head_, &lm_head_f32_}}) {
+      std::vector<float> host = backend_.download_f32(*src);
+      backend_.upload(*dst, 0, host.data(), DType::F32, src->numel());
+    }
+    backend_.synchronize();
+    return 0;
+  }
   if (backend_.activation_dtype() == DType::F32 && backend_.weight_dtype() == DType::F32) {
     return 0;  // float32 throughout already
   }
+  PAGELLM_CHECK(max_rows_ == 0) << "enable_float32_head: first call before reserve()";
   size_t bytes = 0;
   auto widen = [&](const Tensor& src) {
     std::vector<float> host = backend_.download_f32(src);

@@ -62,7 +62,9 @@ class Qwen3Model {
   /// lm_head run in float32 (Backend::float32_head) on float32 copies of their weights,
   /// made here from the loaded ones (exact: a widening). A no-op on a backend whose
   /// activations and weights are float32 already (the CPU's): nothing is copied and the
-  /// forward is unchanged. Call before reserve(). Returns the bytes of the copies.
+  /// forward is unchanged. First call before reserve(); call again after a weight update to
+  /// rewrite the copies in place (same addresses: captured graphs stay valid). Returns the
+  /// bytes newly allocated for the copies.
   size_t enable_float32_head();
   /// Whether the forward runs the float32 head.
   bool float32_head() const { return float32_head_; }
