@@ -3,7 +3,9 @@
 # compiler or package needed there beyond the CUDA toolkit, python3 with torch and
 # transformers). Usage: scripts/gpu_suite.sh BUNDLE_DIR LOG_DIR [steps...]
 # BUNDLE_DIR holds bundle.tar.xz (bin/ and lib/) as scripts/build_gpu.sh leaves it.
-# Steps (default: all but ablate): tests e2e bench trace ablate attn gemm stream calib hf
+# Steps (default: all but ablate): tests e2e logprobs bench trace ablate attn gemm stream calib hf
+# "logprobs" compares sampled tokens' logprobs (bf16 and float32 heads, and score()) with
+# transformers in float32 (LOGPROB_PRESETS, default qwen3-0.6b; add qwen3-4b when wanted).
 # "trace" records 8 mid-decode W1 steps' kernels (CUPTI) and prints where the time goes.
 # "ablate" re-runs W1 with one optimisation off at a time (ABLATIONS: VAR=VALUE items).
 set -uo pipefail
@@ -13,7 +15,7 @@ LOG=${2:-gpu-logs}
 shift 2 || true
 B=/tmp/pagellm-gpu
 rm -rf "$B" && mkdir -p "$B" && xz -dc "$BUNDLE/bundle.tar.xz" | tar -C "$B" -xf - || exit 1
-STEPS=${*:-tests e2e bench trace attn gemm stream calib hf}
+STEPS=${*:-tests e2e logprobs bench trace attn gemm stream calib hf}
 mkdir -p "$LOG"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONUNBUFFERED=1
@@ -40,6 +42,17 @@ if has e2e; then
     [ -f "$dir/config.json" ] || python3 tests/oracles/model/save_pretrained_reference.py \
       --preset "$preset" --out "$dir" --seed 0 --dtype bf16 > "$LOG/save_$preset.log" 2>&1
     python3 tests/oracles/e2e/compare_hf.py --model "$dir" --pagellm "$B/bin/pagellm" 2>&1 | tee "$LOG/e2e_$preset.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
+fi
+
+if has logprobs; then
+  for preset in ${LOGPROB_PRESETS:-qwen3-0.6b}; do
+    step "log-probabilities against transformers: $preset"
+    dir=/tmp/hf-$preset
+    [ -f "$dir/config.json" ] || python3 tests/oracles/model/save_pretrained_reference.py \
+      --preset "$preset" --out "$dir" --seed 0 --dtype bf16 > "$LOG/save_$preset.log" 2>&1
+    python3 tests/oracles/logprobs/compare_logprobs.py --model "$dir" --pagellm "$B/bin/pagellm" 2>&1 | tee "$LOG/logprobs_$preset.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
 fi

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "pagellm/engine_options.h"
 #include "pagellm/outputs.h"
@@ -93,6 +94,14 @@ class AsyncEngine {
   /// Tokenizer access, safe from any thread (throws without a tokenizer).
   std::vector<int32_t> encode(const std::string& text) const;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
+
+  /// Scores given token sequences without sampling (LLM::score has the contract): runs on
+  /// the loop thread between two steps and blocks the caller until it is done; running
+  /// requests keep their pages and continue after it. Safe from any thread but a callback.
+  /// Throws pagellm::Error for bad input (before any work) or after shutdown.
+  std::vector<ScoreOutput> score(const std::vector<std::vector<int32_t>>& sequences,
+                                 const std::vector<int32_t>& prompt_lengths = {},
+                                 int top_k = 0);
 
   /// Engine introspection for tests and monitoring, answered by the loop thread (blocks
   /// until its current step ends). Checks page ownership and returns the free KV pages.

@@ -28,6 +28,13 @@ struct EngineOptions {
   bool use_graphs = true;
   /// Paged attention: "auto", "native" or "cudnn" (cuda backend).
   std::string attention_backend = "auto";
+  /// The float32 head: the final RMSNorm and the output projection (lm_head) computed in
+  /// float32 (the normalised rows are not rounded to the activation dtype; a float32 x
+  /// float32 product, no TF32). On the cuda backend this keeps float32 copies of the final
+  /// norm and lm_head weights: 4 * vocab * hidden bytes more (0.62 GB for Qwen3-0.6B, 1.56
+  /// GB for Qwen3-4B). The cpu backend computes in float32 already: a no-op there.
+  /// docs/design.md, "The log-probability contract".
+  bool float32_head = false;
 };
 
 }  // namespace pagellm

@@ -57,6 +57,19 @@ class LLM {
                                   const SamplingParams& params = {},
                                   std::optional<bool> enable_thinking = std::nullopt);
 
+  /// Scoring: for each sequence, the raw log-probability the model gives every token after
+  /// its first prompt_lengths[i] tokens (empty prompt_lengths: 1 each, i.e. every token
+  /// after the first), and with top_k in 1..20 the top_k most likely tokens at each of those
+  /// positions; nothing is sampled. What a trainer compares its own logprobs with:
+  /// ScoreOutput::logprobs are the numbers generate reports as CompletionOutput::logprobs
+  /// for the same tokens (docs/design.md, "The log-probability contract", states the
+  /// precision). Checked before any work: an empty or one-token sequence, one longer than
+  /// max_model_len, a prompt length outside [1, size - 1], ids outside the vocabulary or a
+  /// bad top_k throw pagellm::Error naming the sequence. KV pages are freed before return.
+  std::vector<ScoreOutput> score(const std::vector<std::vector<int32_t>>& sequences,
+                                 const std::vector<int32_t>& prompt_lengths = {},
+                                 int top_k = 0);
+
   /// Text to ids with the model's tokenizer (throws without one).
   std::vector<int32_t> encode(const std::string& text) const;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;

@@ -57,6 +57,14 @@ struct SamplingParams {
   /// (after penalties, temperature and filters, renormalised over the kept tokens;
   /// greedy's processed distribution is one-hot, so 0).
   bool processed_logprobs = false;
+  /// Top-k alternatives (vLLM's logprobs = k): with k > 0, each output token also reports
+  /// the k most likely tokens of the raw distribution with their raw log-probabilities
+  /// (CompletionOutput::top_logprobs) and the sampled token's rank in it; with
+  /// processed_logprobs also set, the k most likely tokens of the processed distribution
+  /// (CompletionOutput::processed_top_logprobs). 0..kMaxLogprobs; 0: none.
+  int logprobs = 0;
+  /// The most top-k alternatives a request may ask for (vLLM's default max_logprobs).
+  static constexpr int kMaxLogprobs = 20;
 
   bool greedy() const { return temperature <= 0.0f; }
 };

@@ -318,6 +318,15 @@ void run_generate(GenerateArgs args) {
       j["token_ids"] = o.token_ids;
       j["logprobs"] = o.logprobs;
       if (r.params.processed_logprobs) j["processed_logprobs"] = o.processed_logprobs;
+      if (!o.top_logprobs.empty()) {
+        j["top_logprobs"] = nlohmann::json::array();
+        for (const auto& list : o.top_logprobs) {
+          nlohmann::json one = nlohmann::json::array();
+          for (const TokenLogprob& t : list) one.push_back({t.token_id, t.logprob});
+          j["top_logprobs"].push_back(std::move(one));
+        }
+        j["logprob_ranks"] = o.logprob_ranks;
+      }
       j["finish_reason"] = finish_reason_name(o.finish_reason);
       if (!o.error.empty()) j["error"] = o.error;
       if (text.has_tokenizer()) j["text"] = o.text;
@@ -383,6 +392,9 @@ void register_model_commands(CLI::App& app) {
   gen->add_option("--stop", ga->params.stop, "a string that ends a sample (repeatable)");
   gen->add_option("--stop-token-ids", ga->stop_ids, "comma-separated ids that end a request");
   gen->add_flag("--ignore-eos", ga->params.ignore_eos, "keep going past EOS");
+  gen->add_option("--logprobs", ga->params.logprobs,
+                  "top-k alternatives per token (0..20; 0 = none): the k most likely tokens "
+                  "with their logprobs, and the sampled token's rank");
   gen->add_flag("--processed-logprobs", ga->params.processed_logprobs,
                 "also report log-probabilities under the processed distribution");
   gen->add_flag("--json", ga->json, "one JSON object per sample");

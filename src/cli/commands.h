@@ -13,5 +13,7 @@ void register_bench_command(CLI::App& app);
 void register_tokenizer_commands(CLI::App& app);
 // cmd_attention.cpp: attention-plan, calibrate-attention
 void register_attention_commands(CLI::App& app);
+// cmd_score.cpp: score
+void register_score_command(CLI::App& app);
 
 }  // namespace pagellm::cli

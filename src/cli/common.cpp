@@ -26,6 +26,9 @@ void add_engine_options(CLI::App* cmd, EngineSettings& s) {
                   "cannot serve a call)")
       ->check(CLI::IsMember({"auto", "native", "cudnn"}))
       ->capture_default_str();
+  cmd->add_flag("--float32-head", s.config.float32_head,
+                "final RMSNorm and lm_head in float32 (cuda: float32 copies of both, 4 x vocab "
+                "x hidden bytes; a no-op on the float32 cpu backend)");
 }
 
 EngineOptions engine_options(const EngineSettings& s) {

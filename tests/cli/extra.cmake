@@ -140,3 +140,29 @@ if(NOT PAGELLM_CUDA)
   set_tests_properties(cli_calibrate_without_cuda PROPERTIES PASS_REGULAR_EXPRESSION
     "^pagellm: error: attention calibration needs a GPU build: this build has no CUDA backend \\(configure with -DPAGELLM_CUDA=ON and a CUDA toolkit\\)\nexit 1\n$")
 endif()
+
+# pagellm score: JSON lines of token ids in, one JSON line of logprobs per sequence out;
+# bad input (too long for the context, an id outside the vocabulary, not JSON) is one
+# error line naming the sequence or line.
+set(_score_in ${CMAKE_CURRENT_BINARY_DIR}/score-input.jsonl)
+file(WRITE ${_score_in} "[1, 2, 3, 4]\n\n{\"id\": \"a\", \"token_ids\": [5, 6, 7, 8, 9], \"prompt_length\": 3}\n")
+add_test(NAME cli_score COMMAND ${_pl} score --model ${_dir} --input ${_score_in} --top-k 2)
+set_tests_properties(cli_score PROPERTIES FIXTURES_REQUIRED cli_model
+  PASS_REGULAR_EXPRESSION "\"id\":\"1\",\"logprobs\":\\[-[0-9.e-]+,-[0-9.e-]+,-[0-9.e-]+\\],\"prompt_length\":1,\"ranks\":\\[[0-9]+,[0-9]+,[0-9]+\\],\"top_logprobs\":\\[\\[\\[[0-9]+,-?[0-9.e-]+\\],\\[.*\n{\"id\":\"a\",\"logprobs\":\\[-[0-9.e-]+,-[0-9.e-]+\\],\"prompt_length\":3")
+set(_score_long ${CMAKE_CURRENT_BINARY_DIR}/score-long.jsonl)
+file(WRITE ${_score_long} "[1, 2]\n[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n")
+add_test(NAME cli_score_rejects_too_long COMMAND ${_expect}
+  "^pagellm: error: score: sequence 1 has 10 tokens, longer than the context \\(max_model_len 8\\)"
+  ${_pl} score --model ${_dir} --input ${_score_long} --max-model-len 8)
+set_tests_properties(cli_score_rejects_too_long PROPERTIES FIXTURES_REQUIRED cli_model)
+set(_score_vocab ${CMAKE_CURRENT_BINARY_DIR}/score-vocab.jsonl)
+file(WRITE ${_score_vocab} "[1, 2, 99999999]\n")
+add_test(NAME cli_score_rejects_bad_id COMMAND ${_expect}
+  "^pagellm: error: score: token 2 of sequence 0 has id 99999999, outside the vocabulary"
+  ${_pl} score --model ${_dir} --input ${_score_vocab})
+set_tests_properties(cli_score_rejects_bad_id PROPERTIES FIXTURES_REQUIRED cli_model)
+set(_score_bad ${CMAKE_CURRENT_BINARY_DIR}/score-bad.jsonl)
+file(WRITE ${_score_bad} "[1, 2\n")
+add_test(NAME cli_score_rejects_bad_json COMMAND ${_expect}
+  "^pagellm: error: .*score-bad.jsonl line 1: not JSON" ${_pl} score --model ${_dir} --input ${_score_bad})
+set_tests_properties(cli_score_rejects_bad_json PROPERTIES FIXTURES_REQUIRED cli_model)

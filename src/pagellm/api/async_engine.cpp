@@ -306,6 +306,25 @@ int64_t AsyncEngine::check_invariants_and_count_free_pages() {
   return result.get();
 }
 
+std::vector<ScoreOutput> AsyncEngine::score(const std::vector<std::vector<int32_t>>& sequences,
+                                            const std::vector<int32_t>& prompt_lengths,
+                                            int top_k) {
+  std::packaged_task<std::vector<ScoreOutput>()> task(
+      [core = impl_->core.get(), &sequences, &prompt_lengths, top_k] {
+        return core->engine().score(sequences, prompt_lengths, top_k);
+      });
+  std::future<std::vector<ScoreOutput>> result = task.get_future();
+  {
+    std::lock_guard<std::mutex> guard(impl_->shutdown_mu);
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    PAGELLM_CHECK(!impl_->stopping && impl_->loop.joinable())
+        << "AsyncEngine::score: the engine is shut down";
+    impl_->tasks.push_back([&task] { task(); });
+    impl_->wake.notify_one();
+  }
+  return result.get();  // rethrows the engine's Error on this thread
+}
+
 int64_t AsyncEngine::num_usable_pages() const { return impl_->usable_pages; }
 
 void AsyncEngine::pause(PauseMode mode) {

@@ -130,13 +130,18 @@ BatchRequest parse_batch_request(std::string_view json_line, const SamplingParam
       p.skip_special_tokens = as_bool(v, key);
     } else if (key == "processed_logprobs") {
       p.processed_logprobs = as_bool(v, key);
+    } else if (key == "logprobs") {
+      PAGELLM_CHECK(v.is_number_integer()) << "\"logprobs\" must be an integer (top-k "
+                                              "alternatives per token), got a "
+                                           << type_of(v);
+      p.logprobs = v.get<int>();
     } else {
       PAGELLM_FAIL() << "unknown key \"" << key
                      << "\" (accepted: id, prompt, prompt_token_ids, messages, "
                         "chat_template_kwargs, n, temperature, top_k, top_p, min_p, "
                         "repetition_penalty, presence_penalty, frequency_penalty, seed, "
                         "max_tokens, stop, stop_token_ids, ignore_eos, skip_special_tokens, "
-                        "processed_logprobs)";
+                        "processed_logprobs, logprobs)";
     }
   }
   PAGELLM_CHECK(prompts == 1) << "a request needs exactly one of \"prompt\" (text), "
@@ -151,6 +156,17 @@ BatchRequest parse_batch_request(std::string_view json_line, const SamplingParam
   return r;
 }
 
+// Per token: [{"token_id", "logprob"}, ...], most likely first.
+static Json top_logprobs_json(const std::vector<std::vector<TokenLogprob>>& per_token) {
+  Json all = Json::array();
+  for (const auto& list : per_token) {
+    Json one = Json::array();
+    for (const TokenLogprob& t : list) one.push_back({{"token_id", t.token_id}, {"logprob", t.logprob}});
+    all.push_back(std::move(one));
+  }
+  return all;
+}
+
 std::string format_batch_result(const RequestOutput& output, bool processed_logprobs) {
   Json j;
   j["id"] = output.request_id;
@@ -163,6 +179,12 @@ std::string format_batch_result(const RequestOutput& output, bool processed_logp
     c["token_ids"] = o.token_ids;
     c["logprobs"] = o.logprobs;
     if (processed_logprobs) c["processed_logprobs"] = o.processed_logprobs;
+    if (!o.top_logprobs.empty()) {
+      c["top_logprobs"] = top_logprobs_json(o.top_logprobs);
+      c["logprob_ranks"] = o.logprob_ranks;
+      if (!o.processed_top_logprobs.empty())
+        c["processed_top_logprobs"] = top_logprobs_json(o.processed_top_logprobs);
+    }
     c["cumulative_logprob"] = o.cumulative_logprob;
     c["finish_reason"] = finish_reason_openai(o.finish_reason);
     c["finish_detail"] = finish_reason_name(o.finish_reason);

@@ -98,6 +98,11 @@ bool EngineCore::advance(Active& active, int index, CompletionOutput& out) {
     out.logprobs.push_back(t.logprob);
     if (params.processed_logprobs) out.processed_logprobs.push_back(t.processed_logprob);
     out.weights_versions.push_back(t.weights_version);  // the version it was sampled under
+    if (params.logprobs > 0) {
+      out.top_logprobs.push_back(t.top);
+      out.logprob_ranks.push_back(t.rank);
+      if (params.processed_logprobs) out.processed_top_logprobs.push_back(t.processed_top);
+    }
     s.cumulative_logprob += t.logprob;
     if (s.decoder) s.text += s.decoder->push(t.token);
   }

@@ -132,6 +132,12 @@ void LLM::set_logits_hook(LogitsHook hook) {
       });
 }
 
+std::vector<ScoreOutput> LLM::score(const std::vector<std::vector<int32_t>>& sequences,
+                                    const std::vector<int32_t>& prompt_lengths, int top_k) {
+  // generate() returns with every request finished, so the whole cache is free here.
+  return impl_->core->engine().score(sequences, prompt_lengths, top_k);
+}
+
 void merge_delta(RequestOutput& total, const RequestOutput& delta) {
   if (total.request_id.empty()) total.request_id = delta.request_id;
   if (total.prompt.empty()) total.prompt = delta.prompt;
@@ -154,6 +160,13 @@ void merge_delta(RequestOutput& total, const RequestOutput& delta) {
                                   d.processed_logprobs.end());
     it->weights_versions.insert(it->weights_versions.end(), d.weights_versions.begin(),
                                 d.weights_versions.end());
+    it->top_logprobs.insert(it->top_logprobs.end(), d.top_logprobs.begin(),
+                            d.top_logprobs.end());
+    it->logprob_ranks.insert(it->logprob_ranks.end(), d.logprob_ranks.begin(),
+                             d.logprob_ranks.end());
+    it->processed_top_logprobs.insert(it->processed_top_logprobs.end(),
+                                      d.processed_top_logprobs.begin(),
+                                      d.processed_top_logprobs.end());
     it->cumulative_logprob = d.cumulative_logprob;
     it->finish_reason = d.finish_reason;
     if (!d.error.empty()) it->error = d.error;

@@ -64,6 +64,15 @@ size_t check_kv_page_copies(const std::vector<LayerKv>& kv,
         << " to page " << dst << "; pages must differ and lie in 1.." << num_pages - 1;
   }
   return first.nbytes() / static_cast<size_t>(num_pages);
+
+void Backend::float32_head(const Tensor& x, const Tensor& norm_weight, float eps,
+                           const Tensor& w, Tensor& normed, Tensor& out) {
+  PAGELLM_CHECK(x.dtype == DType::F32 && norm_weight.dtype == DType::F32 &&
+                w.dtype == DType::F32 && normed.dtype == DType::F32 && out.dtype == DType::F32)
+      << name() << " backend: float32_head's default needs float32 activations and weights, got "
+      << dtype_name(x.dtype) << " rows and " << dtype_name(w.dtype) << " weights";
+  rms_norm(x, norm_weight, eps, normed);
+  matmul(normed, w, out);
 }
 
 AttentionPlanRef Backend::plan_attention(const BatchTensors& batch, const AttentionShape& shape,

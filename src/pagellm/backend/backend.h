@@ -166,6 +166,14 @@ class Backend {
                                Tensor& out);
   /// out[r, :] = x[indices[r], :]
   virtual void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) = 0;
+  /// The float32 head (EngineOptions::float32_head): out[R, N] = rms_norm(x[R, H]) *
+  /// norm_weight · w[N, H]ᵀ with x in the activation dtype and norm_weight [H], w [N, H],
+  /// normed [R, H] (scratch) and out all float32: the norm is computed and kept in float32
+  /// and the product multiplies float32 by float32 with float32 accumulation (no TF32, no
+  /// rounding to a narrower type anywhere). The default, rms_norm into `normed` then
+  /// matmul, is right for a backend whose activations are float32 (the CPU's).
+  virtual void float32_head(const Tensor& x, const Tensor& norm_weight, float eps,
+                            const Tensor& w, Tensor& normed, Tensor& out);
 
   /// Called by the model for each weight matrix w [N, K] that its products read, once
   /// after w is uploaded and again after every rewrite of w (a weight update). The backend

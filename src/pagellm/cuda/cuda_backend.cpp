@@ -240,6 +240,29 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, Tensor& out) {
                N, K, as_stream(stream_), packed_->find(w, 0));
 }
 
+void CudaBackend::float32_head(const Tensor& x, const Tensor& norm_weight, float eps,
+                               const Tensor& w, Tensor& normed, Tensor& out) {
+  expect_dtype(x, DType::BF16, "float32_head", "input rows");
+  expect_dtype(norm_weight, DType::F32, "float32_head", "norm weight");
+  expect_dtype(w, DType::F32, "float32_head", "output projection");
+  expect_dtype(normed, DType::F32, "float32_head", "normalised rows");
+  expect_dtype(out, DType::F32, "float32_head", "logits");
+  PAGELLM_CHECK(x.ndim == 2 && w.ndim == 2)
+      << "cuda backend: float32_head: need rows [R, H] and w [N, H], got " << x.shape_string()
+      << " and " << w.shape_string();
+  const int64_t R = x.size(0), H = x.size(1), N = w.size(0);
+  PAGELLM_CHECK(norm_weight.numel() == H && w.size(1) == H && normed.numel() == R * H &&
+                out.ndim == 2 && out.size(0) == R && out.size(1) == N)
+      << "cuda backend: float32_head: rows " << x.shape_string() << ", norm weight "
+      << norm_weight.shape_string() << ", w " << w.shape_string() << ", normed "
+      << normed.shape_string() << " and logits " << out.shape_string() << " do not match";
+  if (R == 0) return;
+  launch_rms_norm_f32_out(x.data, norm_weight.ptr<float>(), normed.ptr<float>(), R, H, eps,
+                          as_stream(stream_));
+  matmul_->run_f32(normed.ptr<float>(), w.ptr<float>(), out.ptr<float>(), R, N, H,
+                   as_stream(stream_));
+}
+
 namespace {
 
 /// The kernel arguments of qk_norm_rope_store_kv (qkv may be null for the fused product,

@@ -135,6 +135,10 @@ class CudaBackend final : public Backend {
   void matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up,
                        Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) override;
+  /// bf16 rows -> float32 norm (launch_rms_norm_f32_out) -> float32 x float32 product
+  /// through cuBLASLt with CUBLAS_COMPUTE_32F (LtMatmul::run_f32).
+  void float32_head(const Tensor& x, const Tensor& norm_weight, float eps, const Tensor& w,
+                    Tensor& normed, Tensor& out) override;
   /// Packs w for the skinny decode kernel (pack_skinny_weights: each pipeline stage's
   /// 16 KiB as one contiguous block, 2-9 % faster per product on the H200, same bits) when
   /// settings().packed_weights (PAGELLM_PACKED_WEIGHTS) allows: "auto" (the default) packs

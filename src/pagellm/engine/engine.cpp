@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "pagellm/common/random.h"
+#include "pagellm/sampling/sampler.h"
 
 namespace pagellm {
 
@@ -13,6 +14,8 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
   try {
     backend->set_attention_backend(config_.attention_backend);
     resolve_config(model->config());
+    // Before the runner reserves activations and captures graphs over the forward.
+    if (config_.float32_head) model->enable_float32_head();
   } catch (...) {
     model.reset();  // its buffers belong to the backend: free them while it exists
     throw;
@@ -337,6 +340,138 @@ WeightUpdateResult Engine::run_update(PauseMode mode, const std::vector<NamedTen
   result.weights_version = weights_version_;
   if (pause_here) resume();
   return result;
+
+std::vector<ScoreOutput> Engine::score(const std::vector<std::vector<int32_t>>& sequences,
+                                       const std::vector<int32_t>& prompt_lengths, int top_k) {
+  PAGELLM_CHECK(prompt_lengths.empty() || prompt_lengths.size() == sequences.size())
+      << "score: " << prompt_lengths.size() << " prompt lengths for " << sequences.size()
+      << " sequences (give none, meaning 1 each, or one per sequence)";
+  PAGELLM_CHECK(top_k >= 0 && top_k <= SamplingParams::kMaxLogprobs)
+      << "score: top_k must be in [0, " << SamplingParams::kMaxLogprobs << "] (0: none), got "
+      << top_k;
+  const int64_t vocab = runner_->model().config().vocab_size;
+  const size_t n = sequences.size();
+  std::vector<ScoreOutput> results(n);
+  // Every sequence is checked before any work.
+  for (size_t i = 0; i < n; ++i) {
+    const std::vector<int32_t>& t = sequences[i];
+    const int64_t size = static_cast<int64_t>(t.size());
+    const int32_t prompt_length = prompt_lengths.empty() ? 1 : prompt_lengths[i];
+    PAGELLM_CHECK(size >= 2) << "score: sequence " << i << " has " << size
+                             << " tokens; a scored sequence needs at least 2 (the first token "
+                                "has no log-probability)";
+    PAGELLM_CHECK(size <= config_.max_model_len)
+        << "score: sequence " << i << " has " << size << " tokens, longer than the context "
+        << "(max_model_len " << config_.max_model_len << ")";
+    PAGELLM_CHECK(prompt_length >= 1 && prompt_length < size)
+        << "score: prompt length " << prompt_length << " of sequence " << i
+        << " is outside [1, " << size - 1 << "] (its " << size << " tokens)";
+    for (int64_t k = 0; k < size; ++k) {
+      PAGELLM_CHECK(t[k] >= 0 && t[k] < vocab)
+          << "score: token " << k << " of sequence " << i << " has id " << t[k]
+          << ", outside the vocabulary [0, " << vocab << ")";
+    }
+    const int32_t pages = kv_cache_->pages_for(static_cast<int32_t>(size - 1));
+    PAGELLM_CHECK(pages <= kv_cache_->num_usable_pages())
+        << "score: sequence " << i << " needs " << pages << " KV pages, more than the cache's "
+        << kv_cache_->num_usable_pages();
+    ScoreOutput& r = results[i];
+    r.token_ids = t;
+    r.prompt_length = prompt_length;
+    const size_t scored = static_cast<size_t>(size - prompt_length);
+    r.logprobs.resize(scored);
+    r.ranks.resize(scored);
+    if (top_k > 0) r.top_logprobs.resize(scored);
+  }
+
+  // Groups of consecutive sequences that fit the free pages and rows at once; each group's
+  // sequences advance together, a chunk each per forward, until all are computed.
+  size_t next = 0;
+  while (next < n) {
+    std::vector<std::unique_ptr<Sequence>> group;
+    std::vector<size_t> group_index;
+    struct FreeOnExit {
+      KvCacheManager& kv;
+      std::vector<std::unique_ptr<Sequence>>& seqs;
+      ~FreeOnExit() {
+        for (auto& s : seqs) kv.free(*s);
+      }
+    } free_on_exit{*kv_cache_, group};
+    while (next < n) {
+      auto seq = std::make_unique<Sequence>();
+      seq->id = -1 - static_cast<int64_t>(next);  // never an engine request id
+      seq->prompt = sequences[next];
+      seq->status = SequenceStatus::kRunning;
+      // The last token is only scored, never fed: the K/V of size - 1 tokens.
+      if (!kv_cache_->allocate(*seq, seq->num_tokens() - 1)) break;
+      group.push_back(std::move(seq));
+      group_index.push_back(next++);
+    }
+    PAGELLM_CHECK(!group.empty())
+        << "score: sequence " << next << " needs "
+        << kv_cache_->pages_for(static_cast<int32_t>(sequences[next].size() - 1))
+        << " free KV pages and a free page-table row, but " << kv_cache_->num_free_pages()
+        << " pages and " << kv_cache_->num_free_rows() << " rows are free while "
+        << scheduler_->num_running() << " requests run; score when fewer run";
+
+    for (;;) {
+      SchedulerOutput out;
+      std::vector<int32_t> indices;
+      // Per logits row: (sequence of the group, position whose logits it holds).
+      std::vector<std::pair<size_t, int32_t>> targets;
+      int32_t tokens_left = runner_->max_forward_tokens();
+      int32_t rows_left = runner_->max_logits_rows();
+      for (size_t g = 0; g < group.size() && tokens_left > 0; ++g) {
+        Sequence& seq = *group[g];
+        const int32_t begin = seq.num_computed, end = seq.num_tokens() - 1;
+        const int32_t first_row = results[group_index[g]].prompt_length - 1;
+        if (begin >= end) continue;
+        // Positions before first_row need no row; the others one each.
+        const int32_t free_positions = std::max(0, first_row - begin);
+        const int32_t count =
+            std::min({end - begin, tokens_left, free_positions + rows_left});
+        if (count <= 0) continue;
+        const int32_t offset = out.num_tokens;
+        for (int32_t p = std::max(begin, first_row); p < begin + count; ++p) {
+          indices.push_back(offset + p - begin);
+          targets.emplace_back(g, p);
+        }
+        out.scheduled.push_back(ScheduledSeq{&seq, count, false});
+        out.num_tokens += count;
+        tokens_left -= count;
+        rows_left -= std::max(0, begin + count - std::max(begin, first_row));
+      }
+      if (out.scheduled.empty()) break;
+      const Tensor logits = runner_->forward_rows(out, kv_cache_->page_table(), indices);
+      for (const ScheduledSeq& s : out.scheduled) s.seq->num_computed += s.num_new_tokens;
+      if (indices.empty()) continue;
+      const std::vector<float> host = backend().download_f32(logits);
+      const int64_t rows = static_cast<int64_t>(targets.size());
+      std::vector<std::string> errors(targets.size());
+#pragma omp parallel for schedule(dynamic, 4) if (rows > 1)
+      for (int64_t r = 0; r < rows; ++r) {
+        const auto [g, position] = targets[static_cast<size_t>(r)];
+        ScoreOutput& result = results[group_index[g]];
+        try {
+          const TokenScore s = score_token(host.data() + r * vocab, vocab,
+                                           result.token_ids[static_cast<size_t>(position) + 1],
+                                           top_k);
+          const size_t k = static_cast<size_t>(position - (result.prompt_length - 1));
+          result.logprobs[k] = s.logprob;
+          result.ranks[k] = s.rank;
+          if (top_k > 0) result.top_logprobs[k] = s.top;
+        } catch (const std::exception& e) {
+          errors[static_cast<size_t>(r)] = e.what();
+        }
+      }
+      for (size_t r = 0; r < errors.size(); ++r) {
+        PAGELLM_CHECK(errors[r].empty())
+            << "score: sequence " << group_index[targets[r].first] << ", position "
+            << targets[r].second << ": " << errors[r];
+      }
+    }
+  }
+  return results;
 }
 
 }  // namespace pagellm

@@ -94,6 +94,23 @@ class Engine {
   std::vector<const Sequence*> generate(const std::vector<std::vector<int32_t>>& prompts,
                                         const std::vector<SamplingParams>& params);
 
+  /// Scoring (docs/design.md, "The log-probability contract"): the raw log-probability of
+  /// every token of each sequence after its first prompt_lengths[i] tokens (empty
+  /// prompt_lengths: 1 each), and with top_k (0..20) > 0 the top_k alternatives, computed
+  /// with prefill forwards whose logits rows cover every scored position; nothing is
+  /// sampled. Runs now, between steps, on its own path: each sequence gets fresh KV pages
+  /// and a page-table row from the free ones (running requests keep theirs), as many
+  /// sequences at once as fit, chunked to max_num_batched_tokens tokens and max_num_seqs
+  /// logits rows per forward; the pages are freed before it returns, also on error.
+  /// Everything is checked before any work: an empty or one-token sequence, one longer
+  /// than max_model_len or than the whole KV cache, a prompt length outside
+  /// [1, size - 1], an id outside the vocabulary or a bad top_k throws Error naming the
+  /// sequence. Throws Error, with nothing held, when the free pages cannot hold one
+  /// sequence while requests run.
+  std::vector<ScoreOutput> score(const std::vector<std::vector<int32_t>>& sequences,
+                                 const std::vector<int32_t>& prompt_lengths = {},
+                                 int top_k = 0);
+
   /// Called after each forward pass with every sampled row's float32 logits on the host
   /// (request id, index of the output token they produce, logits [vocab]). For tests and
   /// debugging: setting it costs a device-to-host copy of the logits each step.

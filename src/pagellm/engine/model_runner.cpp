@@ -168,9 +168,43 @@ ModelRunner::StepResult ModelRunner::run(const SchedulerOutput& out, PageTable& 
       }
     }
   }
-  result.sampled = backend_->sample(logits, build_sampling_rows(out));
+  const std::vector<SamplingRow> rows = build_sampling_rows(out);
+  result.sampled = backend_->sample(logits, rows);
+  add_top_logprobs_rows(logits, rows, result.sampled);
   result.sampled_at = std::chrono::steady_clock::now();
   return result;
+}
+
+Tensor ModelRunner::forward_rows(const SchedulerOutput& out, PageTable& page_table,
+                                 const std::vector<int32_t>& logits_indices) {
+  PAGELLM_CHECK(!out.scheduled.empty()) << "ModelRunner::forward_rows() needs a non-empty step";
+  PAGELLM_CHECK(static_cast<int64_t>(logits_indices.size()) <= max_logits_rows())
+      << "forward_rows: " << logits_indices.size() << " logits rows, more than the reserved "
+      << max_logits_rows();
+  ForwardBatch batch = persistent_
+                           ? build_persistent_forward_batch(out, page_table, config_.page_size)
+                           : build_forward_batch(out, page_table, config_.page_size);
+  for (int32_t i : logits_indices)
+    PAGELLM_CHECK(i >= 0 && i < batch.num_tokens())
+        << "forward_rows: logits index " << i << " outside the batch's " << batch.num_tokens()
+        << " tokens";
+  batch.logits_indices = logits_indices;
+  StepResult unused;
+  return forward(batch, /*pure_decode=*/false, &unused);
+}
+
+void ModelRunner::add_top_logprobs_rows(const Tensor& logits, const std::vector<SamplingRow>& rows,
+                                        std::vector<SampledToken>& sampled) {
+  const int64_t vocab = model_->config().vocab_size;
+  std::vector<float> host;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (rows[r].params->logprobs <= 0) continue;
+    // Only the rows that ask: V floats each (600 KB at V = 151,936) over the device link.
+    host.resize(static_cast<size_t>(vocab));
+    backend_->copy_to_host(host.data(), logits.rows(static_cast<int64_t>(r), 1).data,
+                           host.size() * sizeof(float));
+    add_top_logprobs(host.data(), vocab, rows[r], top_logprobs_workspace_, sampled[r]);
+  }
 }
 
 }  // namespace pagellm

@@ -77,6 +77,17 @@ class ModelRunner {
   /// with a fan-out runs eagerly and samples 1 + fan_out.size() tokens from that row.
   StepResult run(const SchedulerOutput& out, PageTable& page_table);
 
+  /// Scoring (Engine::score): runs the forward `out` plans eagerly (never a graph, nothing
+  /// sampled) with the logits rows at the batch's token indices `logits_indices` (at most
+  /// max_logits_rows()), and returns those rows [R, V] float32 on the device (a view into
+  /// the model's workspace, valid until the next forward).
+  Tensor forward_rows(const SchedulerOutput& out, PageTable& page_table,
+                      const std::vector<int32_t>& logits_indices);
+  /// The most logits rows one forward may produce (the model's reservation).
+  int32_t max_logits_rows() const { return config_.max_num_seqs; }
+  /// The most tokens one forward may hold.
+  int32_t max_forward_tokens() const { return config_.max_num_batched_tokens; }
+
   void set_logits_hook(LogitsHook hook) { logits_hook_ = std::move(hook); }
   /// Whether batches carry the persistent page table (the backend supports it).
   bool persistent_page_table() const { return persistent_; }
@@ -94,6 +105,12 @@ class ModelRunner {
   /// Pads `batch` to a bucket and replays its graph when it is a pure decode batch and a
   /// bucket fits; otherwise runs the forward eagerly. Returns the logits rows.
   Tensor forward(ForwardBatch& batch, bool pure_decode, StepResult* result);
+  /// Fills the top-k alternatives (SamplingParams::logprobs) of the sampled rows that ask
+  /// for them: each such row of logits is copied to the host and scored by the host
+  /// sampler's add_top_logprobs, whatever the backend (docs/design.md, "The
+  /// log-probability contract").
+  void add_top_logprobs_rows(const Tensor& logits, const std::vector<SamplingRow>& rows,
+                             std::vector<SampledToken>& sampled);
   /// Appends `rows` padding rows: token 0 at position 0, KV length 1, slot 0 (the reserved
   /// page) and page-table row 0 (the reserved all-zero row).
   void append_padding_rows(ForwardBatch& batch, int32_t rows) const;
@@ -106,6 +123,7 @@ class ModelRunner {
   std::vector<DeviceBuffer> kv_storage_;
   std::vector<LayerKv> kv_;
   LogitsHook logits_hook_;
+  SamplerWorkspace top_logprobs_workspace_;  // add_top_logprobs_rows's scratch
   struct DecodeGraph {
     std::unique_ptr<RecordedGraph> graph;
     Tensor logits;  // [bucket, V] in the model's workspace

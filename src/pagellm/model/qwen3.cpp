@@ -1,6 +1,7 @@
 #include "pagellm/model/qwen3.h"
 
 #include <cmath>
+#include <utility>
 
 namespace pagellm {
 namespace {
@@ -103,6 +104,40 @@ AttentionShape Qwen3Model::attention_shape(int64_t page_size) const {
   return s;
 }
 
+size_t Qwen3Model::enable_float32_head() {
+  if (float32_head_) {
+    // Again after a weight update: rewrite the copies in place (same addresses), widening
+    // on the device (write_weights converts a device source to the destination's dtype).
+    for (auto [src, dst] : {std::pair<const Tensor*, Tensor*>{&final_norm_, &final_norm_f32_},
+                            {&lm_head_, &lm_head_f32_}}) {
+      backend_.write_weights(*dst, 0, src->data, src->dtype, src->numel(), TensorMemory::kDevice);
+    }
+    backend_.synchronize();
+    return 0;
+  }
+  if (backend_.activation_dtype() == DType::F32 && backend_.weight_dtype() == DType::F32) {
+    return 0;  // float32 throughout already
+  }
+  PAGELLM_CHECK(max_rows_ == 0) << "enable_float32_head: first call before reserve()";
+  size_t bytes = 0;
+  auto widen = [&](const Tensor& src) {
+    std::vector<float> host = backend_.download_f32(src);
+    Tensor probe(nullptr, DType::F32, {src.numel()});
+    head_storage_.emplace_back(&backend_, probe.nbytes());
+    bytes += probe.nbytes();
+    Tensor dst = src.ndim == 1
+                     ? head_storage_.back().tensor(DType::F32, {src.size(0)})
+                     : head_storage_.back().tensor(DType::F32, {src.size(0), src.size(1)});
+    backend_.upload(dst, 0, host.data(), DType::F32, src.numel());
+    return dst;
+  };
+  final_norm_f32_ = widen(final_norm_);
+  lm_head_f32_ = widen(lm_head_);
+  backend_.synchronize();
+  float32_head_ = true;
+  return bytes;
+}
+
 void Qwen3Model::reserve(int32_t max_tokens, int32_t max_rows) {
   if (max_tokens <= max_tokens_ && max_rows <= max_rows_) return;
   max_tokens = std::max(max_tokens, max_tokens_);
@@ -126,6 +161,7 @@ void Qwen3Model::reserve(int32_t max_tokens, int32_t max_rows) {
   ws_.act = make(act, {T, c.intermediate_size});
   ws_.rows = make(act, {max_rows, c.hidden_size});
   ws_.logits = make(DType::F32, {max_rows, c.vocab_size});
+  if (float32_head_) ws_.rows_f32 = make(DType::F32, {max_rows, c.hidden_size});
   max_tokens_ = max_tokens;
   max_rows_ = max_rows;
 }
@@ -168,7 +204,12 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
   }
   backend_.add_rms_norm(residual, proj, final_norm_, eps, hidden);
   Tensor rows = ws_.rows.rows(0, R), logits = ws_.logits.rows(0, R);
-  if (R > 0) {
+  if (R > 0 && float32_head_) {
+    // The residual stream's rows (activation dtype), normalised and projected in float32.
+    Tensor normed = ws_.rows_f32.rows(0, R);
+    backend_.gather_rows(residual, batch.logits_indices, rows);
+    backend_.float32_head(rows, final_norm_f32_, eps, lm_head_f32_, normed, logits);
+  } else if (R > 0) {
     backend_.gather_rows(hidden, batch.logits_indices, rows);
     backend_.matmul(rows, lm_head_, logits);
   }

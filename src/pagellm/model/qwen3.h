@@ -89,6 +89,17 @@ class Qwen3Model {
   /// update_weights from a safetensors folder or file (WeightStore::open; host memory).
   WeightWriteStats update_weights_from(const std::string& path);
 
+  /// The float32 head (EngineOptions::float32_head): from now on the final RMSNorm and
+  /// lm_head run in float32 (Backend::float32_head) on float32 copies of their weights,
+  /// made here from the loaded ones (exact: a widening). A no-op on a backend whose
+  /// activations and weights are float32 already (the CPU's): nothing is copied and the
+  /// forward is unchanged. First call before reserve(); call again after a weight update to
+  /// rewrite the copies in place (same addresses: captured graphs stay valid). Returns the
+  /// bytes newly allocated for the copies.
+  size_t enable_float32_head();
+  /// Whether the forward runs the float32 head.
+  bool float32_head() const { return float32_head_; }
+
   /// Allocates activations for steps of up to max_tokens tokens and max_rows logits rows.
   /// forward() never allocates; views into this workspace are stable (CUDA graphs).
   void reserve(int32_t max_tokens, int32_t max_rows);
@@ -131,9 +142,16 @@ class Qwen3Model {
   Tensor final_norm_;  // [H]
   Tensor lm_head_;     // [V, H] (aliases embed_ when tied)
   std::vector<Qwen3LayerWeights> layers_;
+  // The float32 head's weights (enable_float32_head): float32 copies of final_norm_ [H]
+  // and lm_head_ [V, H].
+  bool float32_head_ = false;
+  std::vector<DeviceBuffer> head_storage_;
+  Tensor final_norm_f32_;
+  Tensor lm_head_f32_;
 
   struct Workspace {
     Tensor residual, hidden, qkv, q, attn, proj, gate_up, act, rows, logits;
+    Tensor rows_f32;  // [max_rows, H] float32: the float32 head's normalised rows
   };
   std::vector<DeviceBuffer> workspace_storage_;
   Workspace ws_;

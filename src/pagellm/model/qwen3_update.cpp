@@ -189,6 +189,8 @@ WeightWriteStats Qwen3Model::update_weights(const std::vector<NamedTensor>& tens
   for (size_t m = 0; m < matrices.size(); ++m) {
     if (touched[m]) prepared_bytes_ += backend_.prepare_matrix(matrices[m].first, matrices[m].second);
   }
+  // The float32 head's copies follow the final norm and the output projection.
+  if (float32_head_) enable_float32_head();
   backend_.synchronize();
   return stats;
 }

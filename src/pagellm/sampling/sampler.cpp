@@ -126,6 +126,31 @@ inline bool before(const SamplerWorkspace::Candidate& a, const SamplerWorkspace:
   return a.value > b.value || (a.value == b.value && a.id < b.id);
 }
 
+// The k best (value, id) pairs of x[V] in `before` order (larger value first, then lower
+// id), skipping -inf (and NaN, which sanitize() maps to -inf) and, when keep_from is
+// finite, every value below it. A k-element heap: O(V log k).
+template <class Value>
+std::vector<SamplerWorkspace::Candidate> top_candidates(int64_t vocab, int k, double keep_from,
+                                                        Value value) {
+  std::vector<SamplerWorkspace::Candidate> heap;  // `before`-max heap: worst at the front
+  heap.reserve(static_cast<size_t>(k) + 1);
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float v = value(i);
+    if (!(v > kNegInf) || double(v) < keep_from) continue;
+    const SamplerWorkspace::Candidate c{v, static_cast<int32_t>(i)};
+    if (static_cast<int>(heap.size()) < k) {
+      heap.push_back(c);
+      std::push_heap(heap.begin(), heap.end(), before);
+    } else if (before(c, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), before);
+      heap.back() = c;
+      std::push_heap(heap.begin(), heap.end(), before);
+    }
+  }
+  std::sort_heap(heap.begin(), heap.end(), before);  // best first
+  return heap;
+}
+
 // The sampler fields of validate_sampling_params.
 void validate_sampler_fields(const SamplingParams& p) {
   PAGELLM_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0f)
@@ -161,6 +186,9 @@ void validate_sampling_params(const SamplingParams& params) {
   validate_sampler_fields(params);
   PAGELLM_CHECK(params.max_tokens >= 1)
       << "invalid sampling parameters: max_tokens must be >= 1, got " << params.max_tokens;
+  PAGELLM_CHECK(params.logprobs >= 0 && params.logprobs <= SamplingParams::kMaxLogprobs)
+      << "invalid sampling parameters: logprobs (top-k alternatives per token) must be in [0, "
+      << SamplingParams::kMaxLogprobs << "] (0: none), got " << params.logprobs;
   for (int32_t id : params.stop_token_ids)
     PAGELLM_CHECK(id >= 0) << "invalid sampling parameters: stop_token_ids must be token ids "
                               ">= 0, got "
@@ -234,6 +262,20 @@ class RowSampler {
       const float x = ws_.processed_[out.token];
       out.processed_logprob = static_cast<float>(double(x) - processed.max_value -
                                                  processed.log_normalizer);
+    }
+    return out;
+  }
+
+  // The k most likely kept tokens of the processed distribution (non-greedy), with the
+  // processed logprob formula of sample(), so the sampled token's entry equals it bitwise.
+  std::vector<TokenLogprob> processed_top(int k) {
+    const ProcessedRow row = process(true);
+    const float* x = ws_.processed_.data();
+    std::vector<TokenLogprob> out;
+    for (const auto& c :
+         top_candidates(vocab_, k, row.threshold, [x](int64_t i) { return x[i]; })) {
+      out.push_back({c.id, static_cast<float>(double(c.value) - row.max_value -
+                                              row.log_normalizer)});
     }
     return out;
   }
@@ -464,6 +506,49 @@ ProcessedRow process_logits(const float* logits, int64_t vocab_size, const Sampl
 SampledToken sample_row(const float* logits, int64_t vocab_size, const SamplingRow& row,
                         SamplerWorkspace& workspace) {
   return RowSampler(logits, vocab_size, row, workspace).sample();
+}
+
+TokenScore score_token(const float* logits, int64_t vocab_size, int32_t token, int k) {
+  PAGELLM_CHECK(logits != nullptr && vocab_size > 0 && vocab_size <= INT32_MAX)
+      << "score_token: need a row of 1 to 2^31-1 logits, got " << vocab_size;
+  PAGELLM_CHECK(token >= 0 && token < vocab_size)
+      << "score_token: token id " << token << " is outside the vocabulary [0, " << vocab_size
+      << ")";
+  PAGELLM_CHECK(k >= 0 && k <= SamplingParams::kMaxLogprobs)
+      << "score_token: k (top-k alternatives) must be in [0, " << SamplingParams::kMaxLogprobs
+      << "], got " << k;
+  const RawStats raw = raw_stats(logits, vocab_size);
+  TokenScore out;
+  out.logprob = static_cast<float>(raw.logprob(logits[token]));
+  const float mine = sanitize(logits[token]);
+  int64_t better = 0;
+  for (int64_t i = 0; i < vocab_size; ++i) better += sanitize(logits[i]) > mine;
+  out.rank = static_cast<int32_t>(better + 1);
+  if (k > 0) {
+    for (const auto& c : top_candidates(vocab_size, k, -INFINITY,
+                                        [logits](int64_t i) { return sanitize(logits[i]); })) {
+      out.top.push_back({c.id, static_cast<float>(raw.logprob(c.value))});
+    }
+  }
+  return out;
+}
+
+void add_top_logprobs(const float* logits, int64_t vocab_size, const SamplingRow& row,
+                      SamplerWorkspace& workspace, SampledToken& token) {
+  PAGELLM_CHECK(row.params != nullptr) << "add_top_logprobs: the row has no SamplingParams";
+  const SamplingParams& p = *row.params;
+  if (p.logprobs <= 0) return;
+  const TokenScore score = score_token(logits, vocab_size, token.token, p.logprobs);
+  token.top = score.top;
+  token.rank = score.rank;
+  token.processed_top.clear();
+  if (!p.processed_logprobs) return;
+  if (p.greedy()) {
+    token.processed_top.push_back({token.token, 0.0f});  // one-hot
+  } else {
+    token.processed_top =
+        RowSampler(logits, vocab_size, row, workspace).processed_top(p.logprobs);
+  }
 }
 
 std::vector<SampledToken> sample_rows(const float* logits, int64_t num_rows, int64_t vocab_size,

@@ -28,6 +28,14 @@
 //      it depends only on (seed, output_index, token id) and the row's own logits.
 //   6. processed logprob (when SamplingParams::processed_logprobs) =
 //      x[t] - logsumexp over the kept set of x.
+//   7. Top-k alternatives (SamplingParams::logprobs = k > 0; add_top_logprobs): the k
+//      largest raw logits (ties: lower id first) with their step-1 logprobs, the sampled
+//      token's rank; with processed_logprobs, the k largest x of the kept set with their
+//      step-6 logprobs. Computed on the host (a device backend copies those rows back).
+//
+// Precision: the logits arrive in float32 (whatever the backend's activation dtype);
+// max and the logprob subtraction are in double, exp in float (relative error < 3e-7),
+// summed in double; the result is rounded to float32 once.
 //
 // Non-finite logits: NaN counts as -inf (never sampled); +inf is clamped to the largest
 // float. A row with no finite logit is an error.
@@ -59,7 +67,7 @@ class RowSampler;  // sampler.cpp
 // n >= 1; temperature finite and >= 0; top_k >= -1 (-1 and 0 disable it); top_p in (0, 1];
 // min_p in [0, 1]; repetition_penalty finite and > 0; presence_penalty and
 // frequency_penalty in [-2, 2] (OpenAI's range); max_tokens >= 1; stop_token_ids >= 0;
-// stop strings non-empty.
+// stop strings non-empty; logprobs in [0, SamplingParams::kMaxLogprobs].
 
 /// Scratch memory for sampling rows of one vocabulary size, reused across rows to avoid
 /// allocating ~1.5 MB per row at V = 151,936. One per thread; not thread-safe.
@@ -113,6 +121,29 @@ ProcessedRow process_logits(const float* logits, int64_t vocab_size, const Sampl
 /// token id outside [0, V) in the row's prompt or output, or a row with no finite logit.
 SampledToken sample_row(const float* logits, int64_t vocab_size, const SamplingRow& row,
                         SamplerWorkspace& workspace);
+
+/// What scoring reports of one token under one row of logits: its raw log-probability
+/// (step 1, the same float the sampler reports, bit for bit), its rank among the raw
+/// logits (1 + the number of tokens with a larger logit) and the k most likely tokens.
+struct TokenScore {
+  float logprob = 0.0f;
+  int32_t rank = 0;
+  /// Most likely first, ties by lower id; NaN and -inf logits are never listed.
+  std::vector<TokenLogprob> top;
+};
+
+/// Scores `token` under logits[V] (raw distribution), with the top k (0..20) alternatives.
+/// Throws Error for a token outside [0, V), a bad k, or a row without a finite logit.
+TokenScore score_token(const float* logits, int64_t vocab_size, int32_t token, int k);
+
+/// For a token already sampled from logits[V] with row's params and params.logprobs = k > 0,
+/// fills token.top and token.rank (score_token) and, with params.processed_logprobs,
+/// token.processed_top: the k most likely tokens of the processed distribution among those
+/// the filters kept (x desc, lower id first), logprob x - logsumexp over the kept set as in
+/// step 6 (greedy: the chosen token alone with 0). Does nothing when params.logprobs == 0.
+/// Separate from sample_row so a device sampler can call it on the rows that ask for it.
+void add_top_logprobs(const float* logits, int64_t vocab_size, const SamplingRow& row,
+                      SamplerWorkspace& workspace, SampledToken& token);
 
 /// Samples one token per row of logits[num_rows, V] (row-major), rows in parallel with
 /// OpenMP, one workspace per thread. The result does not depend on the thread count or on

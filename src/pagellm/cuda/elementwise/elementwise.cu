@@ -110,6 +110,25 @@ __device__ float block_sum(float v, float* scratch) {
   return total;
 }
 
+// The float32 head's norm (launch_rms_norm_f32_out): one block per row, scalar loads (a
+// handful of rows a forward), every value kept in float32.
+__global__ void rms_norm_f32_out_kernel(const bf16* __restrict__ x,
+                                        const float* __restrict__ weight,
+                                        float* __restrict__ out, int64_t hidden, float eps) {
+  __shared__ float scratch[kNormThreads / 32];
+  const bf16* row = x + blockIdx.x * hidden;
+  float* dst = out + blockIdx.x * hidden;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    const float v = __bfloat162float(row[i]);
+    sum += v * v;
+  }
+  const float inv = rsqrtf(block_sum(sum, scratch) / static_cast<float>(hidden) + eps);
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    dst[i] = (__bfloat162float(row[i]) * inv) * weight[i];
+  }
+}
+
 // Eight bf16 loaded as one 16-byte vector, converted to float.
 struct Vec8 {
   float v[kVec];
@@ -390,6 +409,15 @@ void launch_rms_norm(const void* x, const void* weight, void* out, int64_t rows,
                      float eps, cudaStream_t stream) {
   // The plain norm never writes x; the const_cast only lets both variants share a kernel.
   launch_norm<false>(const_cast<void*>(x), nullptr, weight, out, rows, hidden, eps, stream);
+}
+
+void launch_rms_norm_f32_out(const void* x, const float* weight, float* out, int64_t rows,
+                             int64_t hidden, float eps, cudaStream_t stream) {
+  if (rows == 0 || hidden == 0) return;
+  PAGELLM_CHECK(rows <= 0x7fffffff) << "cuda rms_norm_f32_out: " << rows << " rows";
+  rms_norm_f32_out_kernel<<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(
+      static_cast<const bf16*>(x), weight, out, hidden, eps);
+  PAGELLM_CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_add_rms_norm(void* residual, const void* delta, const void* weight, void* out,

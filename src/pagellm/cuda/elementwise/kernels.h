@@ -44,6 +44,13 @@ void launch_gather_rows(const void* src, int64_t src_rows, const int32_t* indice
 void launch_rms_norm(const void* x, const void* weight, void* out, int64_t rows, int64_t hidden,
                      float eps, cudaStream_t stream);
 
+/// The float32 head's norm: out[r, :] = (x[r, :] * rsqrt(mean(x[r, :]^2) + eps)) * weight
+/// with x bf16 and weight and out float32, nothing rounded below float32 (the order of the
+/// products is transformers' Qwen3RMSNorm in float32). Rows x hidden; out must not alias x.
+/// A plain launch (no programmatic dependent launch): it is one small kernel a forward.
+void launch_rms_norm_f32_out(const void* x, const float* weight, float* out, int64_t rows,
+                             int64_t hidden, float eps, cudaStream_t stream);
+
 /// residual[r, :] = bf16(residual[r, :] + delta[r, :]);
 /// out[r, :] = residual[r, :] / rms(residual[r, :]) * weight (from the rounded residual, so
 /// that the fused op equals an add followed by rms_norm). All bf16.

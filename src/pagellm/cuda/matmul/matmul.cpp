@@ -106,7 +106,7 @@ bool skinny_gemm_preferred(int64_t M, int64_t N, int64_t K) {
 }
 
 size_t LtMatmul::KeyHash::operator()(const Key& k) const {
-  return hash_values(k.m, k.n, k.k, k.out_type, k.align);
+  return hash_values(k.m, k.n, k.k, k.out_type, k.align, k.in_type);
 }
 
 LtMatmul::LtMatmul(void* workspace, size_t workspace_bytes, MatmulPath path, bool autotune)
@@ -195,8 +195,9 @@ const LtMatmul::Plan& LtMatmul::plan_for(const Key& key, const void* x, const vo
     PAGELLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                         &trans_b, sizeof(trans_b)));
     // Column-major views: A = w as [K, N] (ld K), B = x as [K, M] (ld K), C = outᵀ [N, M].
-    PAGELLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, key.k, key.n, key.k));
-    PAGELLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, key.k, key.m, key.k));
+    const auto in_type = static_cast<cudaDataType_t>(key.in_type);
+    PAGELLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in_type, key.k, key.n, key.k));
+    PAGELLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_type, key.k, key.m, key.k));
     PAGELLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, out_type, key.n, key.m, key.n));
 
     PAGELLM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -242,8 +243,9 @@ const LtMatmul::Plan& LtMatmul::plan_for(const Key& key, const void* x, const vo
     // deterministic run to run per cuBLAS; info.reduction_scheme records what it does.
     if (candidates.empty() && !usable.empty()) candidates.push_back(usable.front());
     PAGELLM_CHECK(!candidates.empty())
-        << "cuBLASLt has no algorithm for matmul x[" << key.m << ", " << key.k << "] (bf16) x w["
-        << key.n << ", " << key.k << "]^T (bf16) -> " << type_name(key.out_type)
+        << "cuBLASLt has no algorithm for matmul x[" << key.m << ", " << key.k << "] ("
+        << type_name(key.in_type) << ") x w[" << key.n << ", " << key.k << "]^T ("
+        << type_name(key.in_type) << ") -> " << type_name(key.out_type)
         << " with " << key.align << "-byte aligned pointers and a " << workspace_bytes_
         << "-byte workspace";
     cublasLtMatmulPreferenceDestroy(pref);
@@ -334,6 +336,17 @@ void LtMatmul::run(const void* x, const void* w, void* out, cudaDataType_t out_t
     return;
   }
   const Plan& p = plan_for(key_of(x, w, out, out_type, M, N, K), x, w, out, stream);
+  const float alpha = 1.0f, beta = 0.0f;
+  PAGELLM_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w, p.a, x, p.b, &beta, out, p.c,
+                                      out, p.c, &p.algo, workspace_, workspace_bytes_, stream));
+}
+
+void LtMatmul::run_f32(const float* x, const float* w, float* out, int64_t M, int64_t N,
+                       int64_t K, cudaStream_t stream) {
+  if (M == 0 || N == 0) return;
+  Key key = key_of(x, w, out, CUDA_R_32F, M, N, K);
+  key.in_type = CUDA_R_32F;
+  const Plan& p = plan_for(key, x, w, out, stream);
   const float alpha = 1.0f, beta = 0.0f;
   PAGELLM_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w, p.a, x, p.b, &beta, out, p.c,
                                       out, p.c, &p.algo, workspace_, workspace_bytes_, stream));

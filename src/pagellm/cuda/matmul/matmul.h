@@ -101,6 +101,13 @@ class LtMatmul {
   void run(const void* x, const void* w, void* out, cudaDataType_t out_type, int64_t M,
            int64_t N, int64_t K, cudaStream_t stream, const void* w_packed = nullptr);
 
+  /// out[M, N] = x[M, K] · w[N, K]ᵀ with x, w and out float32 and CUBLAS_COMPUTE_32F: a
+  /// true float32 product (float32 multiplies and accumulation; not TF32, which would
+  /// need CUBLAS_COMPUTE_32F_FAST_TF32). The float32 head's product (Backend::float32_head).
+  /// Always cuBLASLt, with the same plan cache, autotuning and reduction filter as run().
+  void run_f32(const float* x, const float* w, float* out, int64_t M, int64_t N, int64_t K,
+               cudaStream_t stream);
+
   /// out[M, I] = silu(x · gateᵀ) · (x · upᵀ), w_gate_up = [gate; up] ([2 I, K]), out bf16,
   /// in one kernel (launch_skinny_gemm_silu_mul) when run() would take the skinny kernel for
   /// the [M, 2 I] product. Returns false, having enqueued nothing, otherwise: the caller
@@ -136,8 +143,10 @@ class LtMatmul {
     int64_t m, n, k;
     int out_type;
     int align;  // min(alignment of x, w, out) in bytes, capped at 256
+    int in_type = CUDA_R_16BF;  // x and w: CUDA_R_16BF (run) or CUDA_R_32F (run_f32)
     bool operator==(const Key& o) const {
-      return m == o.m && n == o.n && k == o.k && out_type == o.out_type && align == o.align;
+      return m == o.m && n == o.n && k == o.k && out_type == o.out_type && align == o.align &&
+             in_type == o.in_type;
     }
   };
   struct KeyHash {
