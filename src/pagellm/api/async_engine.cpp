@@ -236,6 +236,42 @@ int64_t AsyncEngine::check_invariants_and_count_free_pages() {
 
 int64_t AsyncEngine::num_usable_pages() const { return impl_->usable_pages; }
 
+namespace {
+
+// Runs `fn` on the loop thread between steps and returns its result (or rethrows its
+// error); `what` names the operation in the error when the loop no longer runs.
+template <typename T>
+T run_on_loop(AsyncEngine::Impl& impl, const char* what, std::function<T()> fn) {
+  std::packaged_task<T()> task(std::move(fn));
+  std::future<T> result = task.get_future();
+  {
+    std::lock_guard<std::mutex> guard(impl.shutdown_mu);
+    std::lock_guard<std::mutex> lock(impl.mu);
+    PAGELLM_CHECK(!impl.stopping && impl.loop.joinable())
+        << what << " after shutdown: the AsyncEngine's loop has stopped"
+        << (impl.failure.empty() ? "" : " (" + impl.failure + ")");
+    PAGELLM_CHECK(std::this_thread::get_id() != impl.loop.get_id())
+        << what << " called from a callback on the engine loop thread (it would wait for "
+        << "itself); call it from another thread";
+    impl.tasks.push_back([&task] { task(); });
+    impl.wake.notify_one();
+  }
+  return result.get();
+}
+
+}  // namespace
+
+SleepReport AsyncEngine::sleep(const SleepOptions& options) {
+  return run_on_loop<SleepReport>(*impl_, "sleep", [core = impl_->core.get(), options] {
+    return core->engine().sleep(options);
+  });
+}
+
+WakeReport AsyncEngine::wake_up() {
+  return run_on_loop<WakeReport>(*impl_, "wake_up",
+                                 [core = impl_->core.get()] { return core->engine().wake_up(); });
+}
+
 RequestStream::RequestStream(std::string request_id, std::shared_ptr<State> state)
     : request_id_(std::move(request_id)), state_(std::move(state)) {}
 

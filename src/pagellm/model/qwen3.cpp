@@ -58,7 +58,8 @@ Qwen3Model::Qwen3Model(Backend& backend, const Qwen3Config& config, const Weight
 
 Tensor Qwen3Model::alloc(DType dtype, std::initializer_list<int64_t> dims) {
   Tensor probe(nullptr, dtype, dims);
-  storage_.emplace_back(&backend_, probe.nbytes());
+  // Weights: Backend::sleep may offload them to host memory and restore them.
+  storage_.emplace_back(&backend_, probe.nbytes(), MemoryRole::kWeights);
   weight_bytes_ += probe.nbytes();
   return storage_.back().tensor(dtype, dims);
 }
