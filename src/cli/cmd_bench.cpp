@@ -152,6 +152,7 @@ void print_sleep_wake(const SleepWakeReport& r) {
   };
   cycle("KV cache only", r.kv_only);
   cycle("with weight offload", r.offload);
+  cycle("offload, second time", r.offload_again);
   std::printf("  alternative (ordinary free + allocate of the KV pools, then re-capture of %zu "
               "decode graphs): free %.1f ms, allocate and zero %.1f ms, re-capture %.1f ms; "
               "tokens after re-capture %s\n",

@@ -79,6 +79,16 @@ TEST_F(CudaSleepTest, ArenaMemoryIsFreedAndComesBackAtTheSameAddresses) {
   EXPECT_EQ(kv_only.weight_bytes, 0u);
   b.wake();
   EXPECT_TRUE(raw(b, w.get(), weight_bytes) == w_before);
+
+  // A second offload reuses the pinned host buffer; the weights still come back exact.
+  b.upload(wt, 0, values.data() + 1, DType::F32, n - 1);  // new contents to offload
+  b.synchronize();
+  const std::vector<unsigned char> w_changed = raw(b, w.get(), weight_bytes);
+  ASSERT_FALSE(w_changed == w_before);
+  b.sleep(/*offload_weights=*/true);
+  b.wake();
+  EXPECT_TRUE(raw(b, w.get(), weight_bytes) == w_changed);
+  EXPECT_TRUE(raw(b, norm.get(), 5000) == norm_before);
 }
 
 TEST_F(CudaSleepTest, GraphCapturedBeforeSleepMatchesCpuAfterWake) {

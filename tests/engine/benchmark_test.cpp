@@ -235,6 +235,8 @@ TEST(BenchmarkTest, SleepWakeMeasuresBothCyclesAndChecksTokens) {
   EXPECT_LT(r.kv_only.sleep.kv_bytes_released, r.kv_pool_bytes + 4 * size_t{65536});
   EXPECT_EQ(r.offload.sleep.kv_bytes_released, r.kv_only.sleep.kv_bytes_released);
   EXPECT_EQ(r.offload.sleep.weight_bytes_offloaded, 0u);  // cpu weights stay
+  EXPECT_EQ(r.offload_again.sleep.kv_bytes_released, r.kv_only.sleep.kv_bytes_released);
+  EXPECT_TRUE(r.offload_again.tokens_match);
   EXPECT_EQ(r.graphs, 0u);                                // the cpu backend has no graphs
   EXPECT_GE(r.kv_only.sleep.seconds, 0.0);
   EXPECT_GE(r.reallocate_seconds, 0.0);
@@ -245,6 +247,7 @@ TEST(BenchmarkTest, SleepWakeMeasuresBothCyclesAndChecksTokens) {
   const nlohmann::json j = nlohmann::json::parse(sleep_wake_json_line(r));
   EXPECT_EQ(j["workload"], "sleep-wake");
   EXPECT_EQ(j["kv_only"]["tokens_match"], true);
+  EXPECT_EQ(j["offload_again"]["tokens_match"], true);
   EXPECT_EQ(j["kv_pool_bytes"].get<size_t>(), r.kv_pool_bytes);
 }
 

@@ -77,8 +77,8 @@ class DeviceMemory {
   size_t size_of(const void* ptr) const;
 
   /// Waits for the stream, then releases the physical memory of the kKvCache and, with
-  /// `offload_weights`, the kWeights (contents copied to pinned host memory first) and
-  /// kPrepared arenas. Throws Error when already asleep.
+  /// `offload_weights`, the kWeights (contents copied to pinned host memory first, a
+  /// buffer kept for later sleeps) and kPrepared arenas. Throws Error when already asleep.
   ReleasedMemory sleep(bool offload_weights);
   /// Backs every released arena again at the same addresses: weights restored bit for bit,
   /// kKvCache and kPrepared zero-filled (the prepared copies' owner rebuilds them). Throws

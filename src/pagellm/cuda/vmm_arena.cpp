@@ -206,8 +206,10 @@ void VmmArena::deallocate(void* ptr) noexcept {
     // Everything is gone: give every chunk back (asleep or not) and start over.
     release_all_chunks();
     released_ = false;
+    contents_kept_ = false;
     if (host_copy_ != nullptr) cudaFreeHost(host_copy_);
     host_copy_ = nullptr;
+    host_bytes_ = 0;
     return;
   }
   const auto last = std::prev(allocations_.end());
@@ -218,12 +220,19 @@ size_t VmmArena::release(bool keep_contents, CUstream_st* stream) {
   PAGELLM_CHECK(!released_) << "cuda backend: the " << name_ << " is already released";
   PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (keep_contents && top_ > 0) {
-    PAGELLM_CUDA_CHECK(cudaHostAlloc(&host_copy_, top_, cudaHostAllocDefault));
+    if (host_bytes_ < top_) {
+      if (host_copy_ != nullptr) PAGELLM_CUDA_CHECK(cudaFreeHost(host_copy_));
+      host_copy_ = nullptr;
+      host_bytes_ = 0;
+      PAGELLM_CUDA_CHECK(cudaHostAlloc(&host_copy_, top_, cudaHostAllocDefault));
+      host_bytes_ = top_;
+    }
     PAGELLM_CUDA_CHECK(cudaMemcpyAsync(host_copy_, reinterpret_cast<void*>(base_), top_,
                                        cudaMemcpyDeviceToHost, stream));
     PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
   for (Chunk& c : chunks_) unmap_chunk(c);
+  contents_kept_ = keep_contents && top_ > 0;
   released_ = true;
   return mapped_;
 }
@@ -234,14 +243,13 @@ void VmmArena::restore(CUstream_st* stream) {
     if (!c.mapped) map_chunk(c);  // an out-of-memory error leaves a retry possible
   }
   void* base = reinterpret_cast<void*>(base_);
-  if (host_copy_ != nullptr) {
+  if (contents_kept_) {
     PAGELLM_CUDA_CHECK(cudaMemcpyAsync(base, host_copy_, top_, cudaMemcpyHostToDevice, stream));
   } else if (mapped_ > 0) {
     PAGELLM_CUDA_CHECK(cudaMemsetAsync(base, 0, mapped_, stream));
   }
   PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (host_copy_ != nullptr) PAGELLM_CUDA_CHECK(cudaFreeHost(host_copy_));
-  host_copy_ = nullptr;
+  contents_kept_ = false;
   released_ = false;
 }
 

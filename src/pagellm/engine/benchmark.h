@@ -159,7 +159,8 @@ struct SleepWakeReport {
   size_t prepared_bytes = 0;  // Qwen3Model::prepared_bytes
   size_t kv_pool_bytes = 0;   // all layers' K and V pools
   SleepWakeCycle kv_only;     // SleepOptions{} (the KV cache only)
-  SleepWakeCycle offload;     // SleepOptions{offload_weights = true}
+  SleepWakeCycle offload;     // SleepOptions{offload_weights = true}, the first time
+  SleepWakeCycle offload_again;  // the same again (a backend may reuse its host buffers)
   // The alternative to fixed addresses: give the KV pools' memory back with the ordinary
   // free and take it again with the ordinary allocation (zero-filled like a wake's), then
   // capture every decode graph again. Measured while asleep, with pools of the same sizes.
@@ -171,14 +172,15 @@ struct SleepWakeReport {
   int64_t tokens_checked = 0;        // sampled tokens compared after each wake
   /// Whether every comparison matched.
   bool all_tokens_match() const {
-    return kv_only.tokens_match && offload.tokens_match && recapture_tokens_match;
+    return kv_only.tokens_match && offload.tokens_match && offload_again.tokens_match &&
+           recapture_tokens_match;
   }
 };
 
 /// Runs the workload's requests (must be idle; seeded sampling) to get reference tokens,
 /// then: sleep (KV only), the free/reallocate alternative while asleep, wake, the tokens
-/// again; sleep with weight offload, wake, the tokens again; the graphs recaptured, the
-/// tokens again. Throws Error when the backend cannot sleep or a request fails.
+/// again; twice: sleep with weight offload, wake, the tokens again; the graphs
+/// recaptured, the tokens again. Throws Error when the backend cannot sleep or a request fails.
 SleepWakeReport run_sleep_wake_benchmark(Engine& engine, const DecodeWorkload& workload);
 
 /// The report as one JSON object on one line (no newline).
