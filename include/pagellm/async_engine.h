@@ -103,6 +103,17 @@ class AsyncEngine {
                                  const std::vector<int32_t>& prompt_lengths = {},
                                  int top_k = 0);
 
+  /// Releases the KV cache's memory (and, with options.offload_weights, the weights'), on
+  /// the loop thread between steps; returns when done. Throws pagellm::Error (nothing
+  /// changed) while any submitted request is unfinished, when already asleep, after
+  /// shutdown, or when the backend cannot sleep. Requests submitted while asleep are not
+  /// queued: each ends at once with FinishReason::kError and an error saying the engine is
+  /// asleep (its final delta comes as usual).
+  SleepReport sleep(const SleepOptions& options = {});
+  /// Brings the memory back on the loop thread; throws pagellm::Error when awake or after
+  /// shutdown.
+  WakeReport wake_up();
+
   /// Engine introspection for tests and monitoring, answered by the loop thread (blocks
   /// until its current step ends). Checks page ownership and returns the free KV pages.
   int64_t check_invariants_and_count_free_pages();

@@ -37,4 +37,32 @@ struct EngineOptions {
   bool float32_head = false;
 };
 
+/// How sleep (LLM::sleep, AsyncEngine::sleep, Engine::sleep) frees memory between rollouts,
+/// so that another user of the device (a trainer) can have it. The KV cache is always
+/// released (its contents are discarded: nothing may be running).
+struct SleepOptions {
+  /// Also copy the weights to host memory and release their device memory (and the
+  /// backend's prepared copies of them); wake_up restores them bit for bit. The cpu
+  /// backend's weights are host memory already and stay where they are.
+  bool offload_weights = false;
+};
+
+/// What one sleep released. Bytes; free memory as the backend reports it
+/// (cudaMemGetInfo on the GPU, MemAvailable on the CPU).
+struct SleepReport {
+  size_t kv_bytes_released = 0;
+  size_t weight_bytes_offloaded = 0;
+  /// The backend's own layouts of the weights (packed decode copies), rebuilt on wake.
+  size_t prepared_bytes_released = 0;
+  size_t free_memory_before = 0;
+  size_t free_memory_after = 0;
+  double seconds = 0.0;
+};
+
+/// What one wake_up took.
+struct WakeReport {
+  double seconds = 0.0;
+  size_t free_memory_after = 0;
+};
+
 }  // namespace pagellm

@@ -96,6 +96,17 @@ class LLM {
   /// The same from a safetensors folder (model.safetensors or an index with shards) or file.
   WeightUpdateResult load_weights(const std::string& path);
 
+  /// Releases the KV cache's memory (and, with options.offload_weights, the weights' after
+  /// copying them to host memory) so that another user of the device, such as a trainer,
+  /// can have it until wake_up(). Throws pagellm::Error when already asleep or when the
+  /// backend cannot sleep. generate and chat throw while asleep. The report gives the bytes
+  /// released and the backend's free memory before and after.
+  SleepReport sleep(const SleepOptions& options = {});
+  /// Brings the memory back (weights bit for bit, an empty KV cache); outputs afterwards
+  /// are those the LLM gave before sleeping. Throws pagellm::Error when awake.
+  WakeReport wake_up();
+  bool is_sleeping() const;
+
   /// Debugging and tests: called after each forward pass with every sampled row's float32
   /// logits [vocab]. sample_number counts the samples this LLM has queued, from 0, in
   /// order (prompt i's sample j of a first generate call with n samples each: i * n + j);

@@ -36,8 +36,11 @@ struct BenchArgs {
   EngineSettings engine;
 };
 
+/// `--workload sleep-wake`: the sleep and wake measurement instead of a decode benchmark.
+bool is_sleep_wake(const BenchArgs& a) { return a.workload == "sleep-wake"; }
+
 DecodeWorkload workload_of(const BenchArgs& a) {
-  DecodeWorkload w = named_workload(a.workload);
+  DecodeWorkload w = is_sleep_wake(a) ? sleep_wake_workload() : named_workload(a.workload);
   const bool custom = a.model || a.preset || a.batch || a.prompt_len || a.output_len || a.seed;
   if (custom) w.name.clear();
   if (a.model) w.model_dir = *a.model;
@@ -172,6 +175,35 @@ void print_grpo(const GrpoReport& r) {
   // TODO(lead, wt-prefix merge): print the prefix cache's hit rate (GrpoReport) here.
 }
 
+void print_sleep_wake(const SleepWakeReport& r) {
+  const auto gib = [](size_t b) { return static_cast<double>(b) / double(size_t{1} << 30); };
+  std::printf("pagellm bench --workload sleep-wake: %s on %s; weights %.2f GiB (+%.2f GiB "
+              "packed), KV pools %.2f GiB\n",
+              r.model.c_str(), r.backend.c_str(), gib(r.weight_bytes), gib(r.prepared_bytes),
+              gib(r.kv_pool_bytes));
+  const auto cycle = [&](const char* what, const SleepWakeCycle& c) {
+    const SleepReport& s = c.sleep;
+    std::printf("  %-22s sleep %8.1f ms, wake %8.1f ms; released %.2f GiB KV + %.2f GiB "
+                "weights + %.2f GiB packed; free %.2f -> %.2f GiB asleep -> %.2f GiB awake; "
+                "tokens after wake %s\n",
+                what, s.seconds * 1e3, c.wake.seconds * 1e3, gib(s.kv_bytes_released),
+                gib(s.weight_bytes_offloaded), gib(s.prepared_bytes_released),
+                gib(s.free_memory_before), gib(s.free_memory_after),
+                gib(c.wake.free_memory_after), c.tokens_match ? "match" : "DIFFER");
+  };
+  cycle("KV cache only", r.kv_only);
+  cycle("with weight offload", r.offload);
+  cycle("offload, second time", r.offload_again);
+  std::printf("  alternative (ordinary free + allocate of the KV pools, then re-capture of %zu "
+              "decode graphs): free %.1f ms, allocate and zero %.1f ms, re-capture %.1f ms; "
+              "tokens after re-capture %s\n",
+              r.graphs, r.free_seconds * 1e3, r.reallocate_seconds * 1e3,
+              r.recapture_seconds * 1e3, r.recapture_tokens_match ? "match" : "DIFFER");
+  std::printf("  %lld sampled tokens compared after each wake: %s\n",
+              static_cast<long long>(r.tokens_checked),
+              r.all_tokens_match() ? "all equal to those before sleep" : "MISMATCH");
+}
+
 void run_bench(const BenchArgs& args) {
   if (lower_case(args.workload) == kGrpoWorkload) {
     GrpoWorkload grpo;
@@ -227,6 +259,18 @@ void run_bench(const BenchArgs& args) {
     }
     return;
   }
+  if (is_sleep_wake(args)) {
+    const SleepWakeReport report = run_sleep_wake_benchmark(*engine, workload);
+    print_sleep_wake(report);
+    if (!args.json_out.empty()) {
+      std::ofstream out(args.json_out, std::ios::app);
+      PAGELLM_CHECK(out.good()) << "--json-out: cannot append to " << args.json_out;
+      out << sleep_wake_json_line(report) << "\n";
+    }
+    PAGELLM_CHECK(report.all_tokens_match())
+        << "sleep-wake: the tokens sampled after a wake differ from those before sleep";
+    return;
+  }
   BenchmarkOptions options;
   options.trace_steps = args.trace_steps;
   const BenchmarkReport report = run_benchmark(*engine, workload, options);
@@ -255,7 +299,11 @@ void register_bench_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "bench", "throughput benchmark (default: the W1 workload)");
   cmd->add_option("--workload", a->workload,
-                  "named workload; the flags below override its fields. Known:" + names)
+                  "named workload; the flags below override its fields. Known:" + names +
+                      "\n  sleep-wake: sleep and wake timed (KV only, with weight offload), "
+                      "bytes freed, against free + reallocate + graph re-capture; tokens "
+                      "checked after each wake (Qwen3-4B shape, 8 x 128-token prompts, 16 "
+                      "tokens)")
       ->capture_default_str();
   const auto from_workload = [](const std::string& what, const std::string& w1_value) {
     return what + " (default: the workload's; W1: " + w1_value + ")";

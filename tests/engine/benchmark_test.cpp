@@ -321,5 +321,39 @@ TEST(BenchmarkTest, PromptSamplesAreRequestsWithSeedsSPlusJ) {
   }
 }
 
+TEST(BenchmarkTest, SleepWakeMeasuresBothCyclesAndChecksTokens) {
+  const DecodeWorkload named = sleep_wake_workload();
+  EXPECT_EQ(named.name, "sleep-wake");
+  EXPECT_EQ(named.preset, "qwen3-4b");
+  EXPECT_EQ(named.batch, 8);
+  DecodeWorkload w = tiny_workload();
+  EngineConfig c = cpu_config();
+  c.num_pages = 512;
+  std::unique_ptr<Engine> engine = make_benchmark_engine(w, c);
+  const SleepWakeReport r = run_sleep_wake_benchmark(*engine, w);
+  EXPECT_EQ(r.backend, "cpu");
+  EXPECT_TRUE(r.all_tokens_match());
+  EXPECT_EQ(r.tokens_checked, int64_t{w.batch} * w.output_len);
+  // The pools' bytes, page-rounded per pool by the cpu backend's mappings.
+  EXPECT_GE(r.kv_only.sleep.kv_bytes_released, r.kv_pool_bytes);
+  EXPECT_LT(r.kv_only.sleep.kv_bytes_released, r.kv_pool_bytes + 4 * size_t{65536});
+  EXPECT_EQ(r.offload.sleep.kv_bytes_released, r.kv_only.sleep.kv_bytes_released);
+  EXPECT_EQ(r.offload.sleep.weight_bytes_offloaded, 0u);  // cpu weights stay
+  EXPECT_EQ(r.offload_again.sleep.kv_bytes_released, r.kv_only.sleep.kv_bytes_released);
+  EXPECT_TRUE(r.offload_again.tokens_match);
+  EXPECT_EQ(r.graphs, 0u);                                // the cpu backend has no graphs
+  EXPECT_GE(r.kv_only.sleep.seconds, 0.0);
+  EXPECT_GE(r.reallocate_seconds, 0.0);
+  EXPECT_FALSE(engine->asleep());
+  EXPECT_FALSE(engine->has_unfinished());
+  engine->check_invariants();
+  EXPECT_EQ(engine->allocator().num_free(), engine->allocator().num_usable());
+  const nlohmann::json j = nlohmann::json::parse(sleep_wake_json_line(r));
+  EXPECT_EQ(j["workload"], "sleep-wake");
+  EXPECT_EQ(j["kv_only"]["tokens_match"], true);
+  EXPECT_EQ(j["offload_again"]["tokens_match"], true);
+  EXPECT_EQ(j["kv_pool_bytes"].get<size_t>(), r.kv_pool_bytes);
+}
+
 }  // namespace
 }  // namespace pagellm

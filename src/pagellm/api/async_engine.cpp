@@ -130,18 +130,20 @@ template <class Fn>
 auto AsyncEngine::Impl::call(Fn fn) -> decltype(fn()) {
   using Result = decltype(fn());
   PAGELLM_CHECK(std::this_thread::get_id() != loop_id)
-      << "AsyncEngine: pause, resume and weight updates cannot be called from a callback on "
-         "the engine loop thread (they wait for that thread); call them from another thread";
+      << "AsyncEngine: pause, resume, weight updates, scoring, sleep and wake_up cannot be "
+         "called from a callback on the engine loop thread (they wait for that thread); call "
+         "them from another thread";
   std::packaged_task<Result()> task(std::move(fn));
   std::future<Result> result = task.get_future();
   {
+    std::lock_guard<std::mutex> guard(shutdown_mu);
     std::lock_guard<std::mutex> lock(mu);
-    PAGELLM_CHECK(!stopping)
+    PAGELLM_CHECK(!stopping && loop.joinable())
         << (failure.empty() ? "the AsyncEngine has shut down" : failure);
     tasks.push_back([&task] { task(); });
     wake.notify_one();
   }
-  return result.get();
+  return result.get();  // rethrows the engine's Error on this thread
 }
 
 void AsyncEngine::Impl::notify_drained() {
@@ -309,20 +311,9 @@ int64_t AsyncEngine::check_invariants_and_count_free_pages() {
 std::vector<ScoreOutput> AsyncEngine::score(const std::vector<std::vector<int32_t>>& sequences,
                                             const std::vector<int32_t>& prompt_lengths,
                                             int top_k) {
-  std::packaged_task<std::vector<ScoreOutput>()> task(
-      [core = impl_->core.get(), &sequences, &prompt_lengths, top_k] {
-        return core->engine().score(sequences, prompt_lengths, top_k);
-      });
-  std::future<std::vector<ScoreOutput>> result = task.get_future();
-  {
-    std::lock_guard<std::mutex> guard(impl_->shutdown_mu);
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    PAGELLM_CHECK(!impl_->stopping && impl_->loop.joinable())
-        << "AsyncEngine::score: the engine is shut down";
-    impl_->tasks.push_back([&task] { task(); });
-    impl_->wake.notify_one();
-  }
-  return result.get();  // rethrows the engine's Error on this thread
+  return impl_->call([core = impl_->core.get(), &sequences, &prompt_lengths, top_k] {
+    return core->engine().score(sequences, prompt_lengths, top_k);
+  });
 }
 
 int64_t AsyncEngine::num_usable_pages() const { return impl_->usable_pages; }
@@ -372,6 +363,7 @@ WeightUpdateResult update_on_loop(AsyncEngine::Impl& impl, PauseMode mode,
 
 }  // namespace
 
+
 WeightUpdateResult AsyncEngine::update_weights(const std::vector<NamedTensor>& tensors,
                                                PauseMode mode) {
   return update_on_loop(*impl_, mode, tensors);
@@ -385,6 +377,14 @@ WeightUpdateResult AsyncEngine::load_weights(const std::string& path, PauseMode 
   } catch (const Error& e) {
     PAGELLM_FAIL() << store.source() << ": " << e.what();
   }
+}
+
+SleepReport AsyncEngine::sleep(const SleepOptions& options) {
+  return impl_->call([core = impl_->core.get(), options] { return core->engine().sleep(options); });
+}
+
+WakeReport AsyncEngine::wake_up() {
+  return impl_->call([core = impl_->core.get()] { return core->engine().wake_up(); });
 }
 
 RequestStream::RequestStream(std::string request_id, std::shared_ptr<State> state)

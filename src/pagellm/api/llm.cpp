@@ -31,6 +31,8 @@ std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,
   PAGELLM_CHECK(params.size() == 1 || params.size() == prompts.size())
       << "generate: " << params.size() << " sampling parameter sets for " << prompts.size()
       << " prompts (give one for all or one per prompt)";
+  PAGELLM_CHECK(!impl_->core->engine().asleep())
+      << "generate: the LLM is asleep (sleep() released its memory); call wake_up() first";
   // Every prompt is checked before any is queued, so bad input costs no work.
   std::vector<api::EncodedPrompt> encoded(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -119,6 +121,12 @@ WeightUpdateResult LLM::update_weights(const std::vector<NamedTensor>& tensors) 
 WeightUpdateResult LLM::load_weights(const std::string& path) {
   return impl_->core->engine().load_weights(path, PauseMode::kWait);
 }
+
+SleepReport LLM::sleep(const SleepOptions& options) {
+  return impl_->core->engine().sleep(options);
+}
+WakeReport LLM::wake_up() { return impl_->core->engine().wake_up(); }
+bool LLM::is_sleeping() const { return impl_->core->engine().asleep(); }
 
 void LLM::set_logits_hook(LogitsHook hook) {
   if (!hook) {

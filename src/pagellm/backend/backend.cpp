@@ -100,6 +100,17 @@ void Backend::matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv,
   qk_norm_rope_store_kv(qkv, q_norm, k_norm, eps, rope, shape, batch, q_out, kv);
 }
 
+BackendSleepResult Backend::sleep(bool offload_weights) {
+  (void)offload_weights;
+  PAGELLM_FAIL() << "sleep is not supported by the " << name()
+                 << " backend (the cpu and cuda backends support it)";
+}
+
+void Backend::wake() {
+  PAGELLM_FAIL() << "wake is not supported by the " << name()
+                 << " backend (the cpu and cuda backends support it)";
+}
+
 double Backend::measure_copy_bandwidth() {
   // Generic: device-to-device copies through copy_to_device of a host staging buffer
   // would measure the wrong thing, so backends with device memory override this. Here

@@ -58,6 +58,22 @@ struct AttentionPlanRef {
   const AttentionPlan* plan = nullptr;
 };
 
+/// What an allocation holds, for Backend::sleep: the model's weights (kept on the device,
+/// or copied to host memory, released and restored bit-exact), the KV pools (released,
+/// contents discarded, zeros after wake), or anything else (workspaces, batch metadata,
+/// logits: always resident).
+enum class MemoryRole { kOther, kWeights, kKvCache };
+
+/// What one Backend::sleep released on the device, in bytes.
+struct BackendSleepResult {
+  /// KV-pool memory given back (contents discarded).
+  size_t kv_bytes = 0;
+  /// Weight memory copied to host memory and given back (offload_weights only).
+  size_t weight_bytes = 0;
+  /// The backend's own copies of weights (prepare_matrix's) given back; rebuilt by wake().
+  size_t prepared_bytes = 0;
+};
+
 /// A recorded sequence of backend operations, replayed on the same buffers (a CUDA graph).
 class RecordedGraph {
  public:
@@ -256,6 +272,28 @@ class Backend {
   virtual void begin_capture();
   virtual std::unique_ptr<RecordedGraph> end_capture();
 
+  // ---- sleep and wake (optional) -------------------------------------------------------
+  /// allocate(bytes), telling the backend what the memory will hold so that sleep() knows
+  /// what it may release. The default ignores the role (the backend cannot sleep).
+  virtual void* allocate_as(MemoryRole role, size_t bytes) {
+    (void)role;
+    return allocate(bytes);
+  }
+  /// Whether sleep() and wake() work on this backend.
+  virtual bool supports_sleep() const { return false; }
+  /// Gives back the memory of every kKvCache allocation (contents discarded) and, with
+  /// `offload_weights`, of every kWeights allocation after copying it to host memory
+  /// (with the backend's prepared copies of those weights). Addresses stay reserved, so
+  /// tensors, prepared plans and captured graphs that point at them remain valid; nothing
+  /// may read or write the released memory until wake(). kOther allocations stay. Waits
+  /// for pending work first. Throws Error when already asleep or unsupported (the
+  /// default). Not while capturing.
+  virtual BackendSleepResult sleep(bool offload_weights);
+  /// Backs the released allocations with memory again at the same addresses: KV pools
+  /// read as zeros, offloaded weights (and prepared copies) are as before sleep(), bit for
+  /// bit. Throws Error when not asleep or unsupported (the default).
+  virtual void wake();
+
   /// Samples one token per row of logits [R, V] (float32). The default copies the logits
   /// to the host and runs the CPU sampler.
   virtual std::vector<SampledToken> sample(const Tensor& logits,
@@ -268,6 +306,10 @@ class DeviceBuffer {
   DeviceBuffer() = default;
   DeviceBuffer(Backend* backend, size_t bytes)
       : backend_(backend), ptr_(bytes ? backend->allocate(bytes) : nullptr), bytes_(bytes) {}
+  /// An allocation whose contents are `role` (Backend::allocate_as).
+  DeviceBuffer(Backend* backend, size_t bytes, MemoryRole role)
+      : backend_(backend), ptr_(bytes ? backend->allocate_as(role, bytes) : nullptr),
+        bytes_(bytes) {}
   DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {

@@ -2,6 +2,8 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -62,7 +64,48 @@ void* CpuBackend::allocate(size_t bytes) {
   return p;
 }
 
-void CpuBackend::deallocate(void* ptr) { std::free(ptr); }
+void CpuBackend::deallocate(void* ptr) {
+  const auto mapping = kv_mappings_.find(ptr);
+  if (mapping == kv_mappings_.end()) {
+    std::free(ptr);
+    return;
+  }
+  munmap(mapping->first, mapping->second);
+  kv_mappings_.erase(mapping);
+}
+
+void* CpuBackend::allocate_as(MemoryRole role, size_t bytes) {
+  if (role != MemoryRole::kKvCache) return allocate(bytes);
+  PAGELLM_CHECK(!asleep_) << "cpu backend: cannot allocate a KV pool while asleep (wake first)";
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t mapped = (std::max<size_t>(bytes, 1) + page - 1) / page * page;
+  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  PAGELLM_CHECK(p != MAP_FAILED) << "cpu backend: out of host memory mapping a KV pool of "
+                                 << bytes << " bytes";
+  kv_mappings_[p] = mapped;
+  return p;
+}
+
+BackendSleepResult CpuBackend::sleep(bool offload_weights) {
+  (void)offload_weights;  // weights are host memory already
+  PAGELLM_CHECK(!asleep_) << "cpu backend: sleep called while already asleep (call wake first)";
+  BackendSleepResult result;
+  for (const auto& [ptr, bytes] : kv_mappings_) {
+    // Private anonymous memory: the pages go back to the system now and read as zeros
+    // when next touched, at the same addresses.
+    PAGELLM_CHECK(madvise(ptr, bytes, MADV_DONTNEED) == 0)
+        << "cpu backend: madvise(MADV_DONTNEED) failed on a KV pool of " << bytes << " bytes";
+    result.kv_bytes += bytes;
+  }
+  asleep_ = true;
+  return result;
+}
+
+void CpuBackend::wake() {
+  PAGELLM_CHECK(asleep_) << "cpu backend: wake called while awake (call sleep first)";
+  // Nothing to map: the released pages come back zero-filled on first touch.
+  asleep_ = false;
+}
 
 void CpuBackend::copy_to_device(void* dst, const void* src, size_t bytes) {
   std::memcpy(dst, src, bytes);

@@ -5,6 +5,8 @@
 // results differ from a float64 reference only by float32 rounding.
 #pragma once
 
+#include <unordered_map>
+
 #include "pagellm/backend/backend.h"
 
 namespace pagellm {
@@ -21,6 +23,15 @@ class CpuBackend : public Backend {
 
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr) override;
+  /// kKvCache allocations are anonymous mappings of their own (so that sleep() can give
+  /// their pages back to the system); the rest come from the heap.
+  void* allocate_as(MemoryRole role, size_t bytes) override;
+  bool supports_sleep() const override { return true; }
+  /// Gives the KV pools' pages back to the system (madvise MADV_DONTNEED: same addresses,
+  /// zero-filled when next touched). Weights are host memory already and stay where they
+  /// are, offload_weights or not (the result's weight_bytes is 0).
+  BackendSleepResult sleep(bool offload_weights) override;
+  void wake() override;
   void copy_to_device(void* dst, const void* src, size_t bytes) override;
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void synchronize() override {}
@@ -62,6 +73,9 @@ class CpuBackend : public Backend {
   // Rows seq_slots[b] of table_ for the current batch, [B, table_width_]. Its capacity is
   // reserved by reserve_batch() so that its address stays fixed for recorded graphs.
   std::vector<int32_t> batch_rows_;
+  // kKvCache mappings: address -> mapped bytes (a multiple of the page size).
+  std::unordered_map<void*, size_t> kv_mappings_;
+  bool asleep_ = false;
 };
 
 /// RoPE inverse frequencies as transformers computes them for Qwen3 (float32):

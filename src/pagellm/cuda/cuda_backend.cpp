@@ -105,6 +105,34 @@ void CudaBackend::deallocate(void* ptr) {
   memory_->deallocate(ptr);
 }
 
+void* CudaBackend::allocate_as(MemoryRole role, size_t bytes) {
+  switch (role) {
+    case MemoryRole::kWeights: return memory_->allocate(bytes, Residency::kWeights);
+    case MemoryRole::kKvCache: return memory_->allocate(bytes, Residency::kKvCache);
+    case MemoryRole::kOther: break;
+  }
+  return memory_->allocate(bytes);
+}
+
+BackendSleepResult CudaBackend::sleep(bool offload_weights) {
+  PAGELLM_CHECK(!capturing()) << "cuda backend: sleep cannot run while a graph is captured";
+  const ReleasedMemory released = memory_->sleep(offload_weights);
+  BackendSleepResult result;
+  result.kv_bytes = released.kv_cache;
+  result.weight_bytes = released.weights;
+  result.prepared_bytes = released.prepared;
+  return result;
+}
+
+void CudaBackend::wake() {
+  const bool repack = memory_->prepared_released();
+  memory_->wake();
+  if (repack) {
+    packed_->repack_all(stream_);
+    memory_->synchronize();
+  }
+}
+
 void CudaBackend::copy_to_device(void* dst, const void* src, size_t bytes) {
   memory_->copy_to_device(dst, src, bytes);
 }

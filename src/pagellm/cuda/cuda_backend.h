@@ -70,6 +70,18 @@ class CudaBackend final : public Backend {
 
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr) override;
+  /// kWeights and kKvCache allocations (and prepare_matrix's packed copies) come from
+  /// virtual-memory arenas whose physical memory sleep() gives back at fixed addresses
+  /// (vmm_arena.h); kOther ones from cudaMalloc.
+  void* allocate_as(MemoryRole role, size_t bytes) override;
+  bool supports_sleep() const override { return true; }
+  /// Unmaps the KV pools' physical memory and, with offload_weights, copies the weights to
+  /// pinned host memory and unmaps them and their packed copies. Captured graphs, tensor
+  /// maps and plans keep pointing at the same (reserved) addresses.
+  BackendSleepResult sleep(bool offload_weights) override;
+  /// Maps new physical memory at the same addresses: KV pools zeroed, weights copied back,
+  /// packed copies packed again from them.
+  void wake() override;
   void copy_to_device(void* dst, const void* src, size_t bytes) override;
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void synchronize() override;

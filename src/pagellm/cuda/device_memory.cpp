@@ -170,11 +170,21 @@ size_t DeviceMemory::free_memory() const {
 
 size_t DeviceMemory::size_of(const void* ptr) const {
   const auto it = allocations_.find(const_cast<void*>(ptr));
-  return it == allocations_.end() ? 0 : it->second;
+  if (it != allocations_.end()) return it->second;
+  for (const auto& arena : arenas_) {
+    if (arena && arena->owns(ptr)) return arena->size_of(ptr);
+  }
+  return 0;
 }
 
-void* DeviceMemory::allocate(size_t bytes) {
+void* DeviceMemory::allocate(size_t bytes, Residency residency) {
   if (bytes == 0) return nullptr;
+  if (residency != Residency::kResident) {
+    static const char* const kNames[] = {"", "weights", "packed weight copies", "KV cache"};
+    std::unique_ptr<VmmArena>& arena = arenas_[static_cast<int>(residency)];
+    if (!arena) arena = std::make_unique<VmmArena>(kNames[static_cast<int>(residency)], description_);
+    return arena->allocate(bytes);
+  }
   void* ptr = nullptr;
   const cudaError_t err = cudaMalloc(&ptr, bytes);
   if (err == cudaErrorMemoryAllocation) {
@@ -193,6 +203,12 @@ void* DeviceMemory::allocate(size_t bytes) {
 
 void DeviceMemory::deallocate(void* ptr) noexcept {
   if (ptr == nullptr) return;
+  for (auto& arena : arenas_) {
+    if (arena && arena->owns(ptr)) {
+      arena->deallocate(ptr);
+      return;
+    }
+  }
   allocations_.erase(ptr);
   // Called from destructors: report, never throw.
   const cudaError_t err = cudaFree(ptr);
@@ -200,6 +216,45 @@ void DeviceMemory::deallocate(void* ptr) noexcept {
     cudaGetLastError();
     std::fprintf(stderr, "pagellm: cudaFree failed: %s\n", cudaGetErrorString(err));
   }
+}
+
+ReleasedMemory DeviceMemory::sleep(bool offload_weights) {
+  PAGELLM_CHECK(!asleep_) << "cuda backend: sleep called while already asleep (wake first)";
+  PAGELLM_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream_)));
+  ReleasedMemory released;
+  auto release = [&](Residency r, bool keep) -> size_t {
+    VmmArena* arena = arenas_[static_cast<int>(r)].get();
+    return arena && arena->used_bytes() > 0 ? arena->release(keep, stream_) : 0;
+  };
+  if (offload_weights) {
+    // First: the weights' host copy is made before any memory is given back, so that a
+    // failure (host memory short) leaves everything as it was.
+    released.weights = release(Residency::kWeights, true);
+    released.prepared = release(Residency::kPrepared, false);
+  }
+  released.kv_cache = release(Residency::kKvCache, false);
+  asleep_ = true;
+  return released;
+}
+
+void DeviceMemory::wake() {
+  PAGELLM_CHECK(asleep_) << "cuda backend: wake called while awake (sleep first)";
+  for (auto& arena : arenas_) {
+    if (!arena || !arena->released()) continue;
+    try {
+      arena->restore(stream_);
+    } catch (const Error& e) {
+      PAGELLM_FAIL() << "wake: " << e.what()
+                     << "; the memory released by sleep must be free again before wake "
+                        "(call wake again once the other user of the device has freed it)";
+    }
+  }
+  asleep_ = false;
+}
+
+bool DeviceMemory::prepared_released() const {
+  const auto& arena = arenas_[static_cast<int>(Residency::kPrepared)];
+  return arena && arena->released();
 }
 
 void DeviceMemory::copy_to_device(void* dst, const void* src, size_t bytes) {

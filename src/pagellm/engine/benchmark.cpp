@@ -273,6 +273,135 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
   return r;
 }
 
+DecodeWorkload sleep_wake_workload() {
+  DecodeWorkload w;
+  w.name = "sleep-wake";
+  w.preset = "qwen3-4b";
+  w.batch = 8;
+  w.prompt_len = 128;
+  w.output_len = 16;
+  w.seed = 0;
+  return w;
+}
+
+namespace {
+
+// The workload's requests, seeded sampling at temperature 1; their output tokens.
+std::vector<std::vector<int32_t>> sample_tokens(Engine& engine, const DecodeWorkload& w) {
+  std::mt19937 rng(static_cast<uint32_t>(w.seed));
+  std::uniform_int_distribution<int32_t> token(
+      0, static_cast<int32_t>(engine.model().config().vocab_size) - 1);
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(w.batch));
+  std::vector<SamplingParams> params(prompts.size());
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    prompts[b].resize(static_cast<size_t>(w.prompt_len));
+    for (int32_t& t : prompts[b]) t = token(rng);
+    params[b].temperature = 1.0f;
+    params[b].seed = w.seed * 1000 + b;
+    params[b].max_tokens = w.output_len;
+    params[b].ignore_eos = true;
+  }
+  std::vector<std::vector<int32_t>> tokens;
+  for (const Sequence* s : engine.generate(prompts, params)) {
+    PAGELLM_CHECK(s->finish_reason == FinishReason::kLength)
+        << "sleep-wake request " << s->id << " ended with "
+        << finish_reason_name(s->finish_reason) << (s->error.empty() ? "" : ": ") << s->error;
+    tokens.push_back(s->output);
+    engine.release(s->id);
+  }
+  return tokens;
+}
+
+}  // namespace
+
+SleepWakeReport run_sleep_wake_benchmark(Engine& engine, const DecodeWorkload& workload) {
+  workload.validate();
+  PAGELLM_CHECK(!engine.has_unfinished())
+      << "run_sleep_wake_benchmark needs an idle engine; this one has unfinished requests";
+  Backend& backend = engine.backend();
+  const Qwen3Config& mc = engine.model().config();
+  SleepWakeReport r;
+  r.workload = workload;
+  r.model = workload.model_name();
+  r.backend = backend.name();
+  r.weight_bytes = engine.model().weight_bytes();
+  r.prepared_bytes = engine.model().prepared_bytes();
+  const int64_t pool_elements =
+      engine.num_pages() * mc.num_key_value_heads * engine.config().page_size * mc.head_dim;
+  const size_t pool_bytes = static_cast<size_t>(pool_elements) * dtype_size(backend.kv_dtype());
+  const size_t num_pools = 2 * static_cast<size_t>(mc.num_hidden_layers);
+  r.kv_pool_bytes = pool_bytes * num_pools;
+
+  const std::vector<std::vector<int32_t>> reference = sample_tokens(engine, workload);
+  for (const auto& t : reference) r.tokens_checked += static_cast<int64_t>(t.size());
+
+  // KV cache only; while asleep, the ordinary free/allocate alternative on the same sizes.
+  r.kv_only.sleep = engine.sleep();
+  {
+    std::vector<DeviceBuffer> pools;
+    const auto t0 = Clock::now();
+    for (size_t i = 0; i < num_pools; ++i) {
+      pools.emplace_back(&backend, pool_bytes);
+      Tensor t = pools.back().tensor(backend.kv_dtype(), {pool_elements});
+      backend.fill(t, 0.0f);  // page 0 must read as zeros, as after a wake
+    }
+    backend.synchronize();
+    const auto t1 = Clock::now();
+    pools.clear();
+    backend.synchronize();
+    r.reallocate_seconds = seconds_between(t0, t1);
+    r.free_seconds = seconds_between(t1, Clock::now());
+  }
+  r.kv_only.wake = engine.wake_up();
+  r.kv_only.tokens_match = sample_tokens(engine, workload) == reference;
+
+  for (SleepWakeCycle* cycle : {&r.offload, &r.offload_again}) {
+    cycle->sleep = engine.sleep(SleepOptions{/*offload_weights=*/true});
+    cycle->wake = engine.wake_up();
+    cycle->tokens_match = sample_tokens(engine, workload) == reference;
+  }
+
+  backend.synchronize();
+  const auto c0 = Clock::now();
+  r.graphs = engine.recapture_graphs();
+  backend.synchronize();
+  r.recapture_seconds = seconds_between(c0, Clock::now());
+  r.recapture_tokens_match = sample_tokens(engine, workload) == reference;
+  return r;
+}
+
+std::string sleep_wake_json_line(const SleepWakeReport& r) {
+  const auto cycle = [](const SleepWakeCycle& c) {
+    return nlohmann::json{{"sleep_s", c.sleep.seconds},
+                          {"wake_s", c.wake.seconds},
+                          {"kv_bytes_released", c.sleep.kv_bytes_released},
+                          {"weight_bytes_offloaded", c.sleep.weight_bytes_offloaded},
+                          {"prepared_bytes_released", c.sleep.prepared_bytes_released},
+                          {"free_bytes_before", c.sleep.free_memory_before},
+                          {"free_bytes_asleep", c.sleep.free_memory_after},
+                          {"free_bytes_after_wake", c.wake.free_memory_after},
+                          {"tokens_match", c.tokens_match}};
+  };
+  const nlohmann::json j = {
+      {"workload", "sleep-wake"},
+      {"model", r.model},
+      {"backend", r.backend},
+      {"weight_bytes", r.weight_bytes},
+      {"prepared_bytes", r.prepared_bytes},
+      {"kv_pool_bytes", r.kv_pool_bytes},
+      {"kv_only", cycle(r.kv_only)},
+      {"offload", cycle(r.offload)},
+      {"offload_again", cycle(r.offload_again)},
+      {"free_s", r.free_seconds},
+      {"reallocate_s", r.reallocate_seconds},
+      {"recapture_s", r.recapture_seconds},
+      {"graphs", r.graphs},
+      {"recapture_tokens_match", r.recapture_tokens_match},
+      {"tokens_checked", r.tokens_checked},
+  };
+  return j.dump();
+}
+
 std::string benchmark_json_line(const BenchmarkReport& r) {
   const auto or_null = [](const std::optional<double>& v) {
     return v ? nlohmann::json(*v) : nlohmann::json(nullptr);

@@ -142,6 +142,57 @@ struct BenchmarkReport {
 BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
                               const BenchmarkOptions& options = {});
 
+// ---- sleep and wake (`pagellm bench --workload sleep-wake`) --------------------------------
+
+/// The sleep-wake measurement's workload: the Qwen3-4B architecture with random bf16
+/// weights (seed 0), 8 prompts of 128 random ids, 16 tokens each sampled at temperature 1
+/// with fixed seeds, EOS ignored: the tokens checked before sleep and after each wake.
+DecodeWorkload sleep_wake_workload();
+
+/// One sleep and the wake after it, and whether the workload's tokens after the wake
+/// equal those before the first sleep.
+struct SleepWakeCycle {
+  SleepReport sleep;
+  WakeReport wake;
+  bool tokens_match = false;
+};
+
+/// What run_sleep_wake_benchmark measured. Seconds and bytes.
+struct SleepWakeReport {
+  DecodeWorkload workload;
+  std::string model;
+  std::string backend;
+  size_t weight_bytes = 0;    // Qwen3Model::weight_bytes
+  size_t prepared_bytes = 0;  // Qwen3Model::prepared_bytes
+  size_t kv_pool_bytes = 0;   // all layers' K and V pools
+  SleepWakeCycle kv_only;     // SleepOptions{} (the KV cache only)
+  SleepWakeCycle offload;     // SleepOptions{offload_weights = true}, the first time
+  SleepWakeCycle offload_again;  // the same again (a backend may reuse its host buffers)
+  // The alternative to fixed addresses: give the KV pools' memory back with the ordinary
+  // free and take it again with the ordinary allocation (zero-filled like a wake's), then
+  // capture every decode graph again. Measured while asleep, with pools of the same sizes.
+  double free_seconds = 0;
+  double reallocate_seconds = 0;
+  double recapture_seconds = 0;
+  size_t graphs = 0;                 // decode graphs recaptured (0: the backend has none)
+  bool recapture_tokens_match = false;
+  int64_t tokens_checked = 0;        // sampled tokens compared after each wake
+  /// Whether every comparison matched.
+  bool all_tokens_match() const {
+    return kv_only.tokens_match && offload.tokens_match && offload_again.tokens_match &&
+           recapture_tokens_match;
+  }
+};
+
+/// Runs the workload's requests (must be idle; seeded sampling) to get reference tokens,
+/// then: sleep (KV only), the free/reallocate alternative while asleep, wake, the tokens
+/// again; twice: sleep with weight offload, wake, the tokens again; the graphs
+/// recaptured, the tokens again. Throws Error when the backend cannot sleep or a request fails.
+SleepWakeReport run_sleep_wake_benchmark(Engine& engine, const DecodeWorkload& workload);
+
+/// The report as one JSON object on one line (no newline).
+std::string sleep_wake_json_line(const SleepWakeReport& report);
+
 /// The report as one JSON object on one line (no newline): model, backend, batch,
 /// prompt_len, output_len, prefill_tok_s, decode_tok_s, e2e_tok_s, median_step_ms,
 /// host_gap_us, bandwidth_gbs, fraction_of_limit, limit_tok_s (the last three null

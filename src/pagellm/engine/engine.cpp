@@ -91,6 +91,10 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& p
   } catch (const Error& e) {
     error = e.what();
   }
+  if (asleep_) {
+    error = "the engine is asleep (sleep() released its KV cache): call wake_up() before "
+            "adding requests";
+  }
   const int64_t vocab = runner_->model().config().vocab_size;
   for (size_t i = 0; i < raw->prompt.size() && error.empty(); ++i) {
     if (raw->prompt[i] < 0 || raw->prompt[i] >= vocab) {
@@ -120,6 +124,10 @@ std::vector<int64_t> Engine::add_request_group(std::vector<int32_t> prompt,
     validate_sampling_params(params);
   } catch (const Error& e) {
     error = e.what();
+  }
+  if (asleep_) {
+    error = "the engine is asleep (sleep() released its KV cache): call wake_up() before "
+            "adding requests";
   }
   const int64_t vocab = runner_->model().config().vocab_size;
   for (size_t i = 0; i < prompt.size() && error.empty(); ++i) {
@@ -201,6 +209,7 @@ std::vector<int64_t> Engine::step() {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   if (paused_ && pause_mode_ == PauseMode::kKeep) return {};  // frozen until resume()
+  if (asleep_) return {};  // nothing can run: add_request rejects while asleep
   SchedulerOutput out = scheduler_->schedule();
   stats_.preemptions += static_cast<int64_t>(out.preempted.size());
   stats_.cow_page_copies += static_cast<int64_t>(out.page_copies.size());
@@ -340,6 +349,7 @@ WeightUpdateResult Engine::run_update(PauseMode mode, const std::vector<NamedTen
   result.weights_version = weights_version_;
   if (pause_here) resume();
   return result;
+}
 
 std::vector<ScoreOutput> Engine::score(const std::vector<std::vector<int32_t>>& sequences,
                                        const std::vector<int32_t>& prompt_lengths, int top_k) {
@@ -472,6 +482,54 @@ std::vector<ScoreOutput> Engine::score(const std::vector<std::vector<int32_t>>& 
     }
   }
   return results;
+}
+
+SleepReport Engine::sleep(const SleepOptions& options) {
+  using Clock = std::chrono::steady_clock;
+  PAGELLM_CHECK(!asleep_) << "sleep: the engine is already asleep (call wake_up() first)";
+  PAGELLM_CHECK(!scheduler_->has_unfinished())
+      << "sleep: " << scheduler_->num_waiting() << " waiting and " << scheduler_->num_running()
+      << " running requests still need the KV cache; let them finish or abort them, then "
+         "sleep";
+  Backend& backend = runner_->backend();
+  PAGELLM_CHECK(backend.supports_sleep())
+      << "sleep: the " << backend.name() << " backend cannot release its memory";
+  // prefix cache: reset on sleep (merged from wt-prefix)
+  // Every page is free now (no request holds any), so discarding the pools loses nothing
+  // that a sequence still needs.
+  PAGELLM_ASSERT(kv_cache_->allocator().num_free() == kv_cache_->allocator().num_usable())
+      << "pages still referenced with no unfinished request";
+  const auto start = Clock::now();
+  SleepReport report;
+  report.free_memory_before = backend.free_memory();
+  const BackendSleepResult released = backend.sleep(options.offload_weights);
+  report.free_memory_after = backend.free_memory();
+  report.kv_bytes_released = released.kv_bytes;
+  report.weight_bytes_offloaded = released.weight_bytes;
+  report.prepared_bytes_released = released.prepared_bytes;
+  report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  asleep_ = true;
+  return report;
+}
+
+size_t Engine::recapture_graphs() {
+  PAGELLM_CHECK(!asleep_) << "recapture_graphs: the engine is asleep (wake_up() first)";
+  PAGELLM_CHECK(!scheduler_->has_unfinished())
+      << "recapture_graphs: requests are running; call it between generations";
+  return runner_->recapture_graphs();
+}
+
+WakeReport Engine::wake_up() {
+  using Clock = std::chrono::steady_clock;
+  PAGELLM_CHECK(asleep_) << "wake_up: the engine is awake (wake_up() only follows sleep())";
+  const auto start = Clock::now();
+  Backend& backend = runner_->backend();
+  backend.wake();
+  asleep_ = false;
+  WakeReport report;
+  report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  report.free_memory_after = backend.free_memory();
+  return report;
 }
 
 }  // namespace pagellm

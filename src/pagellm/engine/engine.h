@@ -163,6 +163,23 @@ class Engine {
     runner_->model().check_weights_update(tensors);
   }
 
+  // ---- sleep and wake (docs/design.md, "Sleep and wake") ------------------------------
+  /// Releases the KV cache's memory (and, with options.offload_weights, the weights' after
+  /// copying them to host memory) so that another user of the device can have it between
+  /// rollouts. Throws Error, changing nothing, while a request is waiting or running
+  /// (finish or abort them first), when already asleep, or when the backend cannot sleep.
+  /// While asleep, add_request finishes each new request at once with FinishReason::kError
+  /// ("the engine is asleep ...") and step() does nothing.
+  SleepReport sleep(const SleepOptions& options = {});
+  /// Backs the released memory again at the same addresses, so captured decode graphs stay
+  /// valid: every KV page is free and reads as zeros, weights are bit for bit as before.
+  /// Throws Error when the engine is awake.
+  WakeReport wake_up();
+  bool asleep() const { return asleep_; }
+  /// Drops and captures again every decode graph (between steps, awake): the alternative
+  /// to fixed addresses that the sleep-wake benchmark measures. Returns the graph count.
+  size_t recapture_graphs();
+
   const EngineConfig& config() const { return config_; }
   const SchedulerConfig& scheduler_config() const { return scheduler_config_; }
   const EngineStats& stats() const { return stats_; }
@@ -189,6 +206,7 @@ class Engine {
   std::map<int64_t, std::unique_ptr<Sequence>> requests_;
   int64_t next_id_ = 1;
   uint64_t weights_version_ = 0;
+  bool asleep_ = false;
   EngineStats stats_;
 
   /// Runs `write` (the model's update) under the pause protocol of update_weights.

@@ -57,9 +57,10 @@ void ModelRunner::allocate_kv(int64_t num_pages) {
   const size_t bytes = static_cast<size_t>(num_pages * Hkv * P * D) * dtype_size(dt);
   kv_.resize(static_cast<size_t>(mc.num_hidden_layers));
   for (LayerKv& layer : kv_) {
-    kv_storage_.emplace_back(backend_.get(), bytes);
+    // kKvCache: Backend::sleep may release them (their contents are zeros after wake).
+    kv_storage_.emplace_back(backend_.get(), bytes, MemoryRole::kKvCache);
     layer.k = kv_storage_.back().tensor(dt, {num_pages, Hkv, P, D});
-    kv_storage_.emplace_back(backend_.get(), bytes);
+    kv_storage_.emplace_back(backend_.get(), bytes, MemoryRole::kKvCache);
     layer.v = kv_storage_.back().tensor(dt, {num_pages, Hkv, P, D});
     // Defined contents everywhere: page 0 is read by padding lanes.
     backend_->fill(layer.k, 0.0f);
@@ -71,6 +72,13 @@ std::vector<int32_t> ModelRunner::graph_buckets() const {
   std::vector<int32_t> b;
   for (const auto& [size, g] : graphs_) b.push_back(size);
   return b;
+}
+
+size_t ModelRunner::recapture_graphs() {
+  if (graphs_.empty()) return 0;
+  graphs_.clear();
+  capture_graphs();
+  return graphs_.size();
 }
 
 void ModelRunner::append_padding_rows(ForwardBatch& b, int32_t rows) const {

@@ -95,6 +95,10 @@ class ModelRunner {
   int64_t num_pages() const { return num_pages_; }
   /// The captured decode buckets (empty without graphs).
   std::vector<int32_t> graph_buckets() const;
+  /// Drops every decode graph and captures them again (what keeping graphs valid across
+  /// sleep would cost without fixed addresses; the sleep-wake benchmark times it). Only
+  /// between steps. Returns the number of graphs captured.
+  size_t recapture_graphs();
   Qwen3Model& model() { return *model_; }
   Backend& backend() { return *backend_; }
 

@@ -67,7 +67,8 @@ std::vector<std::pair<Tensor, int64_t>> Qwen3Model::prepared_matrices() const {
 
 Tensor Qwen3Model::alloc(DType dtype, std::initializer_list<int64_t> dims) {
   Tensor probe(nullptr, dtype, dims);
-  storage_.emplace_back(&backend_, probe.nbytes());
+  // Weights: Backend::sleep may offload them to host memory and restore them.
+  storage_.emplace_back(&backend_, probe.nbytes(), MemoryRole::kWeights);
   weight_bytes_ += probe.nbytes();
   return storage_.back().tensor(dtype, dims);
 }

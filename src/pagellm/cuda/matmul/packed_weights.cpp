@@ -42,7 +42,8 @@ size_t PackedWeights::prepare(const Tensor& w, int64_t gated_inter, CUstream_st*
     if (policy_ == PackPolicy::kAuto && bytes_ + bytes > total_memory_ / 4) return 0;
     void* copy = nullptr;
     try {
-      copy = memory_.allocate(bytes);
+      // Released with the weights when sleep offloads them; repack_all rebuilds it.
+      copy = memory_.allocate(bytes, Residency::kPrepared);
     } catch (const Error&) {
       if (policy_ == PackPolicy::kAlways) throw;
       // Packing is an optimisation: without memory for it, the products read w.
@@ -55,6 +56,12 @@ size_t PackedWeights::prepare(const Tensor& w, int64_t gated_inter, CUstream_st*
   }
   pack_skinny_weights(w.data, N, K, gated_inter, it->second.data, stream);
   return allocated;
+}
+
+void PackedWeights::repack_all(CUstream_st* stream) {
+  for (const auto& [matrix, p] : copies_) {
+    pack_skinny_weights(matrix, p.rows, p.cols, p.gated_inter, p.data, stream);
+  }
 }
 
 const void* PackedWeights::find(const Tensor& w, int64_t gated_inter) const {

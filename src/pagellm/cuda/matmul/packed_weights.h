@@ -38,6 +38,10 @@ class PackedWeights {
   /// Frees the copies of matrices inside [begin, begin + bytes) (a buffer being freed).
   void drop_within(const void* begin, size_t bytes);
 
+  /// Packs every copy again from its matrix, at the same addresses (after wake restored
+  /// the matrices into memory whose copies were released by sleep).
+  void repack_all(CUstream_st* stream);
+
   size_t bytes() const { return bytes_; }
   size_t count() const { return copies_.size(); }
   /// Whether find() returns the copies (tests turn it off to run the row-major path).
