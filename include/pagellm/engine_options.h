@@ -28,6 +28,12 @@ struct EngineOptions {
   bool use_graphs = true;
   /// Paged attention: "auto", "native" or "cudnn" (cuda backend).
   std::string attention_backend = "auto";
+  /// Batch-invariant mode: a request's tokens and log-probabilities are the same bits
+  /// whatever else runs in the batch, whatever the prefill chunk size, decode bucket or
+  /// split-KV choice (every reduction order fixed per row; docs/design.md "Batch-invariant
+  /// mode" says what it fixes and what it costs). Off by default: it slows prefill and,
+  /// on the cuda backend, decode.
+  bool batch_invariant = false;
 };
 
 }  // namespace pagellm

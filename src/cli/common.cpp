@@ -26,6 +26,9 @@ void add_engine_options(CLI::App* cmd, EngineSettings& s) {
                   "cannot serve a call)")
       ->check(CLI::IsMember({"auto", "native", "cudnn"}))
       ->capture_default_str();
+  cmd->add_flag("--batch-invariant", s.config.batch_invariant,
+                "a request's tokens and log-probabilities do not depend on the rest of the "
+                "batch, the chunk size or the decode bucket (slower; native attention)");
 }
 
 EngineOptions engine_options(const EngineSettings& s) {

@@ -12,6 +12,7 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
     : config_(config) {
   try {
     backend->set_attention_backend(config_.attention_backend);
+    backend->set_batch_invariant(config_.batch_invariant);
     resolve_config(model->config());
   } catch (...) {
     model.reset();  // its buffers belong to the backend: free them while it exists
