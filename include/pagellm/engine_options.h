@@ -35,6 +35,12 @@ struct EngineOptions {
   /// GB for Qwen3-4B). The cpu backend computes in float32 already: a no-op there.
   /// docs/design.md, "The log-probability contract".
   bool float32_head = false;
+  /// Batch-invariant mode: a request's tokens and log-probabilities are the same bits
+  /// whatever else runs in the batch, whatever the prefill chunk size, decode bucket or
+  /// split-KV choice (every reduction order fixed per row; docs/design.md "Batch-invariant
+  /// mode" says what it fixes and what it costs). Off by default: it slows prefill and,
+  /// on the cuda backend, decode.
+  bool batch_invariant = false;
 };
 
 /// How sleep (LLM::sleep, AsyncEngine::sleep, Engine::sleep) frees memory between rollouts,

@@ -277,6 +277,10 @@ void run_bench(const BenchArgs& args) {
   if (!report.trace_unavailable.empty()) {
     std::printf("  kernel trace unavailable: %s\n", report.trace_unavailable.c_str());
   }
+  if (config.batch_invariant) {
+    std::printf("pagellm bench: batch-invariant mode (--batch-invariant; compare with a run "
+                "without it for the mode's cost)\n");
+  }
   print_report(report);
   if (report.trace && !args.trace_out.empty()) write_trace_csv(report.trace->spans, args.trace_out);
   if (!args.json_out.empty()) {

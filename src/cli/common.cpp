@@ -29,6 +29,9 @@ void add_engine_options(CLI::App* cmd, EngineSettings& s) {
   cmd->add_flag("--float32-head", s.config.float32_head,
                 "final RMSNorm and lm_head in float32 (cuda: float32 copies of both, 4 x vocab "
                 "x hidden bytes; a no-op on the float32 cpu backend)");
+  cmd->add_flag("--batch-invariant", s.config.batch_invariant,
+                "a request's tokens and log-probabilities do not depend on the rest of the "
+                "batch, the chunk size or the decode bucket (slower; native attention)");
 }
 
 EngineOptions engine_options(const EngineSettings& s) {

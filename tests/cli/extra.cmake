@@ -109,6 +109,11 @@ add_test(NAME cli_bench_tiny COMMAND ${_pl} bench --preset tiny --backend cpu --
   --prompt-len 4 --output-len 8)
 set_tests_properties(cli_bench_tiny PROPERTIES PASS_REGULAR_EXPRESSION
   "pagellm bench: tiny \\(random weights\\) on cpu, batch 2, prompt 4, output 8, page 16\n  prefill +[0-9.]+ tok/s  \\([0-9.]+ s\\)\n  decode +[0-9.]+ tok/s  \\(7 steps, [0-9.]+ s, median step [0-9.]+ ms, 0 in graphs\\)\n  host gap +[0-9.]+ us per decode step .*\n  end-to-end +[0-9.]+ tok/s  \\([0-9.]+ s\\)\n  decode step reads [0-9.]+ GB weights \\+ [0-9.]+ GB KV. achieved [0-9]+ GB/s of [0-9]+ GB/s measured copy bandwidth = [0-9.]+ % \\(limit [0-9]+ tok/s\\)\n  weights +[0-9.]+ GB, plus [0-9.]+ GB packed")
+# --batch-invariant runs the workload in batch-invariant mode and says so above the figures.
+add_test(NAME cli_bench_batch_invariant COMMAND ${_pl} bench --preset tiny --backend cpu
+  --batch 3 --prompt-len 5 --output-len 6 --batch-invariant)
+set_tests_properties(cli_bench_batch_invariant PROPERTIES PASS_REGULAR_EXPRESSION
+  "pagellm bench: batch-invariant mode .*\npagellm bench: tiny \\(random weights\\) on cpu, batch 3.*\n  decode +[0-9.]+ tok/s  \\(5 steps")
 # --json-out appends one JSON line per run.
 set(_bench_json ${CMAKE_CURRENT_BINARY_DIR}/cli-bench.jsonl)
 add_test(NAME cli_bench_json COMMAND sh -c

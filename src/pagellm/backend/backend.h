@@ -250,6 +250,19 @@ class Backend {
         << name() << " backend runs attention with its own kernels: use auto or native";
   }
 
+  /// Batch-invariant mode (EngineOptions::batch_invariant; docs/design.md "Batch-invariant
+  /// mode"): when on, every operation computes each row with one code path and one
+  /// reduction order that do not depend on the other rows, the row count, the prefill
+  /// chunk boundaries or the decode bucket, so a request's logits are the same bits
+  /// whatever else runs with it. Call before the first forward (and before any capture).
+  /// This default has no such mode: it accepts false and throws Error for true.
+  virtual void set_batch_invariant(bool on) {
+    PAGELLM_CHECK(!on) << "the " << name()
+                       << " backend has no batch-invariant mode (the cpu and cuda backends do)";
+  }
+  /// Whether set_batch_invariant(true) is in force.
+  virtual bool batch_invariant() const { return false; }
+
   /// Measures device memory bandwidth with a large copy: (bytes read + bytes written) per
   /// second. The limit that bandwidth-bound work (decode) is measured against.
   virtual double measure_copy_bandwidth();

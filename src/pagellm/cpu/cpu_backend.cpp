@@ -290,10 +290,40 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, Tensor& out) {
   PAGELLM_CHECK(out.size(0) == M && out.row_elems() == N)
       << "matmul: output " << out.shape_string() << " is not [" << M << ", " << N << "]";
   if (M == 0) return;
+  if (batch_invariant_) {
+    matmul_fixed_order(x.ptr<float>(), w.ptr<float>(), M, N, K, out.ptr<float>());
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M),
               static_cast<int>(N), static_cast<int>(K), 1.0f, x.ptr<float>(),
               static_cast<int>(K), w.ptr<float>(), static_cast<int>(K), 0.0f,
               out.ptr<float>(), static_cast<int>(N));
+}
+
+void matmul_fixed_order(const float* x, const float* w, int64_t M, int64_t N, int64_t K,
+                        float* out) {
+  // Columns in blocks of 16 so that a thread reuses its x row from L1 across them; the
+  // block split only assigns work, each output is one dot product.
+  constexpr int64_t kColBlock = 16;
+  const int64_t col_blocks = (N + kColBlock - 1) / kColBlock;
+  const int64_t K8 = K / 8 * 8;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t cb = 0; cb < col_blocks; ++cb) {
+      const float* xr = x + m * K;
+      const int64_t n_end = std::min(N, (cb + 1) * kColBlock);
+      for (int64_t n = cb * kColBlock; n < n_end; ++n) {
+        const float* wr = w + n * K;
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int64_t k = 0; k < K8; k += 8) {
+          for (int j = 0; j < 8; ++j) acc[j] += xr[k + j] * wr[k + j];
+        }
+        float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for (int64_t k = K8; k < K; ++k) sum += xr[k] * wr[k];
+        out[m * N + n] = sum;
+      }
+    }
+  }
 }
 
 std::vector<float> rope_inv_freq(double theta, int64_t head_dim) {

@@ -1,7 +1,7 @@
 // The CPU backend: every operation in float32, the reference that other backends match.
 //
-// Matrix products go through OpenBLAS (sgemm); the rest is plain loops parallelised with
-// OpenMP. Weights, activations and the KV pools are float32, so the CPU backend's
+// Matrix products go through OpenBLAS (sgemm), or in batch-invariant mode through a
+// fixed-order dot product per output; the rest is plain loops parallelised with OpenMP. Weights, activations and the KV pools are float32, so the CPU backend's
 // results differ from a float64 reference only by float32 rounding.
 #pragma once
 
@@ -45,6 +45,11 @@ class CpuBackend : public Backend {
   bool supports_persistent_page_table() const override { return true; }
   void reserve_batch(int32_t max_tokens, int32_t max_seqs, int32_t max_pages_per_seq,
                      int32_t max_rows) override;
+  /// On: matmul computes out[m, n] as one fixed-order dot product of x[m] and w[n]
+  /// (matmul_fixed_order) instead of sgemm, whose blocking and kernels depend on M. Every
+  /// other operation already computes each row alone.
+  void set_batch_invariant(bool on) override { batch_invariant_ = on; }
+  bool batch_invariant() const override { return batch_invariant_; }
 
   void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
@@ -76,7 +81,15 @@ class CpuBackend : public Backend {
   // kKvCache mappings: address -> mapped bytes (a multiple of the page size).
   std::unordered_map<void*, size_t> kv_mappings_;
   bool asleep_ = false;
+  bool batch_invariant_ = false;
 };
+
+/// out[M, N] = x[M, K] · w[N, K]ᵀ in float32 with a summation order that depends on K
+/// alone: per output, 8 interleaved partial sums (k mod 8) combined pairwise, then the
+/// K mod 8 tail in order. So out[m, :] is the same bits for any M and any other rows.
+/// Rows and columns are spread over OpenMP threads, which changes no sum.
+void matmul_fixed_order(const float* x, const float* w, int64_t M, int64_t N, int64_t K,
+                        float* out);
 
 /// RoPE inverse frequencies as transformers computes them for Qwen3 (float32):
 /// inv_freq[i] = 1 / theta^(2i / head_dim), i < head_dim / 2.

@@ -19,6 +19,7 @@
 #include "pagellm/cuda/matmul/skinny_gemm.h"
 #include "pagellm/cuda/sampling/gpu_sampler.h"
 #include "pagellm/cuda/support/cuda_check.h"
+#include "pagellm/cuda/support/device_info.h"
 #include "pagellm/cuda/support/kernel_trace.h"
 
 namespace pagellm {
@@ -418,7 +419,7 @@ void CudaBackend::matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_
   const QkNormRopeArgs e =
       qk_norm_rope_args(nullptr, q_norm, k_norm, eps, rope, shape, batch, T, q_out, kv);
   launch_skinny_gemm_qk_norm_rope(x.data, w_qkv.data, T, x.row_elems(), e, as_stream(stream_),
-                                  0, packed_->find(w_qkv, 0));
+                                  0, packed_->find(w_qkv, 0), matmul_->batch_invariant());
 }
 
 void CudaBackend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up,
@@ -536,8 +537,35 @@ void CudaBackend::set_attention_backend(const std::string& choice) {
   const AttentionBackendChoice c = parse_attention_backend(choice);
   PAGELLM_CHECK(!capturing())
       << "cuda backend: the attention backend cannot change during graph capture";
+  if (matmul_->batch_invariant()) {
+    // The mode runs attention natively (set_batch_invariant); auto stays native.
+    PAGELLM_CHECK(c != AttentionBackendChoice::kCudnn)
+        << "--attention-backend cudnn cannot be combined with --batch-invariant (cuDNN's "
+           "reduction order is not fixed per row): use auto or native";
+    return;
+  }
   attention_->set_choice(c);
 }
+
+void CudaBackend::set_batch_invariant(bool on) {
+  PAGELLM_CHECK(!capturing())
+      << "cuda backend: batch-invariant mode cannot change during graph capture";
+  if (on) {
+    PAGELLM_CHECK(current_device_info(nullptr) == 90)
+        << "batch-invariant mode on the cuda backend needs an sm_90 GPU (H100/H200): it runs "
+           "every product on the skinny kernel (wgmma); this is "
+        << description_ << ". Run without --batch-invariant";
+    PAGELLM_CHECK(attention_->choice() != "cudnn")
+        << "batch-invariant mode runs attention on the native kernels (cuDNN's reduction "
+           "order is not fixed per row): use --attention-backend auto or native with "
+           "--batch-invariant";
+    attention_->set_choice(AttentionBackendChoice::kNative);
+  }
+  matmul_->set_batch_invariant(on);
+  attention_->set_batch_invariant(on);
+}
+
+bool CudaBackend::batch_invariant() const { return matmul_->batch_invariant(); }
 
 std::string CudaBackend::attention_backend() const { return attention_->choice(); }
 

@@ -138,6 +138,16 @@ class CudaBackend final : public Backend {
   /// "cudnn" throws Error at once when no usable cuDNN 9 can be loaded (or this build has
   /// no cuDNN route), naming what was tried. Not while capturing.
   void set_attention_backend(const std::string& choice) override;
+  /// Batch-invariant mode (Backend::set_batch_invariant; docs/design.md "Batch-invariant
+  /// mode"): every product on the skinny kernel with 64-token tiles and a split count fixed
+  /// by (N, K) (LtMatmul::set_batch_invariant), the qkv product fused (or not, with
+  /// PAGELLM_DISABLE_QKV_FUSION or head_dim != 128) the same way for every M, and every
+  /// attention call, prefill included, on the native decode kernel with one KV split (no
+  /// cuDNN).
+  /// Throws Error off sm_90 (no skinny kernel), with --attention-backend cudnn, or while
+  /// capturing. Call before the first forward; graphs captured earlier keep the old mode.
+  void set_batch_invariant(bool on) override;
+  bool batch_invariant() const override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
   void matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv, Tensor& qkv,
                                     const Tensor& q_norm, const Tensor& k_norm, float eps,

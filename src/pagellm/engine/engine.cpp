@@ -13,6 +13,7 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
     : config_(config) {
   try {
     backend->set_attention_backend(config_.attention_backend);
+    backend->set_batch_invariant(config_.batch_invariant);
     resolve_config(model->config());
     // Before the runner reserves activations and captures graphs over the forward.
     if (config_.float32_head) model->enable_float32_head();

@@ -241,6 +241,15 @@ void AttentionDispatch::run(const Tensor& q, const LayerKv& kv, const AttentionS
   }
 #endif
   ++r.stats.native_calls;
+  if (batch_invariant_) {
+    // One KV split: a CTA attends query token i of its sequence over keys [0, its causal
+    // end) in 16-key tiles dealt to the 4 warps in turn, merged in warp order. That is
+    // the same work for token i whether it is a lone decode row or one of a prefill
+    // chunk's rows (taken one after another), and whatever else the batch holds.
+    p.num_splits = 1;
+    paged_decode_attention_with(p, settings_.decode_kernel, as_stream(stream_));
+    return;
+  }
   if (max_query_len <= 1) {
     paged_decode_attention_with(p, settings_.decode_kernel, as_stream(stream_));
   } else {

@@ -61,6 +61,15 @@ class AttentionDispatch {
   /// buffers) and ends the forward's plan.
   void between_forwards(bool before_capture);
 
+  /// Batch-invariant mode (CudaBackend::set_batch_invariant): every call, prefill chunks
+  /// included, runs the decode kernel (settings' variant) with one KV split, whose work for
+  /// a query token (its keys from 0 in 16-key tiles dealt to the warps in turn, one merge
+  /// in warp order) does not depend on the other tokens of its row, its chunk or the
+  /// batch. Multi-token rows run one token after another: prefill gets slow, decode keeps
+  /// its kernel. The caller sets the choice to native.
+  void set_batch_invariant(bool on) { batch_invariant_ = on; }
+  bool batch_invariant() const { return batch_invariant_; }
+
   std::string choice() const;
   AttentionRouteStats stats() const;
   /// The plan of the last forward that ran attention (nullptr before the first).
@@ -79,6 +88,7 @@ class AttentionDispatch {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::unique_ptr<Route> route_;
+  bool batch_invariant_ = false;
 };
 
 }  // namespace cuda

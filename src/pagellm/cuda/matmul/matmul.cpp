@@ -309,6 +309,12 @@ const MatmulPlanInfo* LtMatmul::plan_info(const void* x, const void* w, const vo
 
 MatmulPath LtMatmul::path_for(const void* x, const void* w, const void* out,
                               cudaDataType_t out_type, int64_t M, int64_t N, int64_t K) const {
+  if (batch_invariant_) {
+    return (out_type == CUDA_R_16BF || out_type == CUDA_R_32F) &&
+                   skinny_gemm_supported(x, w, out, M, N, K)
+               ? MatmulPath::kSkinny
+               : MatmulPath::kCublasLt;
+  }
   if (path_ == MatmulPath::kCublasLt) return MatmulPath::kCublasLt;
   if (out_type != CUDA_R_16BF && out_type != CUDA_R_32F) return MatmulPath::kCublasLt;
   if (!skinny_gemm_supported(x, w, out, M, N, K)) return MatmulPath::kCublasLt;
@@ -316,14 +322,24 @@ MatmulPath LtMatmul::path_for(const void* x, const void* w, const void* out,
   return MatmulPath::kSkinny;
 }
 
+void LtMatmul::check_invariant_path(int64_t M, int64_t N, int64_t K) const {
+  PAGELLM_CHECK(!batch_invariant_)
+      << "batch-invariant mode: the product x[" << M << ", " << K << "] w[" << N << ", " << K
+      << "]^T cannot run on the skinny kernel (it needs an sm_90 GPU, K a multiple of 8, "
+         "16-byte aligned x and w and a bf16 or float32 output), and cuBLASLt's per-row bits "
+         "depend on M; run without --batch-invariant";
+}
+
 bool LtMatmul::run_silu_mul(const void* x, const void* w_gate_up, void* out, int64_t M,
                             int64_t inter, int64_t K, cudaStream_t stream,
                             const void* w_packed) {
   if (path_for(x, w_gate_up, out, CUDA_R_16BF, M, 2 * inter, K) != MatmulPath::kSkinny) {
+    check_invariant_path(M, 2 * inter, K);
     return false;
   }
   if (M > 0 && inter > 0) {
-    launch_skinny_gemm_silu_mul(x, w_gate_up, out, M, inter, K, stream, 0, w_packed);
+    launch_skinny_gemm_silu_mul(x, w_gate_up, out, M, inter, K, stream, 0, w_packed,
+                                batch_invariant_);
   }
   return true;
 }
@@ -332,9 +348,11 @@ void LtMatmul::run(const void* x, const void* w, void* out, cudaDataType_t out_t
                    int64_t N, int64_t K, cudaStream_t stream, const void* w_packed) {
   if (M == 0 || N == 0) return;
   if (path_for(x, w, out, out_type, M, N, K) == MatmulPath::kSkinny) {
-    launch_skinny_gemm(x, w, out, out_type == CUDA_R_32F, M, N, K, stream, 0, w_packed);
+    launch_skinny_gemm(x, w, out, out_type == CUDA_R_32F, M, N, K, stream, 0, w_packed,
+                       batch_invariant_);
     return;
   }
+  check_invariant_path(M, N, K);
   const Plan& p = plan_for(key_of(x, w, out, out_type, M, N, K), x, w, out, stream);
   const float alpha = 1.0f, beta = 0.0f;
   PAGELLM_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w, p.a, x, p.b, &beta, out, p.c,

@@ -125,6 +125,13 @@ class LtMatmul {
   void set_path(MatmulPath path) { path_ = path; }
   MatmulPath path() const { return path_; }
 
+  /// Batch-invariant mode (CudaBackend::set_batch_invariant): every product runs the skinny
+  /// kernel with skinny_gemm_invariant_plan, whatever the path setting and M, so a row's
+  /// output bits do not depend on M or the other rows; run() and run_silu_mul() throw Error
+  /// for a product the skinny kernel cannot compute instead of falling back to cuBLASLt.
+  void set_batch_invariant(bool on) { batch_invariant_ = on; }
+  bool batch_invariant() const { return batch_invariant_; }
+
   /// Turns autotuning of plans made from now on on or off (plans already cached keep their
   /// algorithm); the constructor's `autotune`.
   void set_autotune(bool on) { autotune_ = on; }
@@ -169,6 +176,8 @@ class LtMatmul {
                   const void* w, void* out, cudaStream_t stream, void* flush,
                   size_t flush_bytes, cudaEvent_t* events, int reps);
   static void destroy(Plan& p);
+  // Throws Error in batch-invariant mode (a product that would leave the skinny kernel).
+  void check_invariant_path(int64_t M, int64_t N, int64_t K) const;
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_;
@@ -176,6 +185,7 @@ class LtMatmul {
   std::unordered_map<Key, Plan, KeyHash> plans_;
   MatmulPath path_ = MatmulPath::kAuto;
   bool autotune_ = true;
+  bool batch_invariant_ = false;
 };
 
 }  // namespace pagellm::cuda

@@ -515,12 +515,15 @@ void launch_for_tokens(const Params& p, Epi epi, dim3 grid, cudaStream_t stream)
 
 void launch(const void* x, const void* w, void* out, Epi epi, int64_t M, int64_t N, int64_t K,
             int64_t inter, cudaStream_t stream, int splits, const QkNormRopeArgs* qk = nullptr,
-            const void* w_packed = nullptr) {
+            const void* w_packed = nullptr, bool batch_invariant = false) {
   PAGELLM_CHECK(reinterpret_cast<uintptr_t>(w_packed) % 16 == 0)
       << "skinny gemm: packed weights must be 16-byte aligned";
   int sms = 0;
   current_device_info(&sms);
-  const SkinnyPlan plan = skinny_gemm_plan(M, N, K, sms, splits);
+  PAGELLM_CHECK(!batch_invariant || splits == 0)
+      << "skinny gemm: batch-invariant mode fixes the split count; do not force one";
+  const SkinnyPlan plan = batch_invariant ? skinny_gemm_invariant_plan(M, N, K, sms)
+                                          : skinny_gemm_plan(M, N, K, sms, splits);
   prepare_skinny_gemm();
   Params p{};
   p.w_map = tensor_map(w, N, K, kHalf);
@@ -589,31 +592,38 @@ SkinnyPlan skinny_gemm_plan(int64_t M, int64_t N, int64_t K, int num_sms, int sp
   return plan;
 }
 
+SkinnyPlan skinny_gemm_invariant_plan(int64_t M, int64_t N, int64_t K, int num_sms) {
+  // The split count of a single 64-token tile; the token tile itself is fixed at 64.
+  SkinnyPlan plan = skinny_gemm_plan(kSkinnyMaxTokensPerTile, N, K, num_sms);
+  plan.grid_z = static_cast<int>((M + kSkinnyMaxTokensPerTile - 1) / kSkinnyMaxTokensPerTile);
+  return plan;
+}
+
 void launch_skinny_gemm(const void* x, const void* w, void* out, bool out_f32, int64_t M,
                         int64_t N, int64_t K, cudaStream_t stream, int splits,
-                        const void* w_packed) {
+                        const void* w_packed, bool batch_invariant) {
   PAGELLM_CHECK(skinny_gemm_supported(x, w, out, M, N, K))
       << "skinny gemm: unsupported product x[" << M << ", " << K << "] w[" << N << ", " << K
       << "]^T (needs an sm_90 GPU, K a multiple of 8, 16-byte aligned x and w, 4-byte "
          "aligned out)";
   launch(x, w, out, out_f32 ? Epi::kF32 : Epi::kBf16, M, N, K, 0, stream, splits, nullptr,
-         w_packed);
+         w_packed, batch_invariant);
 }
 
 void launch_skinny_gemm_silu_mul(const void* x, const void* w_gate_up, void* out, int64_t M,
                                  int64_t inter, int64_t K, cudaStream_t stream, int splits,
-                                 const void* w_packed) {
+                                 const void* w_packed, bool batch_invariant) {
   PAGELLM_CHECK(inter > 0 && skinny_gemm_supported(x, w_gate_up, out, M, 2 * inter, K))
       << "skinny gemm: unsupported gated product x[" << M << ", " << K << "] w[2 x " << inter
       << ", " << K << "]^T (needs an sm_90 GPU, K a multiple of 8, 16-byte aligned x and w, "
          "4-byte aligned out)";
   launch(x, w_gate_up, out, Epi::kGated, M, 2 * inter, K, inter, stream, splits, nullptr,
-         w_packed);
+         w_packed, batch_invariant);
 }
 
 void launch_skinny_gemm_qk_norm_rope(const void* x, const void* w_qkv, int64_t M, int64_t K,
                                      const QkNormRopeArgs& e, cudaStream_t stream, int splits,
-                                     const void* w_packed) {
+                                     const void* w_packed, bool batch_invariant) {
   const int64_t heads = int64_t{e.num_q_heads} + 2 * int64_t{e.num_kv_heads};
   const int64_t N = heads * kSkinnyQkHeadDim;
   const auto aligned8 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 8 == 0; };
@@ -629,7 +639,8 @@ void launch_skinny_gemm_qk_norm_rope(const void* x, const void* w_qkv, int64_t M
       << " pages (needs an sm_90 GPU, K a multiple of 8, 16-byte aligned x and w, 8-byte "
          "aligned q_out and pools, every pointer set)";
   if (M == 0) return;
-  launch(x, w_qkv, nullptr, Epi::kQkNormRope, M, N, K, 0, stream, splits, &e, w_packed);
+  launch(x, w_qkv, nullptr, Epi::kQkNormRope, M, N, K, 0, stream, splits, &e, w_packed,
+         batch_invariant);
 }
 
 size_t skinny_packed_bytes(int64_t N, int64_t K) {

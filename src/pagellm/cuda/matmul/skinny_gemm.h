@@ -61,6 +61,13 @@ bool skinny_gemm_supported(const void* x, const void* w, const void* out, int64_
 /// chunks per split.
 SkinnyPlan skinny_gemm_plan(int64_t M, int64_t N, int64_t K, int num_sms, int splits = 0);
 
+/// The plan of batch-invariant mode (CudaBackend::set_batch_invariant): 64-token tiles for
+/// every M (grid.z = ceil(M / 64)) and the split count skinny_gemm_plan picks for one token
+/// tile, so that the wgmma shape, the K range of each split and the order in which the
+/// cluster sums the splits are functions of (N, K, SM count) alone. Every output element is
+/// then the same sum in the same order whatever M is and whatever the other rows hold.
+SkinnyPlan skinny_gemm_invariant_plan(int64_t M, int64_t N, int64_t K, int num_sms);
+
 /// Raises the kernels' dynamic shared-memory limit (once per process, on the current
 /// device). launch_skinny_gemm calls it too; calling it at set-up keeps the first launch
 /// free of any runtime call but the launch itself (LtMatmul's constructor does).
@@ -87,9 +94,10 @@ void pack_skinny_weights(const void* w, int64_t N, int64_t K, int64_t inter, voi
 /// `w_packed`, when given, is w as pack_skinny_weights(w, N, K, 0) wrote it, and the
 /// kernel streams it instead of w.
 /// Requires skinny_gemm_supported(); throws Error otherwise or if the launch fails.
+/// `batch_invariant`: use skinny_gemm_invariant_plan (`splits` must then be 0).
 void launch_skinny_gemm(const void* x, const void* w, void* out, bool out_f32, int64_t M,
                         int64_t N, int64_t K, cudaStream_t stream, int splits = 0,
-                        const void* w_packed = nullptr);
+                        const void* w_packed = nullptr, bool batch_invariant = false);
 
 /// out[M, I] = silu(x · gateᵀ) · (x · upᵀ) with w_gate_up = [gate; up] ([2 I, K], the fused
 /// layout the model loads), bf16 out. Each of the two products is rounded to bf16 before the
@@ -99,7 +107,7 @@ void launch_skinny_gemm(const void* x, const void* w, void* out, bool out_f32, i
 /// `w_packed`: w_gate_up as pack_skinny_weights(w_gate_up, 2 I, K, I) wrote it, or null.
 void launch_skinny_gemm_silu_mul(const void* x, const void* w_gate_up, void* out, int64_t M,
                                  int64_t inter, int64_t K, cudaStream_t stream, int splits = 0,
-                                 const void* w_packed = nullptr);
+                                 const void* w_packed = nullptr, bool batch_invariant = false);
 
 /// Head size of the fused qkv product: one head per 128-row tile.
 constexpr int kSkinnyQkHeadDim = kSkinnyRowsPerCta;
@@ -115,6 +123,7 @@ constexpr int kSkinnyQkHeadDim = kSkinnyRowsPerCta;
 /// fit. `w_packed`: w_qkv as pack_skinny_weights(w_qkv, N, K, 0) wrote it, or null.
 void launch_skinny_gemm_qk_norm_rope(const void* x, const void* w_qkv, int64_t M, int64_t K,
                                      const QkNormRopeArgs& e, cudaStream_t stream,
-                                     int splits = 0, const void* w_packed = nullptr);
+                                     int splits = 0, const void* w_packed = nullptr,
+                                     bool batch_invariant = false);
 
 }  // namespace pagellm::cuda
