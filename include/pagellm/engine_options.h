@@ -28,6 +28,10 @@ struct EngineOptions {
   bool use_graphs = true;
   /// Paged attention: "auto", "native" or "cudnn" (cuda backend).
   std::string attention_backend = "auto";
+  /// Prefix caching: full KV pages are kept by the hash of the tokens up to them, and a
+  /// request whose prompt begins with cached pages skips their prefill. Outputs are the
+  /// same with it off; off frees pages as soon as their request finishes.
+  bool enable_prefix_caching = true;
 };
 
 }  // namespace pagellm

@@ -33,7 +33,8 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
   runner_ = std::make_unique<ModelRunner>(std::move(backend), std::move(model), rc);
   kv_cache_ = std::make_unique<KvCacheManager>(static_cast<int32_t>(runner_->num_pages()),
                                                config_.page_size, rc.page_table_rows,
-                                               rc.max_pages_per_seq);
+                                               rc.max_pages_per_seq,
+                                               config_.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(scheduler_config_, *kv_cache_);
 }
 
@@ -125,6 +126,7 @@ void Engine::release(int64_t id) {
 std::vector<int64_t> Engine::step() {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
+  kv_cache_->set_prefix_salt(weights_version_);  // new chains hash under today's weights
   SchedulerOutput out = scheduler_->schedule();
   stats_.preemptions += static_cast<int64_t>(out.preempted.size());
   std::vector<int64_t> done;

@@ -90,11 +90,20 @@ class Engine {
   /// Records that the weights changed; call between steps (after the update is complete).
   void bump_weights_version() { ++weights_version_; }
 
+  /// Prefix cache (docs/design.md, "Prefix cache"). Its hashes carry weights_version(), so
+  /// pages computed under older weights never match once the version is bumped.
+  /// Forgets every cached page (they return to the free list; running requests keep
+  /// theirs); nothing computed before matches afterwards. Call between steps.
+  void reset_prefix_cache() { kv_cache_->reset_prefix_cache(); }
+  /// Queries, hits and evictions since the engine started, and the pages cached now.
+  PrefixCacheStats prefix_cache_stats() const { return kv_cache_->prefix_cache_stats(); }
+
   const EngineConfig& config() const { return config_; }
   const SchedulerConfig& scheduler_config() const { return scheduler_config_; }
   const EngineStats& stats() const { return stats_; }
   Qwen3Model& model() { return runner_->model(); }
   Backend& backend() { return runner_->backend(); }
+  /// num_free() counts cached-free pages too: idle, every page is free.
   const PageAllocator& allocator() const { return kv_cache_->allocator(); }
   int64_t num_pages() const { return runner_->num_pages(); }
   /// The captured decode buckets (empty without graphs).
