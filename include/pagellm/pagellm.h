@@ -13,6 +13,7 @@
 #include "pagellm/error.h"
 #include "pagellm/llm.h"
 #include "pagellm/outputs.h"
+#include "pagellm/prefix_cache_stats.h"
 #include "pagellm/prompt.h"
 #include "pagellm/sampling_params.h"
 #include "pagellm/version.h"

@@ -125,6 +125,10 @@ void print_report(const BenchmarkReport& r) {
   std::printf("  weights     %.2f GB, plus %.2f GB packed for the decode kernel "
               "(PAGELLM_PACKED_WEIGHTS)\n",
               static_cast<double>(r.weight_bytes) / 1e9, static_cast<double>(r.prepared_bytes) / 1e9);
+  std::printf("  prefix hit  %10.1f %%  (%lld of %lld prompt tokens found cached, %lld evictions)\n",
+              100.0 * r.prefix_cache.hit_rate(), static_cast<long long>(r.prefix_cache.hit_tokens),
+              static_cast<long long>(r.prefix_cache.queried_tokens),
+              static_cast<long long>(r.prefix_cache.evictions));
   if (r.trace) {
     std::printf("  (the decode figures above include the %d traced steps)\n", r.trace->steps);
     print_trace(r.trace->timeline, r.trace->steps);

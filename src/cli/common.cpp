@@ -26,6 +26,9 @@ void add_engine_options(CLI::App* cmd, EngineSettings& s) {
                   "cannot serve a call)")
       ->check(CLI::IsMember({"auto", "native", "cudnn"}))
       ->capture_default_str();
+  cmd->add_flag("!--no-prefix-caching", s.config.enable_prefix_caching,
+                "do not keep KV pages by their tokens for later requests to reuse (outputs "
+                "are the same; every prompt is prefilled in full)");
 }
 
 EngineOptions engine_options(const EngineSettings& s) {

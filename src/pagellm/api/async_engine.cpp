@@ -236,6 +236,42 @@ int64_t AsyncEngine::check_invariants_and_count_free_pages() {
 
 int64_t AsyncEngine::num_usable_pages() const { return impl_->usable_pages; }
 
+namespace {
+
+// Runs fn on the loop thread between two steps and returns its result; once the loop has
+// stopped, runs it here after the loop thread has ended (no step can race it then).
+template <class Fn>
+auto run_between_steps(AsyncEngine::Impl& impl, Fn fn) -> decltype(fn()) {
+  using Result = decltype(fn());
+  std::packaged_task<Result()> task(fn);
+  std::future<Result> result = task.get_future();
+  {
+    std::lock_guard<std::mutex> guard(impl.shutdown_mu);
+    std::unique_lock<std::mutex> lock(impl.mu);
+    if (impl.stopping || !impl.loop.joinable()) {
+      lock.unlock();
+      if (impl.loop.joinable() && std::this_thread::get_id() != impl.loop.get_id()) {
+        impl.loop.join();
+      }
+      return fn();
+    }
+    impl.tasks.push_back([&task] { task(); });
+    impl.wake.notify_one();
+  }
+  return result.get();
+}
+
+}  // namespace
+
+void AsyncEngine::reset_prefix_cache() {
+  run_between_steps(*impl_, [core = impl_->core.get()] { core->engine().reset_prefix_cache(); });
+}
+
+PrefixCacheStats AsyncEngine::prefix_cache_stats() {
+  return run_between_steps(*impl_,
+                           [core = impl_->core.get()] { return core->engine().prefix_cache_stats(); });
+}
+
 RequestStream::RequestStream(std::string request_id, std::shared_ptr<State> state)
     : request_id_(std::move(request_id)), state_(std::move(state)) {}
 

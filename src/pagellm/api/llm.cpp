@@ -112,6 +112,11 @@ int64_t LLM::num_free_pages() const { return impl_->core->engine().allocator().n
 int64_t LLM::num_usable_pages() const { return impl_->core->engine().allocator().num_usable(); }
 uint64_t LLM::weights_version() const { return impl_->core->engine().weights_version(); }
 
+void LLM::reset_prefix_cache() { impl_->core->engine().reset_prefix_cache(); }
+PrefixCacheStats LLM::prefix_cache_stats() const {
+  return impl_->core->engine().prefix_cache_stats();
+}
+
 void LLM::set_logits_hook(LogitsHook hook) {
   if (!hook) {
     impl_->core->engine().set_logits_hook(nullptr);

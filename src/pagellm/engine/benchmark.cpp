@@ -157,7 +157,9 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
     std::vector<std::vector<int32_t>> prompts(
         batch, std::vector<int32_t>(static_cast<size_t>(workload.prompt_len), 1));
     for (const Sequence* s : engine.generate(prompts, {warm})) engine.release(s->id);
+    engine.reset_prefix_cache();  // the timed requests must not find the warm-up's pages
   }
+  const PrefixCacheStats prefix_before = engine.prefix_cache_stats();
 
   std::mt19937 rng(static_cast<uint32_t>(workload.seed));
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(mc.vocab_size) - 1);
@@ -225,6 +227,11 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
   r.prefill_seconds = seconds_between(t0, t1);
   r.decode_seconds = seconds_between(t1, t2);
   const EngineStats& after = engine.stats();
+  const PrefixCacheStats prefix_after = engine.prefix_cache_stats();
+  r.prefix_cache = prefix_after;
+  r.prefix_cache.queried_tokens -= prefix_before.queried_tokens;
+  r.prefix_cache.hit_tokens -= prefix_before.hit_tokens;
+  r.prefix_cache.evictions -= prefix_before.evictions;
   r.decode_steps = after.steps - before.steps;
   r.graph_steps = after.graph_steps - before.graph_steps;
   r.host_gap_seconds =
@@ -272,6 +279,7 @@ std::string benchmark_json_line(const BenchmarkReport& r) {
        r.bandwidth_bytes_per_s ? nlohmann::json(*r.bandwidth_bytes_per_s / 1e9) : nullptr},
       {"fraction_of_limit", or_null(r.fraction_of_limit())},
       {"limit_tok_s", or_null(r.limit_tok_s())},
+      {"prefix_hit_rate", r.prefix_cache.hit_rate()},
   };
   return j.dump();
 }

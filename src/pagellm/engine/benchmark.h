@@ -118,6 +118,10 @@ struct BenchmarkReport {
   /// Decode tok/s at the bandwidth limit: bandwidth / step bytes * batch.
   std::optional<double> limit_tok_s() const;
 
+  /// The prefix cache over the timed run (the warm-up's pages are forgotten before it):
+  /// queries, hits and evictions of its requests; all zero with prefix caching off.
+  PrefixCacheStats prefix_cache;
+
   size_t weight_bytes = 0;    // Qwen3Model::weight_bytes
   size_t prepared_bytes = 0;  // Qwen3Model::prepared_bytes (packed decode layouts)
 
@@ -138,7 +142,7 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
 /// The report as one JSON object on one line (no newline): model, backend, batch,
 /// prompt_len, output_len, prefill_tok_s, decode_tok_s, e2e_tok_s, median_step_ms,
 /// host_gap_us, bandwidth_gbs, fraction_of_limit, limit_tok_s (the last three null
-/// without a bandwidth). What `pagellm bench --json-out` appends and the GPU suite reads.
+/// without a bandwidth), prefix_hit_rate. What `pagellm bench --json-out` appends and the GPU suite reads.
 std::string benchmark_json_line(const BenchmarkReport& report);
 
 }  // namespace pagellm
