@@ -11,6 +11,7 @@
 
 #include "pagellm/engine_options.h"
 #include "pagellm/outputs.h"
+#include "pagellm/prefix_cache_stats.h"
 #include "pagellm/prompt.h"
 #include "pagellm/sampling_params.h"
 #include "pagellm/weight_update.h"
@@ -118,6 +119,12 @@ class AsyncEngine {
   /// until its current step ends). Checks page ownership and returns the free KV pages.
   int64_t check_invariants_and_count_free_pages();
   int64_t num_usable_pages() const;
+
+  /// Prefix cache, run by the loop thread between steps (blocks until it has run):
+  /// forgets every cached KV page, so that no later request reuses K/V computed before.
+  void reset_prefix_cache();
+  /// Lookups, hits and evictions since loading, and the pages cached now.
+  PrefixCacheStats prefix_cache_stats();
 
   struct Impl;
 

@@ -41,6 +41,10 @@ struct EngineOptions {
   /// mode" says what it fixes and what it costs). Off by default: it slows prefill and,
   /// on the cuda backend, decode.
   bool batch_invariant = false;
+  /// Prefix caching: full KV pages are kept by the hash of the tokens up to them, and a
+  /// request whose prompt begins with cached pages skips their prefill. Outputs are the
+  /// same with it off; off frees pages as soon as their request finishes.
+  bool enable_prefix_caching = true;
 };
 
 /// How sleep (LLM::sleep, AsyncEngine::sleep, Engine::sleep) frees memory between rollouts,

@@ -11,6 +11,7 @@
 
 #include "pagellm/engine_options.h"
 #include "pagellm/outputs.h"
+#include "pagellm/prefix_cache_stats.h"
 #include "pagellm/prompt.h"
 #include "pagellm/sampling_params.h"
 #include "pagellm/weight_update.h"
@@ -106,6 +107,12 @@ class LLM {
   /// are those the LLM gave before sleeping. Throws pagellm::Error when awake.
   WakeReport wake_up();
   bool is_sleeping() const;
+
+  /// Prefix cache (EngineOptions::enable_prefix_caching): forgets every cached KV page, so
+  /// that no later request reuses K/V computed before the call.
+  void reset_prefix_cache();
+  /// Lookups, hits and evictions since loading, and the pages cached now.
+  PrefixCacheStats prefix_cache_stats() const;
 
   /// Debugging and tests: called after each forward pass with every sampled row's float32
   /// logits [vocab]. sample_number counts the samples this LLM has queued, from 0, in

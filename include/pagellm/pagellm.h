@@ -14,6 +14,7 @@
 #include "pagellm/llm.h"
 #include "pagellm/outputs.h"
 #include "pagellm/weight_update.h"
+#include "pagellm/prefix_cache_stats.h"
 #include "pagellm/prompt.h"
 #include "pagellm/sampling_params.h"
 #include "pagellm/version.h"

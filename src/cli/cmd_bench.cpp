@@ -135,6 +135,10 @@ void print_report(const BenchmarkReport& r) {
   std::printf("  weights     %.2f GB, plus %.2f GB packed for the decode kernel "
               "(PAGELLM_PACKED_WEIGHTS)\n",
               static_cast<double>(r.weight_bytes) / 1e9, static_cast<double>(r.prepared_bytes) / 1e9);
+  std::printf("  prefix hit  %10.1f %%  (%lld of %lld prompt tokens found cached, %lld evictions)\n",
+              100.0 * r.prefix_cache.hit_rate(), static_cast<long long>(r.prefix_cache.hit_tokens),
+              static_cast<long long>(r.prefix_cache.queried_tokens),
+              static_cast<long long>(r.prefix_cache.evictions));
   if (r.trace) {
     std::printf("  (the decode figures above include the %d traced steps)\n", r.trace->steps);
     print_trace(r.trace->timeline, r.trace->steps);
@@ -172,7 +176,9 @@ void print_grpo(const GrpoReport& r) {
   std::printf("  KV pages    peak %lld of %lld\n", static_cast<long long>(r.peak_kv_pages),
               static_cast<long long>(r.usable_kv_pages));
   for (double s : r.weight_update_seconds) std::printf("  weight update %.3f s\n", s);
-  // TODO(lead, wt-prefix merge): print the prefix cache's hit rate (GrpoReport) here.
+  std::printf("  prefix hit  %.1f %%  (%lld of %lld looked-up prompt tokens found cached)\n",
+              100.0 * r.prefix_hit_rate(), static_cast<long long>(r.prefix_hit_tokens),
+              static_cast<long long>(r.prefix_queried_tokens));
 }
 
 void print_sleep_wake(const SleepWakeReport& r) {

@@ -32,6 +32,9 @@ void add_engine_options(CLI::App* cmd, EngineSettings& s) {
   cmd->add_flag("--batch-invariant", s.config.batch_invariant,
                 "a request's tokens and log-probabilities do not depend on the rest of the "
                 "batch, the chunk size or the decode bucket (slower; native attention)");
+  cmd->add_flag("!--no-prefix-caching", s.config.enable_prefix_caching,
+                "do not keep KV pages by their tokens for later requests to reuse (outputs "
+                "are the same; every prompt is prefilled in full)");
 }
 
 EngineOptions engine_options(const EngineSettings& s) {

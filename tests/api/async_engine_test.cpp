@@ -36,6 +36,37 @@ SamplingParams params_for(int k) {
   return p;
 }
 
+TEST(AsyncEngine, PrefixCacheStatsAndResetRunOnTheLoopThread) {
+  // A budget of the hit (48 tokens): the first prompt is computed as [0, 48) then
+  // [48, 50), the second only [48, 50), the same rows in the same steps.
+  EngineOptions options = async_options();
+  options.max_num_batched_tokens = 48;
+  AsyncEngine engine(testing::tiny_model_dir(), options);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 50; ++i) prompt.push_back(1 + (i * 37) % 900);
+  const RequestOutput first =
+      engine.submit(Prompt::from_token_ids(prompt), params_for(1))->collect();
+  const RequestOutput second =
+      engine.submit(Prompt::from_token_ids(prompt), params_for(1))->collect();
+  EXPECT_EQ(second.outputs[0].token_ids, first.outputs[0].token_ids);
+  PrefixCacheStats stats = engine.prefix_cache_stats();
+  EXPECT_EQ(stats.queried_tokens, 2 * 49);
+  EXPECT_EQ(stats.hit_tokens, 48);  // three full pages of 16
+  EXPECT_GT(stats.cached_free_pages, 0);
+  EXPECT_EQ(engine.check_invariants_and_count_free_pages(), engine.num_usable_pages());
+
+  engine.reset_prefix_cache();
+  stats = engine.prefix_cache_stats();
+  EXPECT_EQ(stats.cached_pages, 0);
+  engine.submit(Prompt::from_token_ids(prompt), params_for(1))->collect();
+  EXPECT_EQ(engine.prefix_cache_stats().hit_tokens, 48);  // no hit after the reset
+  EXPECT_EQ(engine.check_invariants_and_count_free_pages(), engine.num_usable_pages());
+
+  engine.shutdown();  // afterwards both run on the caller's thread
+  engine.reset_prefix_cache();
+  EXPECT_EQ(engine.prefix_cache_stats().cached_pages, 0);
+}
+
 std::vector<int32_t> prompt_for(int k) {
   std::vector<int32_t> ids;
   for (int i = 0; i <= k % 7; ++i) ids.push_back(1 + (k * 31 + i * 17) % 1000);

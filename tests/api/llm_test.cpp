@@ -282,5 +282,49 @@ TEST(Llm, MergeDeltaAppendsPerSample) {
   EXPECT_EQ(total.prompt_token_ids, (std::vector<int32_t>{1}));
 }
 
+TEST(Llm, PrefixCacheHitsGiveTheSameOutputAndResetForgetsThem) {
+  // Its own LLM, so that the statistics start at zero. A step budget of 32 tokens (the hit
+  // below) computes the first run's prompt as [0, 32) then [32, 40), and a hit computes
+  // [32, 40) alone: the same rows in the same steps, so the bits compare (the CPU
+  // backend's products are not batch-invariant; tests/engine/prefix_cache_test.cpp).
+  EngineOptions options = small_engine();
+  options.max_num_batched_tokens = 32;
+  LLM llm(testing::tiny_model_dir(), options);
+  std::vector<int32_t> prompt(40);
+  std::iota(prompt.begin(), prompt.end(), 11);
+  const SamplingParams p = greedy(4);
+  const RequestOutput first = llm.generate(Ids{prompt}, p)[0];
+  PrefixCacheStats stats = llm.prefix_cache_stats();
+  EXPECT_EQ(stats.queried_tokens, 39);
+  EXPECT_EQ(stats.hit_tokens, 0);
+  EXPECT_EQ(stats.cached_pages, 2);  // 43 tokens computed: two full pages of 16
+  EXPECT_EQ(stats.cached_free_pages, 2);
+  EXPECT_EQ(llm.num_free_pages(), llm.num_usable_pages());  // cached-free pages are free
+
+  const RequestOutput again = llm.generate(Ids{prompt}, p)[0];
+  EXPECT_EQ(again.outputs[0].token_ids, first.outputs[0].token_ids);
+  EXPECT_EQ(again.outputs[0].logprobs, first.outputs[0].logprobs);
+  stats = llm.prefix_cache_stats();
+  EXPECT_EQ(stats.hit_tokens, 32);
+  EXPECT_DOUBLE_EQ(stats.hit_rate(), 32.0 / 78.0);
+
+  llm.reset_prefix_cache();
+  stats = llm.prefix_cache_stats();
+  EXPECT_EQ(stats.cached_pages, 0);
+  EXPECT_EQ(llm.num_free_pages(), llm.num_usable_pages());
+  llm.generate(Ids{prompt}, p);
+  EXPECT_EQ(llm.prefix_cache_stats().hit_tokens, 32);  // nothing matched after the reset
+
+  EngineOptions off = options;
+  off.enable_prefix_caching = false;
+  LLM plain(testing::tiny_model_dir(), off);
+  const RequestOutput uncached = plain.generate(Ids{prompt}, p)[0];
+  EXPECT_EQ(uncached.outputs[0].token_ids, first.outputs[0].token_ids);
+  EXPECT_EQ(uncached.outputs[0].logprobs, first.outputs[0].logprobs);
+  plain.generate(Ids{prompt}, p);
+  EXPECT_EQ(plain.prefix_cache_stats().hit_tokens, 0);
+  EXPECT_EQ(plain.prefix_cache_stats().cached_pages, 0);
+}
+
 }  // namespace
 }  // namespace pagellm

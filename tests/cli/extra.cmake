@@ -108,19 +108,28 @@ set_tests_properties(cli_tokenizer_commands_bad_line PROPERTIES FIXTURES_REQUIRE
 add_test(NAME cli_bench_tiny COMMAND ${_pl} bench --preset tiny --backend cpu --batch 2
   --prompt-len 4 --output-len 8)
 set_tests_properties(cli_bench_tiny PROPERTIES PASS_REGULAR_EXPRESSION
-  "pagellm bench: tiny \\(random weights\\) on cpu, batch 2, prompt 4, output 8, page 16\n  prefill +[0-9.]+ tok/s  \\([0-9.]+ s\\)\n  decode +[0-9.]+ tok/s  \\(7 steps, [0-9.]+ s, median step [0-9.]+ ms, 0 in graphs\\)\n  host gap +[0-9.]+ us per decode step .*\n  end-to-end +[0-9.]+ tok/s  \\([0-9.]+ s\\)\n  decode step reads [0-9.]+ GB weights \\+ [0-9.]+ GB KV. achieved [0-9]+ GB/s of [0-9]+ GB/s measured copy bandwidth = [0-9.]+ % \\(limit [0-9]+ tok/s\\)\n  weights +[0-9.]+ GB, plus [0-9.]+ GB packed")
+  "pagellm bench: tiny \\(random weights\\) on cpu, batch 2, prompt 4, output 8, page 16\n  prefill +[0-9.]+ tok/s  \\([0-9.]+ s\\)\n  decode +[0-9.]+ tok/s  \\(7 steps, [0-9.]+ s, median step [0-9.]+ ms, 0 in graphs\\)\n  host gap +[0-9.]+ us per decode step .*\n  end-to-end +[0-9.]+ tok/s  \\([0-9.]+ s\\)\n  decode step reads [0-9.]+ GB weights \\+ [0-9.]+ GB KV. achieved [0-9]+ GB/s of [0-9]+ GB/s measured copy bandwidth = [0-9.]+ % \\(limit [0-9]+ tok/s\\)\n  weights +[0-9.]+ GB, plus [0-9.]+ GB packed[^\n]*\n  prefix hit +0.0 %  \\(0 of 6 prompt tokens found cached, 0 evictions\\)")
 # --batch-invariant runs the workload in batch-invariant mode and says so above the figures.
 add_test(NAME cli_bench_batch_invariant COMMAND ${_pl} bench --preset tiny --backend cpu
   --batch 3 --prompt-len 5 --output-len 6 --batch-invariant)
 set_tests_properties(cli_bench_batch_invariant PROPERTIES PASS_REGULAR_EXPRESSION
   "pagellm bench: batch-invariant mode .*\npagellm bench: tiny \\(random weights\\) on cpu, batch 3.*\n  decode +[0-9.]+ tok/s  \\(5 steps")
+# --no-prefix-caching: nothing is looked up (generate and bench share the engine flags).
+add_test(NAME cli_bench_no_prefix_caching COMMAND ${_pl} bench --preset tiny --backend cpu
+  --batch 1 --prompt-len 3 --output-len 2 --no-prefix-caching)
+set_tests_properties(cli_bench_no_prefix_caching PROPERTIES PASS_REGULAR_EXPRESSION
+  "\n  prefix hit +0.0 %  \\(0 of 0 prompt tokens found cached, 0 evictions\\)")
+add_test(NAME cli_generate_no_prefix_caching COMMAND ${_pl} generate --model ${_dir}
+  --prompt-ids 1,2,3 --max-tokens 3 --temperature 0 --no-prefix-caching --json)
+set_tests_properties(cli_generate_no_prefix_caching PROPERTIES FIXTURES_REQUIRED cli_model
+  PASS_REGULAR_EXPRESSION "\"finish_reason\":\"length\"")
 # --json-out appends one JSON line per run.
 set(_bench_json ${CMAKE_CURRENT_BINARY_DIR}/cli-bench.jsonl)
 add_test(NAME cli_bench_json COMMAND sh -c
   "rm -f \"$1\" && for i in 1 2; do \"$0\" bench --preset tiny --backend cpu --batch 1 --prompt-len 3 --output-len 2 --json-out \"$1\" >/dev/null || exit 1; done; cat \"$1\""
   ${_pl} ${_bench_json})
 set(_num "[0-9.e+-]+")
-set(_line "{\"backend\":\"cpu\",\"bandwidth_gbs\":${_num},\"batch\":1,\"decode_tok_s\":${_num},\"e2e_tok_s\":${_num},\"fraction_of_limit\":${_num},\"host_gap_us\":${_num},\"limit_tok_s\":${_num},\"median_step_ms\":${_num},\"model\":\"tiny \\(random weights\\)\",\"output_len\":2,\"prefill_tok_s\":${_num},\"prompt_len\":3}")
+set(_line "{\"backend\":\"cpu\",\"bandwidth_gbs\":${_num},\"batch\":1,\"decode_tok_s\":${_num},\"e2e_tok_s\":${_num},\"fraction_of_limit\":${_num},\"host_gap_us\":${_num},\"limit_tok_s\":${_num},\"median_step_ms\":${_num},\"model\":\"tiny \\(random weights\\)\",\"output_len\":2,\"prefill_tok_s\":${_num},\"prefix_hit_rate\":${_num},\"prompt_len\":3}")
 set_tests_properties(cli_bench_json PROPERTIES PASS_REGULAR_EXPRESSION "^${_line}\n${_line}\n$")
 # The default is the named workload W1; an unknown name lists the known ones.
 add_test(NAME cli_bench_help COMMAND ${_pl} bench --help)

@@ -363,6 +363,33 @@ WeightUpdateResult update_on_loop(AsyncEngine::Impl& impl, PauseMode mode,
 
 }  // namespace
 
+namespace {
+
+// Runs fn on the loop thread between two steps and returns its result; once the loop has
+// stopped, runs it here after the loop thread has ended (no step can race it then).
+template <class Fn>
+auto run_between_steps(AsyncEngine::Impl& impl, Fn fn) -> decltype(fn()) {
+  using Result = decltype(fn());
+  std::packaged_task<Result()> task(fn);
+  std::future<Result> result = task.get_future();
+  {
+    std::lock_guard<std::mutex> guard(impl.shutdown_mu);
+    std::unique_lock<std::mutex> lock(impl.mu);
+    if (impl.stopping || !impl.loop.joinable()) {
+      lock.unlock();
+      if (impl.loop.joinable() && std::this_thread::get_id() != impl.loop.get_id()) {
+        impl.loop.join();
+      }
+      return fn();
+    }
+    impl.tasks.push_back([&task] { task(); });
+    impl.wake.notify_one();
+  }
+  return result.get();
+}
+
+}  // namespace
+
 
 WeightUpdateResult AsyncEngine::update_weights(const std::vector<NamedTensor>& tensors,
                                                PauseMode mode) {
@@ -385,6 +412,15 @@ SleepReport AsyncEngine::sleep(const SleepOptions& options) {
 
 WakeReport AsyncEngine::wake_up() {
   return impl_->call([core = impl_->core.get()] { return core->engine().wake_up(); });
+}
+
+void AsyncEngine::reset_prefix_cache() {
+  run_between_steps(*impl_, [core = impl_->core.get()] { core->engine().reset_prefix_cache(); });
+}
+
+PrefixCacheStats AsyncEngine::prefix_cache_stats() {
+  return run_between_steps(*impl_,
+                           [core = impl_->core.get()] { return core->engine().prefix_cache_stats(); });
 }
 
 RequestStream::RequestStream(std::string request_id, std::shared_ptr<State> state)

@@ -128,6 +128,11 @@ SleepReport LLM::sleep(const SleepOptions& options) {
 WakeReport LLM::wake_up() { return impl_->core->engine().wake_up(); }
 bool LLM::is_sleeping() const { return impl_->core->engine().asleep(); }
 
+void LLM::reset_prefix_cache() { impl_->core->engine().reset_prefix_cache(); }
+PrefixCacheStats LLM::prefix_cache_stats() const {
+  return impl_->core->engine().prefix_cache_stats();
+}
+
 void LLM::set_logits_hook(LogitsHook hook) {
   if (!hook) {
     impl_->core->engine().set_logits_hook(nullptr);

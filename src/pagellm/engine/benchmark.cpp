@@ -177,7 +177,9 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
     std::vector<std::vector<int32_t>> prompts(
         batch, std::vector<int32_t>(static_cast<size_t>(workload.prompt_len), 1));
     for (const Sequence* s : engine.generate(prompts, {warm})) engine.release(s->id);
+    engine.reset_prefix_cache();  // the timed requests must not find the warm-up's pages
   }
+  const PrefixCacheStats prefix_before = engine.prefix_cache_stats();
 
   std::mt19937 rng(static_cast<uint32_t>(workload.seed));
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(mc.vocab_size) - 1);
@@ -245,6 +247,11 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
   r.prefill_seconds = seconds_between(t0, t1);
   r.decode_seconds = seconds_between(t1, t2);
   const EngineStats& after = engine.stats();
+  const PrefixCacheStats prefix_after = engine.prefix_cache_stats();
+  r.prefix_cache = prefix_after;
+  r.prefix_cache.queried_tokens -= prefix_before.queried_tokens;
+  r.prefix_cache.hit_tokens -= prefix_before.hit_tokens;
+  r.prefix_cache.evictions -= prefix_before.evictions;
   r.decode_steps = after.steps - before.steps;
   r.graph_steps = after.graph_steps - before.graph_steps;
   r.host_gap_seconds =
@@ -421,6 +428,7 @@ std::string benchmark_json_line(const BenchmarkReport& r) {
        r.bandwidth_bytes_per_s ? nlohmann::json(*r.bandwidth_bytes_per_s / 1e9) : nullptr},
       {"fraction_of_limit", or_null(r.fraction_of_limit())},
       {"limit_tok_s", or_null(r.limit_tok_s())},
+      {"prefix_hit_rate", r.prefix_cache.hit_rate()},
   };
   return j.dump();
 }
@@ -614,15 +622,9 @@ EngineConfig grpo_engine_config(const GrpoWorkload& workload, EngineConfig confi
 std::vector<int64_t> add_prompt_samples(Engine& engine, const std::vector<int32_t>& prompt,
                                         const SamplingParams& params,
                                         const std::vector<int32_t>& max_tokens) {
-  std::vector<int64_t> ids;
-  for (size_t j = 0; j < max_tokens.size(); ++j) {
-    SamplingParams one = params;
-    one.n = 1;
-    if (params.seed) one.seed = *params.seed + j;
-    one.max_tokens = max_tokens[j];
-    ids.push_back(engine.add_request(prompt, one));
-  }
-  return ids;
+  SamplingParams group = params;
+  group.n = static_cast<int>(max_tokens.size());
+  return engine.add_request_group(prompt, group, max_tokens);  // one prefill, n samples
 }
 
 double GrpoReport::rollout_tok_s() const {
@@ -690,6 +692,7 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
   const int64_t preemptions_before = engine.stats().preemptions;
   const int64_t steps_before = engine.stats().steps;
 
+  const PrefixCacheStats prefix_before = engine.prefix_cache_stats();
   for (int32_t round = 0; round < workload.rounds; ++round) {
     if (round > 0) {
       r.weight_update_seconds.push_back(
@@ -746,7 +749,9 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
   }
   r.steps = engine.stats().steps - steps_before;
   r.preemptions = engine.stats().preemptions - preemptions_before;
-  // TODO(lead, wt-prefix merge): report the prefix cache's hit rate over the rollout here.
+  const PrefixCacheStats prefix_after = engine.prefix_cache_stats();
+  r.prefix_queried_tokens = prefix_after.queried_tokens - prefix_before.queried_tokens;
+  r.prefix_hit_tokens = prefix_after.hit_tokens - prefix_before.hit_tokens;
   return r;
 }
 
@@ -765,6 +770,7 @@ std::string grpo_json_line(const GrpoReport& r) {
       {"peak_kv_pages", r.peak_kv_pages},
       {"preemptions", r.preemptions},
       {"weight_update_s", r.weight_update_seconds},
+      {"prefix_hit_rate", r.prefix_hit_rate()},
   };
   return j.dump();
 }

@@ -125,6 +125,10 @@ struct BenchmarkReport {
   /// Decode tok/s at the bandwidth limit: bandwidth / step bytes * batch.
   std::optional<double> limit_tok_s() const;
 
+  /// The prefix cache over the timed run (the warm-up's pages are forgotten before it):
+  /// queries, hits and evictions of its requests; all zero with prefix caching off.
+  PrefixCacheStats prefix_cache;
+
   size_t weight_bytes = 0;    // Qwen3Model::weight_bytes
   size_t prepared_bytes = 0;  // Qwen3Model::prepared_bytes (packed decode layouts)
 
@@ -196,7 +200,7 @@ std::string sleep_wake_json_line(const SleepWakeReport& report);
 /// The report as one JSON object on one line (no newline): model, backend, batch,
 /// prompt_len, output_len, prefill_tok_s, decode_tok_s, e2e_tok_s, median_step_ms,
 /// host_gap_us, bandwidth_gbs, fraction_of_limit, limit_tok_s (the last three null
-/// without a bandwidth). What `pagellm bench --json-out` appends and the GPU suite reads.
+/// without a bandwidth), prefix_hit_rate. What `pagellm bench --json-out` appends and the GPU suite reads.
 std::string benchmark_json_line(const BenchmarkReport& report);
 
 // ---- weight-update benchmark (`pagellm bench --workload weight-update`) --------------------
@@ -276,9 +280,9 @@ struct GrpoWorkload {
 /// n, max_model_len (when 0) max_prompt_len + max_output_len.
 EngineConfig grpo_engine_config(const GrpoWorkload& workload, EngineConfig base);
 
-/// Adds one prompt's n samples and returns their engine ids. Today: n requests, sample j
-/// with seed params.seed + j and max_tokens max_tokens[j] (what EngineCore does for n > 1).
-/// The fan-out API (Engine::add_request_group) replaces this on merge.
+/// Adds one prompt's n = max_tokens.size() samples as one fan-out group
+/// (Engine::add_request_group: one prefill, shared prompt pages) and returns their engine
+/// ids: sample j has seed params.seed + j and max_tokens max_tokens[j].
 std::vector<int64_t> add_prompt_samples(Engine& engine, const std::vector<int32_t>& prompt,
                                         const SamplingParams& params,
                                         const std::vector<int32_t>& max_tokens);
@@ -305,6 +309,15 @@ struct GrpoReport {
   int64_t preemptions = 0;
   /// Each update between rounds (WeightUpdateResult::seconds).
   std::vector<double> weight_update_seconds;
+  /// Prefix cache over the rollouts: tokens looked up at admission and found cached (a
+  /// group looks up its prompt once; preempted samples look up again when they resume).
+  int64_t prefix_queried_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  double prefix_hit_rate() const {
+    return prefix_queried_tokens > 0
+               ? static_cast<double>(prefix_hit_tokens) / static_cast<double>(prefix_queried_tokens)
+               : 0.0;
+  }
 };
 
 /// Runs W2 on an idle engine made for it (grpo_engine_config); throws Error when it cannot

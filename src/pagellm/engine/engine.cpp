@@ -37,7 +37,8 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
   runner_ = std::make_unique<ModelRunner>(std::move(backend), std::move(model), rc);
   kv_cache_ = std::make_unique<KvCacheManager>(static_cast<int32_t>(runner_->num_pages()),
                                                config_.page_size, rc.page_table_rows,
-                                               rc.max_pages_per_seq);
+                                               rc.max_pages_per_seq,
+                                               config_.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(scheduler_config_, *kv_cache_);
 }
 
@@ -118,11 +119,28 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& p
 }
 
 std::vector<int64_t> Engine::add_request_group(std::vector<int32_t> prompt,
-                                               const SamplingParams& params) {
-  if (params.n == 1) return {add_request(std::move(prompt), params)};
+                                               const SamplingParams& params,
+                                               const std::vector<int32_t>& max_tokens) {
   std::string error;
+  if (!max_tokens.empty()) {
+    if (static_cast<int64_t>(max_tokens.size()) != params.n) {
+      error = "add_request_group: " + std::to_string(max_tokens.size()) +
+              " per-sample max_tokens for n = " + std::to_string(params.n) + " samples";
+    }
+    for (size_t j = 0; j < max_tokens.size() && error.empty(); ++j) {
+      if (max_tokens[j] < 1) {
+        error = "add_request_group: sample " + std::to_string(j) + "'s max_tokens is " +
+                std::to_string(max_tokens[j]) + "; it must be >= 1";
+      }
+    }
+  }
+  if (params.n == 1 && error.empty()) {
+    SamplingParams one = params;
+    if (!max_tokens.empty()) one.max_tokens = max_tokens[0];
+    return {add_request(std::move(prompt), one)};
+  }
   try {
-    validate_sampling_params(params);
+    if (error.empty()) validate_sampling_params(params);
   } catch (const Error& e) {
     error = e.what();
   }
@@ -154,6 +172,7 @@ std::vector<int64_t> Engine::add_request_group(std::vector<int32_t> prompt,
     seq->prompt = prompt;
     seq->params = params;
     seq->params.n = 1;
+    if (!max_tokens.empty()) seq->params.max_tokens = max_tokens[static_cast<size_t>(j)];
     if (params.seed) seq->params.seed = *params.seed + static_cast<uint64_t>(j);
     // The rule of add_request: the seed, or the first SplitMix64 output seeded with the id.
     seq->seed = seq->params.seed ? *seq->params.seed
@@ -211,6 +230,7 @@ std::vector<int64_t> Engine::step() {
   const auto start = Clock::now();
   if (paused_ && pause_mode_ == PauseMode::kKeep) return {};  // frozen until resume()
   if (asleep_) return {};  // nothing can run: add_request rejects while asleep
+  kv_cache_->set_prefix_salt(weights_version_);  // new chains hash under today's weights
   SchedulerOutput out = scheduler_->schedule();
   stats_.preemptions += static_cast<int64_t>(out.preempted.size());
   stats_.cow_page_copies += static_cast<int64_t>(out.page_copies.size());
@@ -346,7 +366,9 @@ WeightUpdateResult Engine::run_update(PauseMode mode, const std::vector<NamedTen
     throw;
   }
   ++weights_version_;
-  // prefix cache: reset on update (merged from wt-prefix)
+  // Cached pages hold K/V of the old weights: the salt already keeps them from matching;
+  // resetting also frees them at once.
+  kv_cache_->reset_prefix_cache();
   result.weights_version = weights_version_;
   if (pause_here) resume();
   return result;
@@ -495,7 +517,8 @@ SleepReport Engine::sleep(const SleepOptions& options) {
   Backend& backend = runner_->backend();
   PAGELLM_CHECK(backend.supports_sleep())
       << "sleep: the " << backend.name() << " backend cannot release its memory";
-  // prefix cache: reset on sleep (merged from wt-prefix)
+  // The pools' contents are discarded: no cached page may match after wake.
+  kv_cache_->reset_prefix_cache();
   // Every page is free now (no request holds any), so discarding the pools loses nothing
   // that a sequence still needs.
   PAGELLM_ASSERT(kv_cache_->allocator().num_free() == kv_cache_->allocator().num_usable())

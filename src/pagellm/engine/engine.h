@@ -78,9 +78,12 @@ class Engine {
   /// with that seed would. A group that can never run is rejected at once: n above
   /// max_num_seqs, bad sampling parameters or prompt tokens give one id, finished with
   /// FinishReason::kError and a message naming the value and the limit; a prompt the
-  /// scheduler rejects (too long, ...) finishes all n ids so.
+  /// scheduler rejects (too long, ...) finishes all n ids so. `max_tokens`, when not
+  /// empty, holds one limit per sample (>= 1) in place of params.max_tokens (the rollout
+  /// benchmark draws each sample's length, as EOS would end it).
   std::vector<int64_t> add_request_group(std::vector<int32_t> prompt,
-                                         const SamplingParams& params);
+                                         const SamplingParams& params,
+                                         const std::vector<int32_t>& max_tokens = {});
   /// Finishes a request with FinishReason::kAborted and frees its pages.
   void abort(int64_t id);
   /// Runs one scheduling step and one forward pass; returns the ids that finished in it.
@@ -180,11 +183,20 @@ class Engine {
   /// to fixed addresses that the sleep-wake benchmark measures. Returns the graph count.
   size_t recapture_graphs();
 
+  /// Prefix cache (docs/design.md, "Prefix cache"). Its hashes carry weights_version(), so
+  /// pages computed under older weights never match once the version is bumped.
+  /// Forgets every cached page (they return to the free list; running requests keep
+  /// theirs); nothing computed before matches afterwards. Call between steps.
+  void reset_prefix_cache() { kv_cache_->reset_prefix_cache(); }
+  /// Queries, hits and evictions since the engine started, and the pages cached now.
+  PrefixCacheStats prefix_cache_stats() const { return kv_cache_->prefix_cache_stats(); }
+
   const EngineConfig& config() const { return config_; }
   const SchedulerConfig& scheduler_config() const { return scheduler_config_; }
   const EngineStats& stats() const { return stats_; }
   Qwen3Model& model() { return runner_->model(); }
   Backend& backend() { return runner_->backend(); }
+  /// num_free() counts cached-free pages too: idle, every page is free.
   const PageAllocator& allocator() const { return kv_cache_->allocator(); }
   int64_t num_pages() const { return runner_->num_pages(); }
   /// The captured decode buckets (empty without graphs).

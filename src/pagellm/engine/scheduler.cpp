@@ -282,13 +282,16 @@ SchedulerOutput Scheduler::schedule() {
           kv_.num_free_rows() - reserved < group) {
         break;
       }
-      const int32_t n = std::min(seq->num_tokens(), budget);
-      if (!kv_.can_allocate(*seq, n)) {
+      // Nothing computed yet: the cached pages that begin its tokens are attached and
+      // their prefill skipped, so the budget pays only for the rest.
+      const PrefixMatch match = kv_.match_prefix(*seq, seq->tokens());
+      const int32_t n = std::min(seq->num_tokens() - match.num_tokens, budget);
+      if (!kv_.can_allocate(*seq, match, n)) {
         if (!running_.empty()) break;  // pages come back as running requests finish
         // Nothing runs that could free pages: the missing pages are held outside the
         // scheduler. Report instead of returning empty steps forever.
         std::ostringstream why;
-        why << "request " << seq->id << " needs " << kv_.pages_needed(*seq, n)
+        why << "request " << seq->id << " needs " << kv_.pages_needed(*seq, match, n)
             << " KV-cache pages to start but only " << kv_.num_free_pages() << " of "
             << kv_.num_usable_pages()
             << " are free and no request is running (pages are held outside the scheduler)";
@@ -299,12 +302,12 @@ SchedulerOutput Scheduler::schedule() {
         continue;
       }
       waiting_.pop_front();
-      const bool allocated = kv_.allocate(*seq, n);
+      const bool allocated = kv_.allocate(*seq, match, n);
       PAGELLM_ASSERT(allocated) << "a row and pages checked free but allocation failed";
       seq->status = SequenceStatus::kRunning;
       running_.push_back(seq);
       reserved += group - 1;
-      out.scheduled.push_back({seq, n, n == seq->num_tokens(), {}});
+      out.scheduled.push_back({seq, n, seq->num_computed + n == seq->num_tokens(), {}});
       budget -= n;
     }
   }
@@ -349,6 +352,7 @@ std::vector<Sequence*> Scheduler::on_step_done(const SchedulerOutput& out,
                    seq->num_computed + s.num_new_tokens <= seq->num_tokens())
         << "request " << seq->id << " was changed between schedule() and on_step_done()";
     seq->num_computed += s.num_new_tokens;
+    kv_.cache_full_pages(*seq, seq->tokens());  // pages filled this step become shareable
     if (token == nullptr) continue;
     if (!s.fan_out.empty()) fork_samples(s);  // before seq can finish and drop its pages
     if (append_token(seq, *token)) finished.push_back(seq);

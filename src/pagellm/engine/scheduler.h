@@ -60,7 +60,9 @@ struct SchedulerOutput {
   int64_t step = 0;
   /// Running sequences first, in their running order, then newly admitted ones in FIFO
   /// order. Pages for num_computed + num_new_tokens tokens are allocated and in the page
-  /// table row seq->slot.
+  /// table row seq->slot. A newly admitted sequence whose prefix the KV cache manager
+  /// found cached starts with num_computed at the matched tokens (pages attached), and
+  /// num_new_tokens counts only the rest.
   std::vector<ScheduledSeq> scheduled;
   /// Sequences preempted this step (pages and row freed, num_computed reset to 0, back at
   /// the front of the waiting queue).
@@ -116,7 +118,8 @@ class Scheduler {
 
   /// Reports the step `out` has run. `sampled` holds one token per entry of out.scheduled
   /// with samples == true, in order. Advances num_computed, appends the tokens (and their
-  /// SampledToken to Sequence::sampled), and retires the sequences that finished (EOS,
+  /// SampledToken to Sequence::sampled), registers the pages that became full with the
+  /// prefix cache (KvCacheManager::cache_full_pages), and retires the sequences that finished (EOS,
   /// stop token, max_tokens, max_model_len), freeing their pages and rows. Sequences
   /// aborted since schedule() are skipped (their token is dropped). Returns the sequences
   /// finished by this call, in scheduled order.

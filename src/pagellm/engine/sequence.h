@@ -43,6 +43,8 @@ struct Sequence : KvSequence {
   Sequence* fan_out_parent = nullptr;
 
   int32_t num_tokens() const { return static_cast<int32_t>(prompt.size() + output.size()); }
+  /// Prompt then output, for the prefix cache's hashing.
+  SequenceTokens tokens() const { return {&prompt, &output}; }
   int32_t token_at(int32_t i) const {
     int32_t p = static_cast<int32_t>(prompt.size());
     return i < p ? prompt[i] : output[i - p];

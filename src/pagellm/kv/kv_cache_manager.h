@@ -14,6 +14,8 @@
 
 #include "pagellm/kv/page_allocator.h"
 #include "pagellm/kv/page_table.h"
+#include "pagellm/kv/prefix_cache.h"
+#include "pagellm/prefix_cache_stats.h"
 
 namespace pagellm {
 
@@ -27,6 +29,24 @@ struct KvSequence {
   std::vector<int32_t> pages;
   /// Page-table row while the sequence holds pages; 0 (the reserved row) otherwise.
   int32_t slot = 0;
+  /// Prefix-cache chain hashes of the first full pages (prefix_cache.h), as far as they
+  /// have been computed; cleared by free().
+  std::vector<uint64_t> page_hashes;
+  /// The salt page_hashes were computed with (set when the chain starts).
+  uint64_t cache_salt = 0;
+};
+
+/// The cached full pages that begin a sequence's known tokens (KvCacheManager::match_prefix).
+struct PrefixMatch {
+  /// Cached pages, in block order, and their chain hashes.
+  std::vector<int32_t> pages;
+  std::vector<uint64_t> hashes;
+  /// Tokens looked up: the known tokens less the last one (always computed).
+  int32_t num_queried = 0;
+  /// pages.size() * page_size: tokens whose prefill is skipped.
+  int32_t num_tokens = 0;
+  /// Of `pages`, those no sequence holds now (they stop counting as free once attached).
+  int32_t num_cached_free = 0;
 };
 
 /// Owns the PageAllocator and the PageTable, and keeps each sequence's page list and
@@ -37,19 +57,32 @@ struct KvSequence {
 /// which are never written again; fork_all_pages() (n-sample fan-out) also shares the
 /// partly filled last page, and the first holder to write into it gets a copy of its own
 /// (copy-on-write, allocate_for_write()): a page is written only while its refcount is 1.
+///
+///
+/// Prefix cache (docs/design.md, "Prefix cache"): with enable_prefix_caching, full pages
+/// whose K/V are computed are registered under their chain hash (cache_full_pages), stay
+/// cached when no sequence holds them (cached-free, counted as free) and are evicted
+/// least-recently-freed first only when the allocator runs out of other free pages. A
+/// sequence with nothing computed attaches the longest cached prefix of its tokens when it
+/// gets its first pages (match_prefix, then allocate with the match). Registered pages are
+/// full and computed, so a page shared through the cache is only read.
 /// Not thread-safe: the engine's thread only.
 class KvCacheManager {
  public:
   /// num_pages counts the reserved page 0 (>= 2); max_slots counts the reserved row 0
   /// (>= 2); page_size and max_pages_per_seq >= 1. Throws Error naming a bad value.
   KvCacheManager(int32_t num_pages, int32_t page_size, int32_t max_slots,
-                 int32_t max_pages_per_seq);
+                 int32_t max_pages_per_seq, bool enable_prefix_caching = false);
+  // The allocator's eviction listener points at this manager.
+  KvCacheManager(const KvCacheManager&) = delete;
+  KvCacheManager& operator=(const KvCacheManager&) = delete;
 
   int32_t page_size() const { return page_size_; }
   int32_t max_pages_per_seq() const { return table_.max_pages_per_seq(); }
   /// Pages including the reserved page 0.
   int32_t num_pages() const { return allocator_.num_pages(); }
   int32_t num_usable_pages() const { return allocator_.num_usable(); }
+  /// Unreferenced pages, cached-free ones included (they are evicted on demand).
   int32_t num_free_pages() const { return allocator_.num_free(); }
   int32_t num_free_rows() const { return table_.num_free_rows(); }
   int32_t num_used_rows() const { return table_.num_used_rows(); }
@@ -107,6 +140,36 @@ class KvCacheManager {
   std::vector<PageCopy> take_page_copies();
   /// Copies recorded and not yet taken.
   int32_t num_pending_page_copies() const { return static_cast<int32_t>(pending_copies_.size()); }
+  // ---- Prefix cache. Without enable_prefix_caching, match_prefix finds nothing and
+  // cache_full_pages registers nothing.
+  bool prefix_caching_enabled() const { return prefix_caching_; }
+  /// Sets the salt of new chains (prefix_cache_salt): pages computed under other weights
+  /// or another adapter never match afterwards. Chains already started keep their salt and
+  /// stop registering pages.
+  void set_prefix_salt(uint64_t weights_version, uint64_t adapter_id = 0);
+  /// The longest run of cached full pages that begins `tokens` (seq's known tokens),
+  /// capped so that at least one token remains to compute (its logits are needed). Changes
+  /// nothing. Throws Error for a sequence that holds pages or has tokens computed.
+  PrefixMatch match_prefix(const KvSequence& seq, const SequenceTokens& tokens) const;
+  /// Pages seq lacks to hold match.num_tokens + num_tokens tokens once `match` is attached.
+  int32_t pages_needed(const KvSequence& seq, const PrefixMatch& match, int32_t num_tokens) const;
+  /// Whether allocate(seq, match, num_tokens) would succeed.
+  bool can_allocate(const KvSequence& seq, const PrefixMatch& match, int32_t num_tokens) const;
+  /// A sequence's first allocation with a prefix hit: attaches match's pages (one reference
+  /// each), sets num_computed = match.num_tokens, then allocates for num_tokens more as
+  /// allocate(seq, num_tokens) does, and counts the query in the statistics. All or
+  /// nothing. `match` must come from match_prefix(seq, ...) with no page allocated since.
+  bool allocate(KvSequence& seq, const PrefixMatch& match, int32_t num_tokens);
+  /// Registers seq's full pages that lie inside its num_computed tokens and are not yet
+  /// registered (their K/V are written, so they are only read from now on). Call whenever
+  /// num_computed advances; `tokens` are seq's known tokens.
+  void cache_full_pages(KvSequence& seq, const SequenceTokens& tokens);
+  /// Forgets every hash: cached-free pages go back to the free list, referenced cached
+  /// pages become ordinary pages, and nothing cached before matches afterwards.
+  void reset_prefix_cache();
+  /// Statistics since construction, with the current page counts.
+  PrefixCacheStats prefix_cache_stats() const;
+  const PrefixCache& prefix_cache() const { return cache_; }
 
   const PageAllocator& allocator() const { return allocator_; }
   /// Mutable for tests and future owners that hold pages outside any sequence (a prefix
@@ -121,7 +184,9 @@ class KvCacheManager {
   /// every referenced page is owned exactly refcount times by their page lists plus
   /// `extra_owners`; the rows in use are exactly theirs; a page past seq's computed tokens
   /// (any page from block pages_for(num_computed) on: allocated for writing) has refcount
-  /// 1. Throws Error naming the first violation.
+  /// 1; the prefix cache's maps are inverse of each other and name exactly the pages the
+  /// allocator marks cached; a sequence's cached pages carry the hash of its chain. Throws
+  /// Error naming the first violation.
   void check_invariants(const std::vector<const KvSequence*>& seqs,
                         const std::vector<const std::vector<int32_t>*>& extra_owners = {}) const;
 
@@ -133,6 +198,10 @@ class KvCacheManager {
   PageAllocator allocator_;
   PageTable table_;
   std::vector<PageCopy> pending_copies_;  // recorded by allocate_for_write, in order
+  bool prefix_caching_ = false;
+  PrefixCache cache_;
+  uint64_t salt_ = 0;  // prefix_cache_salt of the current weights version and adapter
+  PrefixCacheStats stats_;  // queried_tokens, hit_tokens, evictions
 };
 
 }  // namespace pagellm

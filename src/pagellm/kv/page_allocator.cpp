@@ -9,6 +9,8 @@ PageAllocator::PageAllocator(int32_t num_pages) {
                                    "for padding), got num_pages = "
                                 << num_pages;
   refcounts_.assign(static_cast<size_t>(num_pages), 0);
+  cached_.assign(static_cast<size_t>(num_pages), 0);
+  lru_pos_.resize(static_cast<size_t>(num_pages));
   for (int32_t p = 1; p < num_pages; ++p) free_list_.push_back(p);
 }
 
@@ -19,9 +21,19 @@ void PageAllocator::check_page(int32_t page, const char* what) const {
 }
 
 int32_t PageAllocator::allocate() {
-  if (free_list_.empty()) return -1;
-  int32_t page = free_list_.front();
-  free_list_.pop_front();
+  int32_t page = -1;
+  if (!free_list_.empty()) {
+    page = free_list_.front();
+    free_list_.pop_front();
+  } else if (!cached_free_.empty()) {
+    // Only when nothing never-cached is left: evict the least recently freed cached page.
+    page = cached_free_.front();
+    cached_free_.pop_front();
+    cached_[page] = 0;
+    if (on_evict_) on_evict_(page);
+  } else {
+    return -1;
+  }
   PAGELLM_ASSERT(refcounts_[page] == 0) << "free-listed page " << page << " has refcount "
                                         << refcounts_[page];
   refcounts_[page] = 1;
@@ -47,8 +59,47 @@ bool PageAllocator::decref(int32_t page) {
   PAGELLM_CHECK(refcounts_[page] >= 1) << "double free of page " << page
                                        << ": it is already on the free list";
   if (--refcounts_[page] > 0) return false;
-  free_list_.push_back(page);
+  if (cached_[page]) {
+    lru_pos_[page] = cached_free_.insert(cached_free_.end(), page);
+  } else {
+    free_list_.push_back(page);
+  }
   return true;
+}
+
+void PageAllocator::mark_cached(int32_t page) {
+  check_page(page, "mark_cached");
+  PAGELLM_CHECK(refcounts_[page] >= 1 && !cached_[page])
+      << "mark_cached of page " << page << " (refcount " << refcounts_[page]
+      << (cached_[page] ? ", cached" : "")
+      << "): only a referenced page that is not cached yet can be cached";
+  cached_[page] = 1;
+}
+
+bool PageAllocator::is_cached(int32_t page) const {
+  check_page(page, "is_cached");
+  return cached_[page] != 0;
+}
+
+void PageAllocator::ref_cached(int32_t page) {
+  check_page(page, "ref_cached");
+  PAGELLM_CHECK(cached_[page]) << "ref_cached of page " << page << ", which is not cached";
+  if (refcounts_[page] == 0) cached_free_.erase(lru_pos_[page]);
+  ++refcounts_[page];
+}
+
+void PageAllocator::uncache(int32_t page) {
+  check_page(page, "uncache");
+  PAGELLM_CHECK(cached_[page]) << "uncache of page " << page << ", which is not cached";
+  cached_[page] = 0;
+  if (refcounts_[page] == 0) {
+    cached_free_.erase(lru_pos_[page]);
+    free_list_.push_back(page);
+  }
+}
+
+std::vector<int32_t> PageAllocator::cached_free_pages() const {
+  return std::vector<int32_t>(cached_free_.begin(), cached_free_.end());
 }
 
 void PageAllocator::release(const std::vector<int32_t>& pages) {
@@ -62,13 +113,24 @@ int32_t PageAllocator::refcount(int32_t page) const {
 }
 
 void PageAllocator::check_invariants() const {
-  PAGELLM_ASSERT(refcounts_[0] == 0) << "reserved page 0 has refcount " << refcounts_[0];
+  PAGELLM_ASSERT(refcounts_[0] == 0 && !cached_[0])
+      << "reserved page 0 has refcount " << refcounts_[0] << (cached_[0] ? " and is cached" : "");
   std::vector<char> on_free_list(refcounts_.size(), 0);
   for (int32_t page : free_list_) {
     PAGELLM_ASSERT(page >= 1 && page < num_pages()) << "free list holds invalid page " << page;
     PAGELLM_ASSERT(!on_free_list[page]) << "page " << page << " is on the free list twice";
     PAGELLM_ASSERT(refcounts_[page] == 0)
         << "free-listed page " << page << " has refcount " << refcounts_[page];
+    PAGELLM_ASSERT(!cached_[page]) << "free-listed page " << page << " is marked cached";
+    on_free_list[page] = 1;
+  }
+  for (int32_t page : cached_free_) {
+    PAGELLM_ASSERT(page >= 1 && page < num_pages()) << "LRU list holds invalid page " << page;
+    PAGELLM_ASSERT(!on_free_list[page]) << "page " << page << " is listed twice";
+    PAGELLM_ASSERT(refcounts_[page] == 0)
+        << "cached-free page " << page << " has refcount " << refcounts_[page];
+    PAGELLM_ASSERT(cached_[page]) << "LRU-listed page " << page << " is not marked cached";
+    PAGELLM_ASSERT(*lru_pos_[page] == page) << "LRU position of page " << page << " is stale";
     on_free_list[page] = 1;
   }
   int32_t referenced = 0;
@@ -81,8 +143,8 @@ void PageAllocator::check_invariants() const {
     }
   }
   PAGELLM_ASSERT(num_free() + referenced == num_usable())
-      << "free " << num_free() << " + referenced " << referenced << " != usable "
-      << num_usable();
+      << "free " << free_list_.size() << " + cached-free " << cached_free_.size()
+      << " + referenced " << referenced << " != usable " << num_usable();
 }
 
 void PageAllocator::check_invariants(

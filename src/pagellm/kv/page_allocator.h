@@ -9,18 +9,28 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <list>
 #include <vector>
 
 namespace pagellm {
 
 /// Hands out physical pages 1 .. num_pages-1 with reference counts.
 ///
-/// A page is either free (refcount 0, on the free list) or referenced (refcount >= 1, off
-/// the free list); free + referenced == num_usable() at all times. allocate() gives pages
-/// with refcount 1; incref() lets a second owner share a page (prefix sharing); decref()
-/// drops one reference and puts the page back on the free list when it reaches 0.
-/// The free list is FIFO: freed pages are reused last, which keeps recently used pages
-/// intact for as long as possible (useful once prefix caching looks pages up by content).
+/// A page is in one of three states (docs/design.md, "Prefix cache"):
+///   - free: refcount 0, never cached (or evicted), on the free list;
+///   - cached-free: refcount 0 but marked cached (the prefix cache knows its contents), on
+///     the LRU list, evictable;
+///   - referenced: refcount >= 1 (cached or not), on neither list.
+/// free + cached-free + referenced == num_usable() at all times, and num_free() counts both
+/// kinds of unreferenced page: a cached-free page is handed out when nothing else is left,
+/// so the cache never makes an allocation fail.
+/// allocate() gives pages with refcount 1, taking never-cached pages first and evicting
+/// cached-free pages least-recently-freed first only when no free page remains (the
+/// eviction listener hears of each, so the cache forgets its contents); incref() lets a
+/// second owner share a page; decref() drops one reference and, at 0, puts the page at the
+/// back of the free list, or of the LRU list if it is cached. The free list is FIFO: freed
+/// pages are reused last.
 /// Running out of pages is not an error: allocate() reports failure and changes nothing.
 /// Misuse (double free, page 0, a page out of range) throws Error.
 class PageAllocator {
@@ -32,7 +42,12 @@ class PageAllocator {
   int32_t num_pages() const { return static_cast<int32_t>(refcounts_.size()); }
   /// Pages that can be handed out: num_pages() - 1.
   int32_t num_usable() const { return num_pages() - 1; }
-  int32_t num_free() const { return static_cast<int32_t>(free_list_.size()); }
+  /// Unreferenced pages, cached-free ones included: what allocate() can hand out.
+  int32_t num_free() const {
+    return static_cast<int32_t>(free_list_.size() + cached_free_.size());
+  }
+  /// Unreferenced pages that the prefix cache still knows (evictable).
+  int32_t num_cached_free() const { return static_cast<int32_t>(cached_free_.size()); }
   /// Pages with refcount >= 1.
   int32_t num_referenced() const { return num_usable() - num_free(); }
   bool can_allocate(int32_t count) const { return count <= num_free(); }
@@ -54,9 +69,31 @@ class PageAllocator {
   /// Current reference count (0 for free pages and for page 0).
   int32_t refcount(int32_t page) const;
 
-  /// Verifies the allocator's own invariants: page 0 unreferenced and never free-listed,
-  /// every free-listed page unique with refcount 0, every page with refcount 0 on the
-  /// free list, free + referenced == usable. Throws Error naming the first violation.
+  /// Marks a referenced page as cached (the prefix cache has registered its contents):
+  /// when its refcount drops to 0 it becomes cached-free instead of free. Throws Error for
+  /// an unreferenced or already cached page.
+  void mark_cached(int32_t page);
+  bool is_cached(int32_t page) const;
+  /// Takes a reference to a cached page (a prefix-cache hit): a cached-free page leaves
+  /// the LRU list with refcount 1, a referenced one gains an owner. Throws Error for a page
+  /// that is not cached.
+  void ref_cached(int32_t page);
+  /// Forgets that a page is cached: a cached-free page goes back to the free list (at its
+  /// back), a referenced one becomes an ordinary referenced page. The eviction listener is
+  /// not called (the caller drops its own entry). Throws Error for a page that is not
+  /// cached.
+  void uncache(int32_t page);
+  /// Called with each cached-free page that allocate() evicts, before it is handed out.
+  using EvictionListener = std::function<void(int32_t page)>;
+  void set_eviction_listener(EvictionListener listener) { on_evict_ = std::move(listener); }
+  /// Cached-free pages, least recently freed (the next to be evicted) first.
+  std::vector<int32_t> cached_free_pages() const;
+
+  /// Verifies the allocator's own invariants: page 0 unreferenced, never listed nor
+  /// cached; every free-listed page unique, uncached, with refcount 0; every LRU-listed
+  /// page unique, cached, with refcount 0; every page with refcount 0 on exactly the list
+  /// its cached mark names; free + cached-free + referenced == usable. Throws Error naming
+  /// the first violation.
   void check_invariants() const;
   /// The above, and also that `owners` (every page list that holds references, for
   /// example the pages of each running sequence) account for the references exactly: each
@@ -68,7 +105,11 @@ class PageAllocator {
   void check_page(int32_t page, const char* what) const;
 
   std::vector<int32_t> refcounts_;  // [num_pages]; refcounts_[0] stays 0
-  std::deque<int32_t> free_list_;   // pop front, push back
+  std::deque<int32_t> free_list_;   // never-cached unreferenced pages; pop front, push back
+  std::vector<char> cached_;        // [num_pages]; 1: the prefix cache holds its contents
+  std::list<int32_t> cached_free_;  // cached unreferenced pages; evict front, push back
+  std::vector<std::list<int32_t>::iterator> lru_pos_;  // [num_pages]; valid while listed
+  EvictionListener on_evict_;
 };
 
 }  // namespace pagellm
