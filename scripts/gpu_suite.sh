@@ -3,7 +3,7 @@
 # compiler or package needed there beyond the CUDA toolkit, python3 with torch and
 # transformers). Usage: scripts/gpu_suite.sh BUNDLE_DIR LOG_DIR [steps...]
 # BUNDLE_DIR holds bundle.tar.xz (bin/ and lib/) as scripts/build_gpu.sh leaves it.
-# Steps (default: all but ablate): tests e2e logprobs bench trace ablate attn gemm stream calib hf
+# Steps (default: all but ablate): tests e2e logprobs bench rl trace ablate attn gemm stream calib hf
 # "logprobs" compares sampled tokens' logprobs (bf16 and float32 heads, and score()) with
 # transformers in float32 (LOGPROB_PRESETS, default qwen3-0.6b; add qwen3-4b when wanted).
 # "trace" records 8 mid-decode W1 steps' kernels (CUPTI) and prints where the time goes.
@@ -15,7 +15,7 @@ LOG=${2:-gpu-logs}
 shift 2 || true
 B=/tmp/pagellm-gpu
 rm -rf "$B" && mkdir -p "$B" && xz -dc "$BUNDLE/bundle.tar.xz" | tar -C "$B" -xf - || exit 1
-STEPS=${*:-tests e2e logprobs bench trace attn gemm stream calib hf}
+STEPS=${*:-tests e2e logprobs bench rl trace attn gemm stream calib hf}
 mkdir -p "$LOG"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONUNBUFFERED=1
@@ -62,6 +62,16 @@ if has bench; then
   "$B/bin/pagellm" bench --json-out "$LOG/bench.jsonl" 2>&1 | tee "$LOG/bench_w1.log"
   for batch in ${BENCH_BATCHES:-1 8 64 128 256}; do
     "$B/bin/pagellm" bench --batch "$batch" --output-len 128 --json-out "$LOG/bench.jsonl" 2>&1 | tee -a "$LOG/bench_sweep.log"
+  done
+fi
+
+if has rl; then
+  step "RL rollouts: W1 batch-invariant, weight updates, sleep/wake, W2 (grpo)"
+  "$B/bin/pagellm" bench --batch-invariant --json-out "$LOG/rl.jsonl" 2>&1 | tee "$LOG/bench_w1_invariant.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  for workload in weight-update sleep-wake grpo; do
+    "$B/bin/pagellm" bench --workload "$workload" --json-out "$LOG/rl.jsonl" 2>&1 | tee "$LOG/bench_$workload.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
 fi
 

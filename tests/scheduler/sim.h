@@ -21,6 +21,10 @@
 // (SchedulerOutput::page_copies) are applied to the fake pool before the step writes, as
 // the model runner does, so a sample that wrote into a page it still shared, or a copy
 // that was missed, shows up as a mismatch.
+//
+// With prefix caching, a cell read through a page attached from the cache was written by
+// another request: there each cell also holds a fingerprint of the writer's tokens 0 ..
+// position, and the reader's must equal it (the K/V of a position depend on exactly those).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -55,6 +59,8 @@ struct Request {
   std::vector<int32_t> script;  // tokens the mocked model samples, by output index
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
+  /// Leading prompt tokens common to every request (10 + i % 50), for prefix caching.
+  int32_t shared_prefix = 0;
 };
 
 /// What one step did, in the compact notation of the expectation tables.
@@ -86,9 +92,10 @@ inline std::string join_ids(const std::vector<Sequence*>& seqs) {
 class Sim {
  public:
   /// max_slots 0: max_num_seqs + 1 page-table rows.
-  Sim(SchedulerConfig config, int32_t num_pages, int32_t max_slots = 0)
+  Sim(SchedulerConfig config, int32_t num_pages, int32_t max_slots = 0,
+      bool prefix_caching = false)
       : kv_(num_pages, config.page_size, max_slots ? max_slots : config.max_num_seqs + 1,
-            derived_pages(config)),
+            derived_pages(config), prefix_caching),
         scheduler_(config, kv_),
         kv_cells_(static_cast<size_t>(num_pages) * config.page_size),
         backend_table_(kv_.page_table().data().size(), 0) {}
@@ -101,8 +108,10 @@ class Sim {
   Sequence* make(const Request& r) {
     auto seq = std::make_unique<Sequence>();
     seq->id = r.id;
-    for (int32_t i = 0; i < r.prompt_len; ++i)
-      seq->prompt.push_back(10 + static_cast<int32_t>((7 * r.id + i) % 50));
+    for (int32_t i = 0; i < r.prompt_len; ++i) {
+      seq->prompt.push_back(i < r.shared_prefix ? 10 + i % 50
+                                                : 10 + static_cast<int32_t>((7 * r.id + i) % 50));
+    }
     seq->params.max_tokens = r.max_tokens;
     seq->params.stop_token_ids = r.stop_token_ids;
     seq->params.ignore_eos = r.ignore_eos;
@@ -217,7 +226,19 @@ class Sim {
     int64_t id = -1;
     int32_t position = -1;
     int32_t token = -1;
+    uint64_t prefix = 0;  // fingerprint of the writer's tokens 0 .. position
   };
+
+  // fingerprints[p]: of s's tokens 0 .. p, for p < n.
+  static std::vector<uint64_t> fingerprints(const Sequence& s, int32_t n) {
+    std::vector<uint64_t> f(static_cast<size_t>(n));
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t p = 0; p < n; ++p) {
+      h = (h ^ static_cast<uint64_t>(s.token_at(p) + 1)) * 1099511628211ull;
+      f[p] = h;
+    }
+    return f;
+  }
 
   void check_budget(const SchedulerOutput& out) {
     int32_t total = 0;
@@ -272,6 +293,7 @@ class Sim {
     std::set<int32_t> written;
     for (int32_t b = 0; b < batch.num_seqs(); ++b) {
       const Sequence& s = *out.scheduled[b].seq;
+      const std::vector<uint64_t> prefix = fingerprints(s, batch.kv_lens[b]);
       for (int32_t t = batch.query_start[b]; t < batch.query_start[b + 1]; ++t) {
         const int32_t slot = batch.slot_mapping[t];
         ASSERT_TRUE(written.insert(slot).second) << "two tokens of one step write slot " << slot;
@@ -280,19 +302,25 @@ class Sim {
         const int32_t pos = batch.positions[t];
         ASSERT_EQ(batch.page_table[b * batch.max_pages_per_seq + pos / ps], slot / ps);
         ASSERT_EQ(slot % ps, pos % ps);
-        kv_cells_[slot] = Cell{s.id, pos, batch.token_ids[t]};
+        // A page shared through the prefix cache is never written.
+        ASSERT_EQ(kv_.allocator().refcount(slot / ps), 1) << "a token writes a shared page";
+        ASSERT_FALSE(kv_.allocator().is_cached(slot / ps)) << "a token writes a cached page";
+        kv_cells_[slot] = Cell{s.id, pos, batch.token_ids[t], prefix[pos]};
       }
     }
     // Attention reads every cached position of every sequence through its row.
+    const bool shared_ok = kv_.prefix_caching_enabled();
     for (int32_t b = 0; b < batch.num_seqs(); ++b) {
       const Sequence& s = *out.scheduled[b].seq;
+      const std::vector<uint64_t> prefix = fingerprints(s, batch.kv_lens[b]);
       for (int32_t pos = 0; pos < batch.kv_lens[b]; ++pos) {
         const int32_t page = batch.page_table[b * batch.max_pages_per_seq + pos / ps];
         const Cell& c = kv_cells_[page * ps + pos % ps];
-        const bool writer_ok =
-            c.id == s.id || (pos < static_cast<int32_t>(s.prompt.size()) && group_of_.count(s.id) &&
-                             group_of_.count(c.id) && group_of_.at(c.id) == group_of_.at(s.id));
-        ASSERT_TRUE(writer_ok && c.position == pos && c.token == s.token_at(pos))
+        const bool group_ok = pos < static_cast<int32_t>(s.prompt.size()) &&
+                              group_of_.count(s.id) && group_of_.count(c.id) &&
+                              group_of_.at(c.id) == group_of_.at(s.id);
+        ASSERT_TRUE((c.id == s.id || group_ok || shared_ok) && c.position == pos &&
+                    c.token == s.token_at(pos) && c.prefix == prefix[pos])
             << "request " << s.id << " position " << pos << " reads a cell of request " << c.id
             << " position " << c.position;
       }

@@ -64,6 +64,7 @@ size_t check_kv_page_copies(const std::vector<LayerKv>& kv,
         << " to page " << dst << "; pages must differ and lie in 1.." << num_pages - 1;
   }
   return first.nbytes() / static_cast<size_t>(num_pages);
+}
 
 void Backend::float32_head(const Tensor& x, const Tensor& norm_weight, float eps,
                            const Tensor& w, Tensor& normed, Tensor& out) {
