@@ -16,6 +16,12 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
     backend->set_batch_invariant(config_.batch_invariant);
     resolve_config(model->config());
     // Before the runner reserves activations and captures graphs over the forward.
+    const bool float32_throughout =
+        backend->activation_dtype() == DType::F32 && backend->weight_dtype() == DType::F32;
+    PAGELLM_CHECK(!(config_.float32_head && config_.batch_invariant) || float32_throughout)
+        << "float32_head and batch_invariant cannot be combined on the " << backend->name()
+        << " backend: its float32 head runs on cuBLASLt, whose per-row results depend on the "
+           "row count; choose one (on the float32 cpu backend both work)";
     if (config_.float32_head) model->enable_float32_head();
   } catch (...) {
     model.reset();  // its buffers belong to the backend: free them while it exists
