@@ -64,6 +64,27 @@ TEST(BatchRequest, BadLinesNameTheProblem) {
   expect_error("{\"prompt\": \"\xff\"}", "not a JSON object");
 }
 
+TEST(BatchRequest, TopLogprobsKeyAndResult) {
+  const BatchRequest r = parse_batch_request(R"({"prompt_token_ids": [1], "logprobs": 3})", {});
+  EXPECT_EQ(r.params.logprobs, 3);
+  expect_error(R"({"prompt": "a", "logprobs": 21})", "\"logprobs\" must be in [0, 20]");
+  expect_error(R"({"prompt": "a", "logprobs": 99999999999})", "got 99999999999");
+  expect_error(R"({"prompt": "a", "logprobs": true})", "\"logprobs\" must be an integer");
+
+  RequestOutput out;
+  CompletionOutput o;
+  o.token_ids = {5};
+  o.logprobs = {-0.5f};
+  o.top_logprobs = {{{5, -0.5f}, {2, -1.5f}}};
+  o.logprob_ranks = {1};
+  out.outputs = {o};
+  const auto j = nlohmann::json::parse(format_batch_result(out, false));
+  EXPECT_EQ(j["outputs"][0]["top_logprobs"][0][1]["token_id"], 2);
+  EXPECT_EQ(j["outputs"][0]["top_logprobs"][0][1]["logprob"], -1.5);
+  EXPECT_EQ(j["outputs"][0]["logprob_ranks"], nlohmann::json::parse("[1]"));
+  EXPECT_FALSE(j["outputs"][0].contains("processed_top_logprobs"));
+}
+
 TEST(BatchRequest, ResultLineShape) {
   RequestOutput r;
   r.request_id = "q";

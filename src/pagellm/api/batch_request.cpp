@@ -134,7 +134,12 @@ BatchRequest parse_batch_request(std::string_view json_line, const SamplingParam
       PAGELLM_CHECK(v.is_number_integer()) << "\"logprobs\" must be an integer (top-k "
                                               "alternatives per token), got a "
                                            << type_of(v);
-      p.logprobs = v.get<int>();
+      const int64_t k = v.get<int64_t>();
+      // Out of int's range: a value validate_sampling_params rejects, named as given.
+      PAGELLM_CHECK(k >= 0 && k <= SamplingParams::kMaxLogprobs)
+          << "\"logprobs\" must be in [0, " << SamplingParams::kMaxLogprobs
+          << "] (top-k alternatives per token; 0: none), got " << k;
+      p.logprobs = static_cast<int>(k);
     } else {
       PAGELLM_FAIL() << "unknown key \"" << key
                      << "\" (accepted: id, prompt, prompt_token_ids, messages, "
