@@ -1,5 +1,7 @@
 // Sleep and wake through the public API: LLM and AsyncEngine release the KV cache, refuse
 // what they document they refuse, and give the same outputs after wake as before sleep.
+// (The AsyncEngine test keeps the AsyncEngine suite name so that the ThreadSanitizer run,
+// tests/api/tsan.cmake, covers sleep and wake on the loop thread too.)
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -74,7 +76,7 @@ TEST(LlmSleep, SameOutputsAfterWakeAndClearErrors) {
   EXPECT_EQ(llm.num_free_pages(), llm.num_usable_pages());
 }
 
-TEST(AsyncEngineSleep, SleepWakeAndRequestsWhileAsleep) {
+TEST(AsyncEngine, SleepWakeAndRequestsWhileAsleep) {
   std::vector<std::vector<int32_t>> expected;
   {
     LLM llm(testing::tiny_model_dir(), sleep_options());
