@@ -25,9 +25,12 @@ EngineOptions options() {
   return o;
 }
 
-// A second tiny model (other seed), same architecture as tiny_model_dir's, made once.
+// A second tiny model (other seed), same architecture as tiny_model_dir's, made on first
+// use only (listing the tests must not make it).
+std::string other_dir;  // defined before `cleanup`, so it outlives it
+
 const std::string& other_weights_dir() {
-  static const std::string dir = [] {
+  if (other_dir.empty()) {
     const std::filesystem::path d = std::filesystem::temp_directory_path() /
                                     ("pagellm-api-wu-" + std::to_string(::getpid()));
     MakeModelOptions opt;
@@ -36,15 +39,15 @@ const std::string& other_weights_dir() {
     opt.seed = 6;
     opt.dtype = DType::F32;
     make_model(opt);
-    return d.string();
-  }();
-  return dir;
+    other_dir = d.string();
+  }
+  return other_dir;
 }
 
 struct Cleanup {
   ~Cleanup() {
     std::error_code ec;
-    std::filesystem::remove_all(other_weights_dir(), ec);
+    if (!other_dir.empty()) std::filesystem::remove_all(other_dir, ec);
   }
 } cleanup;
 testing::TinyModelCleanup tiny_cleanup;

@@ -135,9 +135,9 @@ set_tests_properties(cli_bench_json PROPERTIES PASS_REGULAR_EXPRESSION "^${_line
 add_test(NAME cli_bench_help COMMAND ${_pl} bench --help)
 set_tests_properties(cli_bench_help PROPERTIES PASS_REGULAR_EXPRESSION
   "--workload TEXT=w1 .*w1: decode of Qwen3-4B.*--batch INT +concurrent requests \\(default: the workload's. W1: 32\\)")
-add_test(NAME cli_bench_unknown_workload COMMAND ${_pl} bench --workload grpo)
+add_test(NAME cli_bench_unknown_workload COMMAND ${_pl} bench --workload w9)
 set_tests_properties(cli_bench_unknown_workload PROPERTIES PASS_REGULAR_EXPRESSION
-  "pagellm: error: unknown workload 'grpo' \\(known: w1\\)")
+  "pagellm: error: unknown workload 'w9' \\(known: w1, weight-update, grpo\\)")
 add_test(NAME cli_bench_bad_output_len COMMAND ${_pl} bench --preset tiny --backend cpu --output-len 1)
 set_tests_properties(cli_bench_bad_output_len PROPERTIES PASS_REGULAR_EXPRESSION
   "pagellm: error: benchmark output length must be at least 2 .*got 1")

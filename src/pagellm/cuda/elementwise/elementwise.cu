@@ -1,5 +1,6 @@
 // Memory-bound kernels: fill, row gather (embedding, logits rows), RMSNorm, fused
-// residual-add + RMSNorm, and SiLU-and-multiply.
+// residual-add + RMSNorm, SiLU-and-multiply, and dtype conversion (weight updates from
+// device memory of another dtype).
 //
 // Every kernel here reads and writes each element once (RMSNorm reads its row twice; the
 // second read hits L1/L2), so the roofline is HBM bandwidth: on an H200 (4.8 TB/s) a decode
