@@ -96,6 +96,12 @@ class Engine {
   Qwen3Model& model() { return runner_->model(); }
   Backend& backend() { return runner_->backend(); }
   const PageAllocator& allocator() const { return kv_cache_->allocator(); }
+  /// Fault injection for tests: from the next step on, the scheduler finds `pages` fewer KV
+  /// pages free than there are (PageAllocator::withhold_for_testing), as if they were held
+  /// elsewhere; 0 restores normal operation.
+  void withhold_pages_for_testing(int32_t pages) {
+    kv_cache_->allocator().withhold_for_testing(pages);
+  }
   int64_t num_pages() const { return runner_->num_pages(); }
   /// The captured decode buckets (empty without graphs).
   std::vector<int32_t> graph_buckets() const { return runner_->graph_buckets(); }

@@ -19,13 +19,18 @@ void PageAllocator::check_page(int32_t page, const char* what) const {
 }
 
 int32_t PageAllocator::allocate() {
-  if (free_list_.empty()) return -1;
+  if (!can_allocate(1)) return -1;
   int32_t page = free_list_.front();
   free_list_.pop_front();
   PAGELLM_ASSERT(refcounts_[page] == 0) << "free-listed page " << page << " has refcount "
                                         << refcounts_[page];
   refcounts_[page] = 1;
   return page;
+}
+
+void PageAllocator::withhold_for_testing(int32_t pages) {
+  PAGELLM_CHECK(pages >= 0) << "cannot withhold a negative number of pages (" << pages << ")";
+  withheld_ = pages;
 }
 
 bool PageAllocator::allocate(int32_t count, std::vector<int32_t>* pages) {
