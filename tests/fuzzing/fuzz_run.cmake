@@ -1,5 +1,7 @@
 # cmake -DSOURCE=... -DBUILD=... -DCXX=clang++ -DC=clang -DGENERATOR=...
-#       -DTARGETS="a_fuzz=SECONDS;b_fuzz=SECONDS" -P fuzz_run.cmake      (see extra.cmake)
+#       -DTARGETS=a_fuzz=SECONDS,b_fuzz=SECONDS -P fuzz_run.cmake      (see extra.cmake)
+# (Commas, not a CMake list: a semicolon does not survive add_test's quoting intact.)
+string(REPLACE "," ";" TARGETS "${TARGETS}")
 set(names)
 foreach(entry ${TARGETS})
   string(REGEX REPLACE "=.*" "" name ${entry})
