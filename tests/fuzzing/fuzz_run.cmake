@@ -1,5 +1,12 @@
-# cmake -DSOURCE=... -DBUILD=... -DCXX=clang++ -DC=clang -DGENERATOR=... -DSECONDS=N
-#       -DTARGETS="a;b" -P fuzz_run.cmake      (see extra.cmake)
+# cmake -DSOURCE=... -DBUILD=... -DCXX=clang++ -DC=clang -DGENERATOR=...
+#       -DTARGETS=a_fuzz=SECONDS,b_fuzz=SECONDS -P fuzz_run.cmake      (see extra.cmake)
+# (Commas, not a CMake list: a semicolon does not survive add_test's quoting intact.)
+string(REPLACE "," ";" TARGETS "${TARGETS}")
+set(names)
+foreach(entry ${TARGETS})
+  string(REGEX REPLACE "=.*" "" name ${entry})
+  list(APPEND names ${name})
+endforeach()
 string(TIMESTAMP t0 "%s")
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE} -B ${BUILD} -G ${GENERATOR}
     -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_C_COMPILER=${C} -DPAGELLM_FUZZ=ON -DPAGELLM_CUDA=OFF
@@ -8,15 +15,17 @@ execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE} -B ${BUILD} -G ${GENERATOR
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "configuring the fuzzing tree with ${CXX} failed")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD} --target ${TARGETS} -j 2
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD} --target ${names} -j 2
   RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "building ${TARGETS} failed")
+  message(FATAL_ERROR "building ${names} failed")
 endif()
 string(TIMESTAMP t1 "%s")
 math(EXPR build_s "${t1} - ${t0}")
 message(STATUS "fuzz targets built in ${build_s} s")
-foreach(target ${TARGETS})
+foreach(entry ${TARGETS})
+  string(REGEX REPLACE "=.*" "" target ${entry})
+  string(REGEX REPLACE ".*=" "" SECONDS ${entry})
   string(REPLACE "_fuzz" "" corpus_name ${target})
   set(scratch ${BUILD}/corpus-new/${corpus_name})
   file(REMOVE_RECURSE ${scratch})

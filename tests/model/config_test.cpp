@@ -1,6 +1,8 @@
 // config.json parsing, validation and writing.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
 #include "model/model_test_util.h"
@@ -192,6 +194,47 @@ TEST(Qwen3Config, RejectsInconsistentSizes) {
   j = base();
   j["rope_theta"] = 0;
   EXPECT_NE(parse_error(j).find("rope_theta"), std::string::npos);
+}
+
+// Found by config_fuzz: sizes whose parameter count overflows int64 were accepted, and
+// num_parameters() (which the model sizes its weights from) then overflowed, undefined
+// behaviour. They are refused, naming the sizes.
+TEST(Qwen3Config, RejectsSizesWhoseParameterCountOverflows) {
+  json j = base();
+  j["hidden_size"] = int64_t{1} << 40;
+  j["intermediate_size"] = int64_t{1} << 40;
+  j["head_dim"] = 128;
+  std::string err = parse_error(j);
+  EXPECT_NE(err.find("give more parameters than a 64-bit count holds"), std::string::npos) << err;
+  j = base();
+  j["num_hidden_layers"] = int64_t{1} << 62;  // each size fine, the product not
+  err = parse_error(j);
+  EXPECT_NE(err.find("num_hidden_layers 4611686018427387904"), std::string::npos) << err;
+  Qwen3Config c = parse(base());
+  c.vocab_size = int64_t{1} << 62;
+  EXPECT_NE(error_of([&] { c.num_parameters(); }).find("overflows"), std::string::npos);
+  EXPECT_EQ(parse(base()).num_parameters(), 596049920);  // Qwen3-0.6B, tied
+}
+
+// A number past the double range (1e400) makes nlohmann throw out_of_range, which is not
+// a parse_error: it escaped the reader as a foreign exception (a crash in the fuzzer, an
+// unhelpful message in the CLI). Now it is the reader's "not valid JSON" Error.
+TEST(Qwen3Config, NumberPastTheDoubleRangeIsAJsonError) {
+  for (const char* key : {"rope_theta", "rms_norm_eps"}) {
+    json j = base();
+    j.erase(key);
+    std::string text = j.dump();
+    text.insert(1, std::string("\"") + key + "\": 1e400, ");
+    const std::string err = error_of([&] { parse_qwen3_config(text, "test/config.json"); });
+    EXPECT_NE(err.find("test/config.json: not valid JSON"), std::string::npos) << err;
+    EXPECT_NE(err.find("number overflow"), std::string::npos) << err;
+  }
+  // A config built in code can still hold infinity; validation refuses it.
+  Qwen3Config c = parse(base());
+  c.rope_theta = std::numeric_limits<double>::infinity();
+  EXPECT_NE(error_of([&] { validate_qwen3_config(c, "code"); })
+                .find("rope_theta must be a finite positive number"),
+            std::string::npos);
 }
 
 TEST(Qwen3Config, RejectsUnsupportedArchitectures) {

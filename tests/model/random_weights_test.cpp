@@ -33,7 +33,10 @@ TEST(RandomWeights, LookupMatchesMakeModelFolder) {
   }
   EXPECT_EQ(checked, static_cast<int>(store.size()));
   // A different seed gives different weights.
-  WeightView other = random_weight_lookup(config, 43, DType::BF16)("model.norm.weight");
+  // The view lives in the lookup's buffer: keep the lookup alive while reading it (a
+  // temporary lookup left `other` dangling; found by suite_address_sanitizer).
+  const WeightLookup other_lookup = random_weight_lookup(config, 43, DType::BF16);
+  WeightView other = other_lookup("model.norm.weight");
   EXPECT_NE(std::memcmp(other.data, store.get("model.norm.weight").data, 64), 0);
   std::filesystem::remove_all(dir);
 }

@@ -251,6 +251,14 @@ TEST_F(BadFile, HeaderNotJson) {
   EXPECT_NE(error_for_header(R"({"a": 5})").find("tensor 'a'"), std::string::npos);
 }
 
+// A number past the double range makes nlohmann throw out_of_range, not parse_error; it
+// escaped open() as a non-pagellm exception until the readers caught json::exception.
+TEST_F(BadFile, NumberPastTheDoubleRangeIsAJsonError) {
+  const std::string err = error_for_header(R"({"__metadata__":{"x":1e400}})");
+  EXPECT_NE(err.find("the header is not valid JSON"), std::string::npos) << err;
+  EXPECT_NE(err.find("number overflow"), std::string::npos) << err;
+}
+
 TEST_F(BadFile, MalformedEntries) {
   std::string err = error_for_header(R"({"a":{"shape":[2],"data_offsets":[0,8]}})");
   EXPECT_NE(err.find("tensor 'a': missing string \"dtype\""), std::string::npos) << err;

@@ -58,7 +58,11 @@ size_t CpuBackend::free_memory() const {
 
 void* CpuBackend::allocate(size_t bytes) {
   size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  void* p = nullptr;
+  if (allocations_left_ != 0) {
+    p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    if (allocations_left_ > 0) --allocations_left_;
+  }
   PAGELLM_CHECK(p != nullptr) << "cpu backend: out of host memory allocating " << bytes
                               << " bytes";
   return p;

@@ -32,6 +32,10 @@ class CpuBackend : public Backend {
   /// are, offload_weights or not (the result's weight_bytes is 0).
   BackendSleepResult sleep(bool offload_weights) override;
   void wake() override;
+  /// Fault injection for tests: after `successes` more allocate() calls, every call fails as
+  /// running out of host memory does (Error "cpu backend: out of host memory ..."); -1, the
+  /// default, never fails.
+  void fail_allocations_after_for_testing(int64_t successes) { allocations_left_ = successes; }
   void copy_to_device(void* dst, const void* src, size_t bytes) override;
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
   void synchronize() override {}
@@ -71,6 +75,8 @@ class CpuBackend : public Backend {
   /// gathers its rows into batch_rows_.
   void update_persistent_table(const ForwardBatch& batch);
 
+  // allocate() calls left before injected failures; -1: unlimited (tests only).
+  int64_t allocations_left_ = -1;
   // The persistent page table, [table_rows_, table_width_], kept across batches.
   std::vector<int32_t> table_;
   int32_t table_rows_ = 0;

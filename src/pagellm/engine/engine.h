@@ -198,6 +198,12 @@ class Engine {
   Backend& backend() { return runner_->backend(); }
   /// num_free() counts cached-free pages too: idle, every page is free.
   const PageAllocator& allocator() const { return kv_cache_->allocator(); }
+  /// Fault injection for tests: from the next step on, the scheduler finds `pages` fewer KV
+  /// pages free than there are (PageAllocator::withhold_for_testing), as if they were held
+  /// elsewhere; 0 restores normal operation.
+  void withhold_pages_for_testing(int32_t pages) {
+    kv_cache_->allocator().withhold_for_testing(pages);
+  }
   int64_t num_pages() const { return runner_->num_pages(); }
   /// The captured decode buckets (empty without graphs).
   std::vector<int32_t> graph_buckets() const { return runner_->graph_buckets(); }

@@ -223,7 +223,7 @@ bool KvCacheManager::can_allocate(const KvSequence& seq, const PrefixMatch& matc
                                   int32_t num_tokens) const {
   if (seq.slot == 0 && table_.num_free_rows() == 0) return false;
   // Attaching takes the matched cached-free pages off the free count.
-  return pages_needed(seq, match, num_tokens) <= allocator_.num_free() - match.num_cached_free;
+  return allocator_.can_allocate(pages_needed(seq, match, num_tokens) + match.num_cached_free);
 }
 
 bool KvCacheManager::allocate(KvSequence& seq, const PrefixMatch& match, int32_t num_tokens) {

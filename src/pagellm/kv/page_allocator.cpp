@@ -21,6 +21,7 @@ void PageAllocator::check_page(int32_t page, const char* what) const {
 }
 
 int32_t PageAllocator::allocate() {
+  if (!can_allocate(1)) return -1;
   int32_t page = -1;
   if (!free_list_.empty()) {
     page = free_list_.front();
@@ -38,6 +39,11 @@ int32_t PageAllocator::allocate() {
                                         << refcounts_[page];
   refcounts_[page] = 1;
   return page;
+}
+
+void PageAllocator::withhold_for_testing(int32_t pages) {
+  PAGELLM_CHECK(pages >= 0) << "cannot withhold a negative number of pages (" << pages << ")";
+  withheld_ = pages;
 }
 
 bool PageAllocator::allocate(int32_t count, std::vector<int32_t>* pages) {

@@ -50,7 +50,7 @@ class PageAllocator {
   int32_t num_cached_free() const { return static_cast<int32_t>(cached_free_.size()); }
   /// Pages with refcount >= 1.
   int32_t num_referenced() const { return num_usable() - num_free(); }
-  bool can_allocate(int32_t count) const { return count <= num_free(); }
+  bool can_allocate(int32_t count) const { return count <= num_free() - withheld_; }
 
   /// Takes one free page (refcount becomes 1). Returns -1 when none is free.
   int32_t allocate();
@@ -101,6 +101,14 @@ class PageAllocator {
   /// page 0.
   void check_invariants(const std::vector<const std::vector<int32_t>*>& owners) const;
 
+  /// Fault injection for tests: from now on, can_allocate() and allocate() behave as if
+  /// `pages` of the free pages were held by someone else (allocation fails, changing
+  /// nothing, when fewer than count + pages are free), while num_free() and the invariants
+  /// still count them as free. 0, the default, is normal operation; the cost is one
+  /// subtraction per allocation. Throws Error for a negative count.
+  void withhold_for_testing(int32_t pages);
+  int32_t withheld_for_testing() const { return withheld_; }
+
  private:
   void check_page(int32_t page, const char* what) const;
 
@@ -110,6 +118,7 @@ class PageAllocator {
   std::list<int32_t> cached_free_;  // cached unreferenced pages; evict front, push back
   std::vector<std::list<int32_t>::iterator> lru_pos_;  // [num_pages]; valid while listed
   EvictionListener on_evict_;
+  int32_t withheld_ = 0;            // free pages hidden from allocation (tests only)
 };
 
 }  // namespace pagellm

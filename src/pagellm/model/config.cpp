@@ -1,6 +1,7 @@
 #include "pagellm/model/config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -100,16 +101,40 @@ void check_rope_type(const json& rope, const char* key, const std::string& sourc
       << "\"; pagellm implements only the default rotary embedding (rope_scaling null)";
 }
 
+// The parameter count in int64 arithmetic that reports overflow: a config.json may hold any
+// sizes, and the count (which sizes the weights) must not wrap. False on overflow.
+bool checked_num_parameters(const Qwen3Config& c, int64_t* out) {
+  bool over = false;
+  auto mul = [&over](int64_t a, int64_t b) {
+    int64_t r = 0;
+    over |= __builtin_mul_overflow(a, b, &r);
+    return r;
+  };
+  auto add = [&over](int64_t a, int64_t b) {
+    int64_t r = 0;
+    over |= __builtin_add_overflow(a, b, &r);
+    return r;
+  };
+  const int64_t H = c.hidden_size;
+  const int64_t q = mul(c.num_attention_heads, c.head_dim);
+  const int64_t kv = mul(c.num_key_value_heads, c.head_dim);
+  const int64_t attention =
+      add(add(mul(H, q), mul(2, mul(H, kv))), add(mul(q, H), mul(2, c.head_dim)));
+  const int64_t mlp = mul(3, mul(H, c.intermediate_size));
+  const int64_t layer = add(add(attention, mlp), mul(2, H));
+  const int64_t embed = mul(c.vocab_size, H);
+  *out = add(add(add(embed, mul(c.num_hidden_layers, layer)), H),
+             c.tie_word_embeddings ? 0 : embed);
+  return !over;
+}
+
 }  // namespace
 
 int64_t Qwen3Config::num_parameters() const {
-  const int64_t H = hidden_size;
-  const int64_t attention = H * q_size() + 2 * H * kv_size() + q_size() * H + 2 * head_dim;
-  const int64_t mlp = 3 * H * intermediate_size;
-  const int64_t norms = 2 * H;
-  const int64_t embed = vocab_size * H;
-  return embed + num_hidden_layers * (attention + mlp + norms) + H +
-         (tie_word_embeddings ? 0 : embed);
+  int64_t n = 0;
+  PAGELLM_CHECK(checked_num_parameters(*this, &n))
+      << "Qwen3 config: the parameter count overflows 64 bits";
+  return n;
 }
 
 void validate_qwen3_config(const Qwen3Config& c, const std::string& source) {
@@ -124,15 +149,22 @@ void validate_qwen3_config(const Qwen3Config& c, const std::string& source) {
   positive("num_key_value_heads", c.num_key_value_heads);
   positive("head_dim", c.head_dim);
   positive("max_position_embeddings", c.max_position_embeddings);
+  int64_t parameters = 0;
+  PAGELLM_CHECK(checked_num_parameters(c, &parameters))
+      << source << ": the sizes (vocab_size " << c.vocab_size << ", hidden_size "
+      << c.hidden_size << ", intermediate_size " << c.intermediate_size
+      << ", num_hidden_layers " << c.num_hidden_layers << ", head_dim " << c.head_dim
+      << ") give more parameters than a 64-bit count holds";
   PAGELLM_CHECK(c.num_attention_heads % c.num_key_value_heads == 0)
       << source << ": num_attention_heads (" << c.num_attention_heads
       << ") must be a multiple of num_key_value_heads (" << c.num_key_value_heads << ")";
   PAGELLM_CHECK(c.head_dim % 2 == 0)
       << source << ": head_dim must be even for rotary embeddings, got " << c.head_dim;
-  PAGELLM_CHECK(c.rope_theta > 0) << source << ": rope_theta must be positive, got "
-                                  << c.rope_theta;
-  PAGELLM_CHECK(c.rms_norm_eps > 0) << source << ": rms_norm_eps must be positive, got "
-                                    << c.rms_norm_eps;
+  // JSON numbers past the double range (1e400) parse as infinity.
+  PAGELLM_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0)
+      << source << ": rope_theta must be a finite positive number, got " << c.rope_theta;
+  PAGELLM_CHECK(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps > 0)
+      << source << ": rms_norm_eps must be a finite positive number, got " << c.rms_norm_eps;
   PAGELLM_CHECK(c.torch_dtype == DType::F32 || c.torch_dtype == DType::BF16 ||
                 c.torch_dtype == DType::F16)
       << source << ": torch_dtype must be float32, bfloat16 or float16, got "
@@ -158,7 +190,7 @@ Qwen3Config parse_qwen3_config(const std::string& json_text, const std::string& 
   json root;
   try {
     root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     PAGELLM_FAIL() << source << ": not valid JSON: " << e.what();
   }
   PAGELLM_CHECK(root.is_object()) << source << ": expected a JSON object at the top level";
@@ -263,7 +295,7 @@ Qwen3Config load_qwen3_config(const std::string& model_dir) {
     json gen;
     try {
       gen = json::parse(read_text_file(gen_path, "generation config"));
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {
       PAGELLM_FAIL() << gen_path << ": not valid JSON: " << e.what();
     }
     PAGELLM_CHECK(gen.is_object()) << gen_path << ": expected a JSON object at the top level";

@@ -144,7 +144,7 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   json header;
   try {
     header = json::parse(header_begin, header_end, note_keys);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     PAGELLM_FAIL() << path << ": the header is not valid JSON: " << e.what();
   }
   PAGELLM_CHECK(duplicate.empty()) << path << ": tensor '" << duplicate

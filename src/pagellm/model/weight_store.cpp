@@ -28,7 +28,7 @@ std::map<std::string, std::string> read_weight_map(const std::string& index_path
   json index;
   try {
     index = json::parse(text.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     PAGELLM_FAIL() << index_path << ": not valid JSON: " << e.what();
   }
   PAGELLM_CHECK(index.is_object() && index.contains("weight_map") &&
