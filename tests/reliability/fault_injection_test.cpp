@@ -305,6 +305,14 @@ class CountingCpuBackend : public CpuBackend {
     ++*live_;
     return p;
   }
+  // The KV pools come through allocate_as (mappings of their own, for sleep).
+  void* allocate_as(MemoryRole role, size_t bytes) override {
+    if (role != MemoryRole::kKvCache) return allocate(bytes);
+    ++*calls_;
+    void* p = CpuBackend::allocate_as(role, bytes);
+    ++*live_;
+    return p;
+  }
   void deallocate(void* ptr) override {
     if (ptr != nullptr) --*live_;
     CpuBackend::deallocate(ptr);

@@ -81,6 +81,9 @@ void CpuBackend::deallocate(void* ptr) {
 void* CpuBackend::allocate_as(MemoryRole role, size_t bytes) {
   if (role != MemoryRole::kKvCache) return allocate(bytes);
   PAGELLM_CHECK(!asleep_) << "cpu backend: cannot allocate a KV pool while asleep (wake first)";
+  PAGELLM_CHECK(allocations_left_ != 0) << "cpu backend: out of host memory mapping a KV pool of "
+                                        << bytes << " bytes";
+  if (allocations_left_ > 0) --allocations_left_;
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t mapped = (std::max<size_t>(bytes, 1) + page - 1) / page * page;
   void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

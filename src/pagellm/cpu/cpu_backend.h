@@ -32,9 +32,9 @@ class CpuBackend : public Backend {
   /// are, offload_weights or not (the result's weight_bytes is 0).
   BackendSleepResult sleep(bool offload_weights) override;
   void wake() override;
-  /// Fault injection for tests: after `successes` more allocate() calls, every call fails as
-  /// running out of host memory does (Error "cpu backend: out of host memory ..."); -1, the
-  /// default, never fails.
+  /// Fault injection for tests: after `successes` more allocations (allocate() and the KV
+  /// pools' allocate_as), every one fails as running out of host memory does (Error "cpu
+  /// backend: out of host memory ..."); -1, the default, never fails.
   void fail_allocations_after_for_testing(int64_t successes) { allocations_left_ = successes; }
   void copy_to_device(void* dst, const void* src, size_t bytes) override;
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
