@@ -13,6 +13,7 @@
 namespace pagellm {
 namespace {
 
+using testing::Draws;
 using testing::Request;
 using testing::Sim;
 using testing::StepRecord;
@@ -186,14 +187,7 @@ TEST(SchedulerFanOut, RandomWorkloadsWithGroupsTerminateConsistently) {
   int total_forked = 0, total_copies = 0, total_preempted = 0, total_aborted = 0;
   for (uint64_t seed = 1; seed <= 40; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
-    uint64_t state = seed * 0x9E3779B97F4A7C15ull;
-    auto next = [&](uint64_t n) {  // splitmix64: identical on every platform
-      state += 0x9E3779B97F4A7C15ull;
-      uint64_t z = state;
-      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-      return static_cast<int32_t>((z ^ (z >> 31)) % n);
-    };
+    Draws next(seed * 0x9E3779B97F4A7C15ull);  // splitmix64: identical on every platform
     SchedulerConfig c = small_config(2 + next(4), 0);
     c.max_num_batched_tokens = c.max_num_seqs + next(24);
     c.max_model_len = 24 + next(24);

@@ -14,6 +14,7 @@
 namespace pagellm {
 namespace {
 
+using testing::Draws;
 using testing::Request;
 using testing::Sim;
 using testing::small_config;
@@ -23,14 +24,7 @@ TEST(SchedulerPrefixCache, RandomSharedPrefixWorkloadsStayConsistent) {
   int total_preemptions = 0;
   for (uint64_t seed = 1; seed <= 40; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
-    uint64_t state = seed * 0xD1B54A32D192ED03ull;
-    auto next = [&](uint64_t n) {  // splitmix64: identical on every platform
-      state += 0x9E3779B97F4A7C15ull;
-      uint64_t z = state;
-      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-      return static_cast<int32_t>((z ^ (z >> 31)) % n);
-    };
+    Draws next(seed * 0xD1B54A32D192ED03ull);  // splitmix64: identical on every platform
     SchedulerConfig c = small_config(1 + next(4), 0);
     c.max_num_batched_tokens = c.max_num_seqs + next(24);
     c.max_model_len = 24 + next(24);

@@ -37,10 +37,25 @@
 #include <utility>
 #include <vector>
 
+#include "pagellm/common/random.h"
 #include "pagellm/engine/batch_builder.h"
 #include "pagellm/engine/scheduler.h"
 
 namespace pagellm::testing {
+
+/// Draws of the random scheduler workloads: call k returns SplitMix64 output k of the
+/// initial `state` (common/random.h) modulo `bound`, identical on every platform.
+class Draws {
+ public:
+  explicit Draws(uint64_t state) : state_(state) {}
+  int32_t operator()(uint64_t bound) {
+    return static_cast<int32_t>(splitmix64_at(state_, count_++) % bound);
+  }
+
+ private:
+  uint64_t state_;
+  uint64_t count_ = 0;
+};
 
 /// A request to add: prompt tokens are 10 + (7 * id + i) % 50, never an EOS id below 10.
 struct Request {

@@ -153,7 +153,10 @@ std::vector<SampledToken> GpuSampler::sample(const Tensor& logits,
         << "row " << r << ": sampling: no finite logit is left after the penalties";
     PAGELLM_ASSERT(g.status == kSampleOk && g.token >= 0 && g.token < V)
         << "GPU sampler returned status " << g.status << ", token " << g.token;
-    out[static_cast<size_t>(r)] = SampledToken{g.token, g.logprob, g.processed_logprob};
+    SampledToken& t = out[static_cast<size_t>(r)];
+    t.token = g.token;
+    t.logprob = g.logprob;
+    t.processed_logprob = g.processed_logprob;
   }
   return out;
 }
