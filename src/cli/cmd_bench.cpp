@@ -173,6 +173,10 @@ void print_grpo(const GrpoReport& r) {
     std::printf("  limit       %.2f s step by step at %.0f GB/s: %.1f %% of the bandwidth limit\n",
                 r.limit_seconds, *r.bandwidth_bytes_per_s / 1e9, 100.0 * *r.fraction_of_limit());
   }
+  std::printf("  host gap    %.2f s (%.1f %% of the rollout: the engine's host work while the "
+              "device waits)\n",
+              r.host_gap_seconds,
+              r.rollout_seconds > 0 ? 100.0 * r.host_gap_seconds / r.rollout_seconds : 0.0);
   std::printf("  KV pages    peak %lld of %lld\n", static_cast<long long>(r.peak_kv_pages),
               static_cast<long long>(r.usable_kv_pages));
   for (double s : r.weight_update_seconds) std::printf("  weight update %.3f s\n", s);

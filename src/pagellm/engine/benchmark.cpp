@@ -724,16 +724,21 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
       wanted.insert(wanted.end(), lengths.begin(), lengths.end());
       r.prompt_tokens += static_cast<int64_t>(prompt.size()) * workload.n;
     }
+    // The samples by pointer (stable until release): the per-step accounting below runs
+    // while the device waits, so it must not look each id up in the engine's map.
+    std::vector<const Sequence*> samples;
+    samples.reserve(ids.size());
+    for (int64_t id : ids) samples.push_back(&engine.request(id));
     backend.synchronize();
+    const double host_gap_before = engine.stats().host_gap_seconds;
     const auto t0 = Clock::now();
     while (engine.has_unfinished()) {
       engine.step();
       const int64_t used = engine.allocator().num_usable() - engine.allocator().num_free();
       r.peak_kv_pages = std::max(r.peak_kv_pages, used - used_before);
       double kv_tokens = 0;
-      for (int64_t id : ids) {
-        const Sequence& s = engine.request(id);
-        if (s.status == SequenceStatus::kRunning) kv_tokens += s.num_computed;
+      for (const Sequence* s : samples) {
+        if (s->status == SequenceStatus::kRunning) kv_tokens += s->num_computed;
       }
       if (r.bandwidth_bytes_per_s) {
         r.limit_seconds += (weight_read_bytes + kv_tokens * kv_per_token) / *r.bandwidth_bytes_per_s;
@@ -741,6 +746,7 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
     }
     backend.synchronize();
     r.rollout_seconds += seconds_between(t0, Clock::now());
+    r.host_gap_seconds += engine.stats().host_gap_seconds - host_gap_before;
     for (size_t i = 0; i < ids.size(); ++i) {
       const Sequence& s = engine.request(ids[i]);
       PAGELLM_CHECK(s.finish_reason == FinishReason::kLength &&
@@ -776,6 +782,7 @@ std::string grpo_json_line(const GrpoReport& r) {
       {"preemptions", r.preemptions},
       {"weight_update_s", r.weight_update_seconds},
       {"prefix_hit_rate", r.prefix_hit_rate()},
+      {"host_gap_s", r.host_gap_seconds},
   };
   return j.dump();
 }

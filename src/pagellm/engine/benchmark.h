@@ -304,6 +304,9 @@ struct GrpoReport {
   std::optional<double> bandwidth_bytes_per_s;
   /// limit_seconds / rollout_seconds (absent without a bandwidth).
   std::optional<double> fraction_of_limit() const;
+  /// Engine host time while the device waited (EngineStats::host_gap_seconds) over the
+  /// rollouts: scheduling, batch building and bookkeeping of every step.
+  double host_gap_seconds = 0;
   int64_t peak_kv_pages = 0;      // most KV pages in use at once
   int64_t usable_kv_pages = 0;
   int64_t preemptions = 0;
