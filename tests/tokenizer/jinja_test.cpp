@@ -45,6 +45,10 @@ TEST(Jinja, LoopsAndScopes) {
             "[1][5]1");
   EXPECT_EQ(render("{% set ns = namespace(n=0) %}{% for i in range(4) %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}"),
             "6");
+  // A namespace that holds itself (directly or through a list) renders, and the render
+  // frees it: LeakSanitizer checks that in suite_address_sanitizer (jinja_fuzz found the leak).
+  EXPECT_EQ(render("{% set ns = namespace(n=1) %}{% set ns.self = ns %}{% set ns.l = [ns] %}{{ ns.self.n }}"),
+            "1");
   EXPECT_EQ(render("{% for i in range(10) %}{% if i == 1 %}{% continue %}{% endif %}{% if i > 3 %}{% break %}{% endif %}{{ i }}{% endfor %}"),
             "023");
   EXPECT_EQ(render("{% for x in [] %}x{% else %}empty{% endfor %}"), "empty");

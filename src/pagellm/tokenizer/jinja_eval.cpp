@@ -933,6 +933,16 @@ class Renderer {
     root_.parent = &variables_;
   }
 
+  // A namespace is the one mutable object a template has, so it can come to hold itself
+  // (`{% set ns.x = ns %}`, or through a list, dict or bound method stored in it): a cycle
+  // of shared references that would never be freed. Emptying every namespace the render
+  // made breaks them all.
+  ~Renderer() {
+    for (const Value& ns : namespaces_) ns.mutable_dict_data().items.clear();
+  }
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
+
   std::string render(const Body& body) {
     std::string out;
     exec(body, root_, out);
@@ -1264,7 +1274,11 @@ class Renderer {
       return d;
     };
     g["dict"] = Value::function("dict", [kwargs_dict](CallArgs& args) { return kwargs_dict(args, false); });
-    g["namespace"] = Value::function("namespace", [kwargs_dict](CallArgs& args) { return kwargs_dict(args, true); });
+    g["namespace"] = Value::function("namespace", [this, kwargs_dict](CallArgs& args) {
+      Value ns = kwargs_dict(args, true);
+      namespaces_.push_back(ns);  // shares the object: ~Renderer breaks its cycles
+      return ns;
+    });
     g["raise_exception"] = Value::function("raise_exception", [](CallArgs& args) -> Value {
       const std::string message = args.positional.empty() ? std::string() : to_str(args.positional[0]);
       PAGELLM_FAIL() << "chat template raised an exception: " << message;
@@ -1284,6 +1298,7 @@ class Renderer {
   Scope globals_;
   Scope variables_;
   Scope root_;
+  std::vector<Value> namespaces_;  // every namespace() this render made
   int depth_ = 0;
   int64_t steps_ = 0;
 };
