@@ -86,6 +86,7 @@ uint16_t f32_to_f16(float f) {
 }
 
 void convert_to_f32(const void* src, DType from, float* dst, size_t n) {
+  if (n == 0) return;  // an empty tensor may have no storage (memcpy from null is undefined)
   switch (from) {
     case DType::F32: std::memcpy(dst, src, n * 4); return;
     case DType::BF16: {
@@ -103,6 +104,7 @@ void convert_to_f32(const void* src, DType from, float* dst, size_t n) {
 }
 
 void convert_from_f32(const float* src, void* dst, DType to, size_t n) {
+  if (n == 0) return;
   switch (to) {
     case DType::F32: std::memcpy(dst, src, n * 4); return;
     case DType::BF16: {
