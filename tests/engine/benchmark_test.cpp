@@ -170,6 +170,40 @@ TEST(BenchmarkTest, TinyRunOnCpuHasExactCountsAndConsistentRates) {
   EXPECT_EQ(j.size(), 14u);
 }
 
+// Issue 20's honest count: with prefill chunked over several steps the first request
+// decodes while the others still prefill. Those tokens come before the decode window and
+// must not be divided by its time, and the bytes are the steps' own.
+TEST(BenchmarkTest, ChunkedPrefillCountsOnlyTheWindowsTokensAndBytes) {
+  DecodeWorkload w = tiny_workload();
+  w.prompt_len = 12;
+  w.output_len = 6;
+  EngineConfig c = cpu_config();
+  c.max_num_batched_tokens = 4;  // widened to the batch (3): prompts of 12 take many steps
+  c.enable_prefix_caching = false;
+  std::unique_ptr<Engine> engine = make_benchmark_engine(w, c);
+  ASSERT_EQ(engine->scheduler_config().max_num_batched_tokens, 4);
+  const BenchmarkReport r = run_benchmark(*engine, w);
+  EXPECT_EQ(r.generated_tokens, 18);
+  // Some tokens were sampled before the last request had its first one ...
+  EXPECT_LT(r.decode_tokens, r.generated_tokens - 3);
+  EXPECT_GT(r.decode_tokens, 0);
+  // ... and in the window every step samples one token per unfinished request, no more.
+  EXPECT_LE(r.decode_tokens, 3 * r.decode_steps);
+  EXPECT_NEAR(r.decode_tok_s(), r.decode_tokens / r.decode_seconds, 1e-9 * r.decode_tok_s());
+  // Each window step reads at most the three full contexts (prompt + output).
+  const Qwen3Config& mc = engine->model().config();
+  const double kv_token = 2.0 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim *
+                          dtype_size(engine->backend().kv_dtype());
+  EXPECT_GT(r.kv_read_bytes, 0.0);
+  EXPECT_LE(r.kv_read_bytes, kv_token * 3 * (12 + 6));
+  ASSERT_TRUE(r.fraction_of_limit().has_value());
+  EXPECT_LE(*r.fraction_of_limit(), 1.0);
+  ASSERT_TRUE(r.limit_tok_s().has_value());
+  EXPECT_GT(*r.limit_tok_s(), r.decode_tok_s());
+  engine->check_invariants();
+  EXPECT_EQ(engine->allocator().num_free(), engine->allocator().num_usable());
+}
+
 TEST(BenchmarkTest, WithoutBandwidthTheLimitFiguresAreAbsent) {
   DecodeWorkload w = tiny_workload();
   w.batch = 1;

@@ -138,7 +138,10 @@ std::optional<double> BenchmarkReport::fraction_of_limit() const {
 }
 std::optional<double> BenchmarkReport::limit_tok_s() const {
   if (!bandwidth_bytes_per_s || *bandwidth_bytes_per_s <= 0) return std::nullopt;
-  return *bandwidth_bytes_per_s / (weight_read_bytes + kv_read_bytes) * workload.batch;
+  // The window's tokens at the time its steps' bytes take at the copy rate.
+  const double limit_seconds =
+      (weight_read_bytes + kv_read_bytes) * static_cast<double>(decode_steps) / *bandwidth_bytes_per_s;
+  return limit_seconds > 0 ? static_cast<double>(decode_tokens) / limit_seconds : 0.0;
 }
 
 BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
@@ -217,6 +220,22 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
   bool tracing = false;
   BenchmarkTrace trace;
   std::vector<double> step_seconds;
+  // Honest counts (issue 20): with chunked prefill the first requests decode while later
+  // ones still prefill, so phase 1 already produces tokens and phase 2 is not `batch`
+  // tokens a step. Count the tokens sampled inside the window and the K/V each step really
+  // reads: a sequence a step advanced reads its whole context, num_computed after the step.
+  // By pointer (stable until release): this runs while the device works on the step.
+  const size_t kv_token_bytes = 2 * static_cast<size_t>(mc.num_hidden_layers) *
+                                mc.num_key_value_heads * mc.head_dim * dtype_size(backend.kv_dtype());
+  std::vector<const Sequence*> seqs;
+  std::vector<int64_t> computed;
+  int64_t window_first_tokens = 0;
+  for (int64_t id : ids) {
+    seqs.push_back(&engine.request(id));
+    computed.push_back(seqs.back()->num_computed);
+    window_first_tokens += static_cast<int64_t>(seqs.back()->output.size());
+  }
+  double window_kv_tokens = 0;
   while (engine.has_unfinished()) {
     if (static_cast<int64_t>(step_seconds.size()) == trace_from) {
       r.trace_unavailable = backend.begin_kernel_trace();
@@ -225,6 +244,12 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
     const auto s0 = Clock::now();
     engine.step();
     step_seconds.push_back(seconds_between(s0, Clock::now()));
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (seqs[i]->num_computed != computed[i]) {
+        computed[i] = seqs[i]->num_computed;
+        window_kv_tokens += static_cast<double>(computed[i]);
+      }
+    }
     if (tracing && ++trace.steps == options.trace_steps) {
       trace.spans = backend.end_kernel_trace();
       tracing = false;
@@ -243,7 +268,7 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
   }
   for (int64_t id : ids) engine.release(id);
   r.prompt_tokens = static_cast<int64_t>(batch) * workload.prompt_len;
-  r.decode_tokens = r.generated_tokens - static_cast<int64_t>(batch);
+  r.decode_tokens = r.generated_tokens - window_first_tokens;
   r.prefill_seconds = seconds_between(t0, t1);
   r.decode_seconds = seconds_between(t1, t2);
   const EngineStats& after = engine.stats();
@@ -266,10 +291,9 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
       static_cast<size_t>(mc.vocab_size * mc.hidden_size) * dtype_size(backend.weight_dtype());
   r.weight_read_bytes =
       static_cast<double>(mc.tie_word_embeddings ? r.weight_bytes : r.weight_bytes - embed_bytes);
-  const double kv_per_token = 2.0 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim *
-                              dtype_size(backend.kv_dtype());
-  const double average_context = workload.prompt_len + workload.output_len / 2.0;
-  r.kv_read_bytes = kv_per_token * average_context * workload.batch;
+  r.kv_read_bytes = r.decode_steps > 0 ? window_kv_tokens * static_cast<double>(kv_token_bytes) /
+                                             static_cast<double>(r.decode_steps)
+                                       : 0.0;
   const double mean_step = r.decode_steps > 0 ? r.decode_seconds / r.decode_steps : 0.0;
   r.achieved_bytes_per_s = mean_step > 0 ? (r.weight_read_bytes + r.kv_read_bytes) / mean_step : 0.0;
 

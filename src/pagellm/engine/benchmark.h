@@ -97,7 +97,10 @@ struct BenchmarkReport {
   // Token counts (exact: every request generates output_len tokens).
   int64_t prompt_tokens = 0;     // batch * prompt_len
   int64_t generated_tokens = 0;  // batch * output_len
-  int64_t decode_tokens = 0;     // generated_tokens - batch (the first tokens are prefill's)
+  /// Tokens sampled inside the decode window (phase 2). generated_tokens - batch when
+  /// every request gets its first token in the same step; fewer when chunked prefill lets
+  /// the first requests decode before the last has its first token.
+  int64_t decode_tokens = 0;
 
   // Phase 1 runs until every request has its first token (prefill); phase 2 to the end.
   double prefill_seconds = 0;
@@ -113,16 +116,18 @@ struct BenchmarkReport {
   /// host_gap_seconds / median_step_seconds (0 when there is no step).
   double host_gap_fraction() const;
 
-  // The decode limit: bytes a decode step must read (every weight once, the embedding
-  // table only as lm_head when tied, an untied table is only gathered; plus the K/V of the
-  // run's average context), against the measured copy bandwidth.
+  // The decode limit: bytes the window's steps must read (every weight once a step, the
+  // embedding table only as lm_head when tied, an untied table is only gathered; plus, for
+  // every sequence a step advanced, the K/V of its context after the step), against the
+  // measured copy bandwidth. Counted step by step, so no figure can pass the copy rate.
   double weight_read_bytes = 0;    // per decode step
-  double kv_read_bytes = 0;        // per decode step, at the average context
+  double kv_read_bytes = 0;        // per decode step: the window's K/V bytes / decode_steps
   double achieved_bytes_per_s = 0; // (weight + KV bytes) / mean decode step
   std::optional<double> bandwidth_bytes_per_s;  // absent without measure_bandwidth
   /// achieved / bandwidth; absent without a bandwidth.
   std::optional<double> fraction_of_limit() const;
-  /// Decode tok/s at the bandwidth limit: bandwidth / step bytes * batch.
+  /// Decode tok/s at the bandwidth limit: decode_tokens over the time the window's bytes
+  /// take at the copy rate.
   std::optional<double> limit_tok_s() const;
 
   /// The prefix cache over the timed run (the warm-up's pages are forgotten before it):
