@@ -126,7 +126,7 @@ void print_report(const BenchmarkReport& r) {
   std::printf("  end-to-end  %10.1f tok/s  (%.3f s)\n", r.e2e_tok_s(),
               r.prefill_seconds + r.decode_seconds);
   if (r.bandwidth_bytes_per_s) {
-    std::printf("  decode step reads %.2f GB weights + %.2f GB KV (mean over the window); achieved %.0f GB/s of %.0f GB/s "
+    std::printf("  decode step reads %.2f GB weights + %.2f GB KV; achieved %.0f GB/s of %.0f GB/s "
                 "measured copy bandwidth = %.1f %% (limit %.0f tok/s)\n",
                 r.weight_read_bytes / 1e9, r.kv_read_bytes / 1e9, r.achieved_bytes_per_s / 1e9,
                 *r.bandwidth_bytes_per_s / 1e9, 100.0 * r.fraction_of_limit().value_or(0.0),
