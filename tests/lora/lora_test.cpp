@@ -436,5 +436,53 @@ TEST(LoraEngine, LoadAndUnloadErrors) {
   EXPECT_EQ(e->allocator().num_free(), e->num_pages() - 1);
 }
 
+TEST(LoraBatch, SlotsAreCheckedByTheBatchAndTheModel) {
+  ForwardBatch b;
+  b.page_size = 4;
+  b.max_pages_per_seq = 2;
+  b.token_ids = {5, 6};
+  b.positions = {0, 0};
+  b.slot_mapping = {4, 8};
+  b.query_start = {0, 1, 2};
+  b.kv_lens = {1, 1};
+  b.page_table = {1, 0, 2, 0};
+  b.logits_indices = {0, 1};
+  b.validate();
+  EXPECT_FALSE(b.has_lora());
+  b.lora_slots = {0};
+  expect_error([&] { b.validate(); }, "lora_slots has 1 entries for 2 sequences");
+  b.lora_slots = {0, -1};
+  expect_error([&] { b.validate(); }, "LoRA slot -1 is negative");
+  b.lora_slots = {0, 3};
+  b.validate();
+  EXPECT_TRUE(b.has_lora());
+
+  // A slot without an adapter is refused by the forward, naming the slot.
+  const Qwen3Config mc = testing::small_config();
+  const HostWeights base = testing::random_weights(mc, 15);
+  CpuBackend backend;
+  Qwen3Model model(backend, mc, base.lookup());
+  model.reserve(8, 8);
+  std::vector<DeviceBuffer> storage;
+  std::vector<LayerKv> kv(static_cast<size_t>(mc.num_hidden_layers));
+  for (LayerKv& layer : kv) {
+    for (Tensor* t : {&layer.k, &layer.v}) {
+      storage.emplace_back(&backend, size_t{3 * 2 * 4 * 16 * 4});
+      *t = storage.back().tensor(DType::F32, {3, 2, 4, 16});
+      backend.fill(*t, 0.0f);
+    }
+  }
+  const BatchTensors tensors = backend.upload_batch(b);
+  expect_error([&] { model.forward(tensors, kv); }, "LoRA slot 3 holds no adapter");
+  expect_error([&] { model.set_lora(0, LoraAdapter{}); }, "slot 0 is not a LoRA slot");
+  TempDir dir;
+  make_lora_adapter(dir.path(), mc, lora_config(2, 4, {LoraModule::kUp}), 5);
+  model.set_lora(3, read_lora_adapter(dir.path(), mc));
+  EXPECT_TRUE(model.has_lora(3));
+  model.forward(tensors, kv);
+  model.clear_lora(3);
+  EXPECT_FALSE(model.has_lora(3));
+}
+
 }  // namespace
 }  // namespace pagellm
