@@ -334,7 +334,10 @@ void CpuBackend::lora_add(const Tensor& x, const std::vector<LoraSegment>& segme
     const float* a = s.a.ptr<float>();
     const float* b = s.b.ptr<float>();
     const int64_t ld_shrunk = shrunk.row_elems();
-#pragma omp parallel for schedule(static)
+    // Threads only when the segment has work for them: a small one (a decode row of a tiny
+    // test model) costs less alone than a parallel region's start.
+    const int64_t work = (s.row_end - s.row_begin) * r * (K + n_out);
+#pragma omp parallel for schedule(static) if (work >= (int64_t{1} << 18))
     for (int64_t t = s.row_begin; t < s.row_end; ++t) {
       const float* xr = x.ptr<float>() + t * K;
       float* sr = shrunk.ptr<float>() + t * ld_shrunk;
