@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "pagellm/engine_options.h"
+#include "pagellm/lora_request.h"
 #include "pagellm/outputs.h"
 #include "pagellm/prefix_cache_stats.h"
 #include "pagellm/prompt.h"
@@ -55,11 +56,14 @@ class AsyncEngine {
   /// Queues a request whose deltas are pulled from the returned stream. request_id: unique
   /// among unfinished requests; empty: "req-<counter>". Throws pagellm::Error for bad
   /// params or prompt (same checks as LLM::generate), a duplicate id, or after shutdown.
+  /// `lora` names a loaded LoRA adapter (load_lora_adapter) to run with, "" none; a name
+  /// not loaded when the request reaches the engine ends it with FinishReason::kError.
   std::shared_ptr<RequestStream> submit(const Prompt& prompt, const SamplingParams& params,
-                                        std::string request_id = "");
+                                        std::string request_id = "",
+                                        const std::string& lora = "");
   /// Queues a request whose deltas go to `callback`; returns its id.
   std::string submit(const Prompt& prompt, const SamplingParams& params, Callback callback,
-                     std::string request_id = "");
+                     std::string request_id = "", const std::string& lora = "");
 
   /// Ends the request (all its samples) with FinishReason::kAborted and frees its pages
   /// before the next step. Unknown or finished ids are ignored (the request may have just
@@ -119,6 +123,13 @@ class AsyncEngine {
   /// until its current step ends). Checks page ownership and returns the free KV pages.
   int64_t check_invariants_and_count_free_pages();
   int64_t num_usable_pages() const;
+
+  /// LoRA adapters (LLM::load_lora_adapter has the contract), run by the loop thread
+  /// between steps (blocks until done). A replace in place applies to the running
+  /// requests of that adapter from the next step on.
+  LoraAdapterInfo load_lora_adapter(const LoraRequest& request);
+  void unload_lora_adapter(const std::string& name);
+  std::vector<LoraAdapterInfo> list_lora_adapters();
 
   /// Prefix cache, run by the loop thread between steps (blocks until it has run):
   /// forgets every cached KV page, so that no later request reuses K/V computed before.

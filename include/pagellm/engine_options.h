@@ -45,6 +45,8 @@ struct EngineOptions {
   /// request whose prompt begins with cached pages skips their prefill. Outputs are the
   /// same with it off; off frees pages as soon as their request finishes.
   bool enable_prefix_caching = true;
+  /// LoRA adapters that can be loaded at once (adapter slots; docs/design.md "LoRA").
+  int32_t max_loras = 8;
 };
 
 /// How sleep (LLM::sleep, AsyncEngine::sleep, Engine::sleep) frees memory between rollouts,

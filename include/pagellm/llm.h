@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "pagellm/engine_options.h"
+#include "pagellm/lora_request.h"
 #include "pagellm/outputs.h"
 #include "pagellm/prefix_cache_stats.h"
 #include "pagellm/prompt.h"
@@ -49,6 +50,15 @@ class LLM {
                                       const std::vector<SamplingParams>& params);
   std::vector<RequestOutput> generate(const std::vector<Prompt>& prompts,
                                       const SamplingParams& params = {});
+  /// With LoRA adapters (vLLM's generate(..., lora_request=)): `lora_requests` holds none
+  /// (the base model), one for all prompts, or one per prompt (an empty name: the base
+  /// model for that prompt). A name not loaded yet is loaded from its path first
+  /// (load_lora_adapter); a loaded name is used as loaded (its path must be empty or the
+  /// same). Errors (a bad folder, an unknown name without a path) throw before any
+  /// request is queued.
+  std::vector<RequestOutput> generate(const std::vector<Prompt>& prompts,
+                                      const std::vector<SamplingParams>& params,
+                                      const std::vector<LoraRequest>& lora_requests);
   std::vector<RequestOutput> generate(const std::vector<std::string>& prompts,
                                       const SamplingParams& params = {});
   std::vector<RequestOutput> generate(const std::vector<std::vector<int32_t>>& prompt_token_ids,
@@ -97,6 +107,15 @@ class LLM {
   /// The same from a safetensors folder (model.safetensors or an index with shards) or file.
   WeightUpdateResult load_weights(const std::string& path);
 
+  /// LoRA adapters (docs/design.md, "LoRA"): loads the PEFT folder request.path under
+  /// request.name into a free slot (EngineOptions::max_loras), or replaces the adapter of
+  /// that name in place (its version goes up; prefix-cache pages of the old one never
+  /// match again). Throws pagellm::Error naming the problem and changes nothing.
+  LoraAdapterInfo load_lora_adapter(const LoraRequest& request);
+  /// Unloads an adapter; throws pagellm::Error for an unknown name.
+  void unload_lora_adapter(const std::string& name);
+  /// The loaded adapters, by name.
+  std::vector<LoraAdapterInfo> list_lora_adapters() const;
   /// Releases the KV cache's memory (and, with options.offload_weights, the weights' after
   /// copying them to host memory) so that another user of the device, such as a trainer,
   /// can have it until wake_up(). Throws pagellm::Error when already asleep or when the

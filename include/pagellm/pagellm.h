@@ -12,6 +12,7 @@
 #include "pagellm/engine_options.h"
 #include "pagellm/error.h"
 #include "pagellm/llm.h"
+#include "pagellm/lora_request.h"
 #include "pagellm/outputs.h"
 #include "pagellm/weight_update.h"
 #include "pagellm/prefix_cache_stats.h"

@@ -1,4 +1,4 @@
-// make-model and generate.
+// make-model, make-lora and generate.
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -15,6 +15,7 @@
 #include "pagellm/api/engine_core.h"
 #include "pagellm/api/text_model.h"
 #include "pagellm/common/progress.h"
+#include "pagellm/model/lora.h"
 #include "pagellm/model/make_model.h"
 #include "pagellm/pagellm.h"
 
@@ -27,6 +28,16 @@ struct MakeModelArgs {
   uint64_t seed = 0;
   std::string dtype = "bf16";
   double shard_gb = 4.0;
+};
+
+struct MakeLoraArgs {
+  std::string model;
+  std::string out;
+  int64_t rank = 8;
+  double alpha = 16.0;
+  std::string targets = "all-linear";
+  bool rslora = false;
+  uint64_t seed = 0;
 };
 
 struct GenerateArgs {
@@ -42,8 +53,55 @@ struct GenerateArgs {
   std::string seed;  // text: parsed here so that "-1" is an error, not 2^64 - 1
   bool json = false;
   std::string dump_logits;
+  /// --lora NAME=PATH (repeatable) and --lora-name: the adapter every prompt runs with.
+  std::vector<std::string> loras;
+  std::string lora_name;
   EngineSettings engine;
 };
+
+/// --lora NAME=PATH values, checked (each folder read against config.json) before the
+/// weights load, and the adapter the prompts use.
+struct CliLoras {
+  std::vector<LoraRequest> load;
+  std::string use;
+};
+
+CliLoras loras_from_flags(const GenerateArgs& args, const std::string& model_dir) {
+  CliLoras out;
+  for (const std::string& spec : args.loras) {
+    const size_t eq = spec.find('=');
+    PAGELLM_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < spec.size())
+        << "--lora: '" << spec << "' is not NAME=PATH (a name, '=', then a PEFT adapter folder)";
+    LoraRequest r;
+    r.name = spec.substr(0, eq);
+    r.path = spec.substr(eq + 1);
+    r.id = static_cast<int64_t>(out.load.size()) + 1;
+    for (const LoraRequest& earlier : out.load) {
+      PAGELLM_CHECK(earlier.name != r.name) << "--lora: the name '" << r.name
+                                            << "' is given twice";
+    }
+    try {
+      read_lora_adapter(r.path, load_qwen3_config(model_dir));
+    } catch (const Error& e) {
+      PAGELLM_FAIL() << "--lora " << r.name << ": " << e.what();
+    }
+    out.load.push_back(std::move(r));
+  }
+  if (!args.lora_name.empty()) {
+    bool known = false;
+    for (const LoraRequest& r : out.load) known = known || r.name == args.lora_name;
+    PAGELLM_CHECK(known) << "--lora-name: '" << args.lora_name
+                         << "' is not among the adapters given with --lora NAME=PATH";
+    out.use = args.lora_name;
+  } else if (out.load.size() == 1) {
+    out.use = out.load[0].name;
+  } else {
+    PAGELLM_CHECK(out.load.empty())
+        << "--lora: " << out.load.size()
+        << " adapters are loaded; say which one the prompts use with --lora-name NAME";
+  }
+  return out;
+}
 
 std::vector<int32_t> parse_ids(const std::string& text) {
   std::vector<int32_t> ids;
@@ -84,6 +142,26 @@ void run_make_model(const MakeModelArgs& args) {
               dtype_name(opt.dtype), static_cast<unsigned long long>(args.seed),
               preset_config(args.preset).tie_word_embeddings ? "tied" : "untied",
               args.out.c_str());
+}
+
+void run_make_lora(const MakeLoraArgs& args) {
+  PAGELLM_CHECK(!args.model.empty() && !args.out.empty()) << "make-lora needs --model DIR and --out DIR";
+  const Qwen3Config model = load_qwen3_config(args.model);
+  // The flags become an adapter_config.json, so that they are checked as a folder's are.
+  nlohmann::json config = {{"r", args.rank}, {"lora_alpha", args.alpha},
+                           {"use_rslora", args.rslora}};
+  if (args.targets == "all-linear") {
+    config["target_modules"] = "all-linear";
+  } else {
+    config["target_modules"] = nlohmann::json::array();
+    std::stringstream ss(args.targets);
+    for (std::string t; std::getline(ss, t, ',');) config["target_modules"].push_back(t);
+  }
+  const LoraConfig lora = parse_lora_config(config.dump(), "make-lora flags");
+  make_lora_adapter(args.out, model, lora, args.seed);
+  std::printf("wrote a random LoRA adapter (r %lld, scale %g, %zu modules, seed %llu) to %s\n",
+              static_cast<long long>(lora.rank), lora.scale(), lora.target_modules.size(),
+              static_cast<unsigned long long>(args.seed), args.out.c_str());
 }
 
 // The option that sets each SamplingParams field, for errors that name what the user typed.
@@ -235,6 +313,7 @@ void run_generate(GenerateArgs args) {
   const EngineOptions options = engine_options(args.engine);
   api::RequestLimits limits;
   check_option("--max-model-len", [&] { limits = api::limits_from_config(options, model_dir); });
+  const CliLoras loras = loras_from_flags(args, model_dir);
   const api::TextModel text(model_dir);
   if (const std::string warning = text.vocab_warning(limits.vocab_size); !warning.empty()) {
     std::fprintf(stderr, "pagellm: warning: %s: %s\n", model_dir.c_str(), warning.c_str());
@@ -283,7 +362,8 @@ void run_generate(GenerateArgs args) {
       });
     }
     const auto t0 = std::chrono::steady_clock::now();
-    results = llm.generate(prompts, per);
+    for (const LoraRequest& r : loras.load) llm.load_lora_adapter(r);
+    results = llm.generate(prompts, per, {LoraRequest{loras.use, 0, ""}});
     secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
@@ -365,6 +445,21 @@ void register_model_commands(CLI::App& app) {
   make->add_option("--shard-gb", mm->shard_gb, "shard size in GB")->capture_default_str();
   make->callback([mm] { run_make_model(*mm); });
 
+  auto ml = std::make_shared<MakeLoraArgs>();
+  CLI::App* make_lora = app.add_subcommand(
+      "make-lora", "write a seeded random LoRA adapter folder (PEFT layout) for a model");
+  make_lora->add_option("--model", ml->model, "the Qwen3 folder the adapter is for")->required();
+  make_lora->add_option("--out", ml->out, "output folder")->required();
+  make_lora->add_option("--rank", ml->rank, "r (1..64)")->capture_default_str();
+  make_lora->add_option("--alpha", ml->alpha, "lora_alpha")->capture_default_str();
+  make_lora->add_option("--targets", ml->targets,
+                        "comma-separated modules among q_proj, k_proj, v_proj, o_proj, "
+                        "gate_proj, up_proj, down_proj, or all-linear")
+      ->capture_default_str();
+  make_lora->add_flag("--rslora", ml->rslora, "scale by alpha / sqrt(r) (rsLoRA)");
+  make_lora->add_option("--seed", ml->seed, "random seed")->capture_default_str();
+  make_lora->callback([ml] { run_make_lora(*ml); });
+
   auto ga = std::make_shared<GenerateArgs>();
   CLI::App* gen = app.add_subcommand("generate", "generate tokens for prompts");
   gen->add_option("--model", ga->model,
@@ -402,6 +497,11 @@ void register_model_commands(CLI::App& app) {
                 "keep special tokens (<|im_end|>, ...) in the output text");
   gen->add_option("--dump-logits", ga->dump_logits,
                   "write every sampled step's float32 logits to FILE (testing)");
+  gen->add_option("--lora", ga->loras,
+                  "load a LoRA adapter: NAME=PATH, PATH a PEFT folder (adapter_config.json + "
+                  "adapter_model.safetensors; repeatable)");
+  gen->add_option("--lora-name", ga->lora_name,
+                  "the --lora adapter the prompts run with (default: the only one given)");
   add_engine_options(gen, ga->engine);
   gen->callback([ga] { run_generate(*ga); });
 }

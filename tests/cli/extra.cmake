@@ -180,3 +180,26 @@ file(WRITE ${_score_bad} "[1, 2\n")
 add_test(NAME cli_score_rejects_bad_json COMMAND ${_expect}
   "^pagellm: error: .*score-bad.jsonl line 1: not JSON" ${_pl} score --model ${_dir} --input ${_score_bad})
 set_tests_properties(cli_score_rejects_bad_json PROPERTIES FIXTURES_REQUIRED cli_model)
+
+# LoRA: make-lora writes a PEFT folder; generate --lora loads it, and bad flags are named.
+set(_lora ${CMAKE_CURRENT_BINARY_DIR}/cli-tiny-lora)
+add_test(NAME cli_make_lora COMMAND ${_pl} make-lora --model ${_dir} --out ${_lora} --rank 8
+  --alpha 16 --targets q_proj,v_proj,down_proj --seed 2)
+set_tests_properties(cli_make_lora PROPERTIES FIXTURES_REQUIRED cli_model FIXTURES_SETUP cli_lora
+  PASS_REGULAR_EXPRESSION "wrote a random LoRA adapter \\(r 8, scale 2, 3 modules, seed 2\\)")
+add_test(NAME cli_generate_lora COMMAND ${_pl} generate --model ${_dir} --prompt-ids 1,2,3
+  --max-tokens 4 --temperature 0 --lora mine=${_lora} --json)
+set_tests_properties(cli_generate_lora PROPERTIES FIXTURES_REQUIRED "cli_model;cli_lora"
+  PASS_REGULAR_EXPRESSION "\"finish_reason\":\"length\"")
+add_test(NAME cli_generate_lora_not_name_path COMMAND ${_expect}
+  "^pagellm: error: --lora: 'mine' is not NAME=PATH" ${_pl} generate --model ${_dir}
+  --prompt-ids 1 --lora mine)
+set_tests_properties(cli_generate_lora_not_name_path PROPERTIES FIXTURES_REQUIRED cli_model)
+add_test(NAME cli_generate_lora_missing_folder COMMAND ${_expect}
+  "^pagellm: error: --lora x: LoRA adapter .*-absent is not a folder" ${_pl} generate
+  --model ${_dir} --prompt-ids 1 --lora x=${_lora}-absent)
+set_tests_properties(cli_generate_lora_missing_folder PROPERTIES FIXTURES_REQUIRED cli_model)
+add_test(NAME cli_make_lora_bad_rank COMMAND ${_expect}
+  "^pagellm: error: make-lora flags: rank r = 65 is outside the supported 1..64" ${_pl}
+  make-lora --model ${_dir} --out ${_lora}-bad --rank 65)
+set_tests_properties(cli_make_lora_bad_rank PROPERTIES FIXTURES_REQUIRED cli_model)

@@ -26,6 +26,8 @@ pagellm_layer_include_test(sampling_sees_public_sampling_params pagellm_sampling
 pagellm_layer_include_test(common_sees_public_outputs pagellm_common pagellm/outputs.h compiles)
 pagellm_layer_include_test(engine_sees_public_engine_options pagellm_engine
   pagellm/engine_options.h compiles)
+pagellm_layer_include_test(common_sees_public_lora_request pagellm_common
+  pagellm/lora_request.h compiles)
 pagellm_layer_include_test(engine_cannot_see_public_llm pagellm_engine pagellm/llm.h fails)
 pagellm_layer_include_test(engine_cannot_see_public_async_engine pagellm_engine
   pagellm/async_engine.h fails)

@@ -63,7 +63,7 @@ struct AsyncEngine::Impl {
   /// drain promises.
   void finish_waiters(const std::string& why);
   std::string queue(const Prompt& prompt, const SamplingParams& params, std::string request_id,
-                    std::function<void(RequestOutput&&)> sink);
+                    std::function<void(RequestOutput&&)> sink, const std::string& lora);
   void request_abort(const std::string& id) {
     std::lock_guard<std::mutex> lock(mu);
     if (!live_ids.count(id)) return;
@@ -182,9 +182,11 @@ void AsyncEngine::Impl::finish_waiters(const std::string& why) {
 
 std::string AsyncEngine::Impl::queue(const Prompt& prompt, const SamplingParams& params,
                                      std::string request_id,
-                                     std::function<void(RequestOutput&&)> sink) {
+                                     std::function<void(RequestOutput&&)> sink,
+                                     const std::string& lora) {
   // The checks and the tokenization run on the caller's thread, before any engine work.
   api::TrackedRequest r;
+  r.lora = lora;
   r.prompt = text->encode_prompt(prompt);
   api::check_request(r.prompt, params, limits, text->has_tokenizer());
   r.params = params;
@@ -219,7 +221,8 @@ AsyncEngine::~AsyncEngine() { shutdown(); }
 
 std::shared_ptr<RequestStream> AsyncEngine::submit(const Prompt& prompt,
                                                    const SamplingParams& params,
-                                                   std::string request_id) {
+                                                   std::string request_id,
+                                                   const std::string& lora) {
   auto state = std::make_shared<RequestStream::State>();
   state->engine = impl_;
   Impl* impl = impl_.get();
@@ -232,12 +235,14 @@ std::shared_ptr<RequestStream> AsyncEngine::submit(const Prompt& prompt,
     state->queue.push_back(std::move(delta));
     state->cv.notify_all();
   };
-  const std::string id = impl_->queue(prompt, params, std::move(request_id), std::move(sink));
+  const std::string id =
+      impl_->queue(prompt, params, std::move(request_id), std::move(sink), lora);
   return std::make_shared<RequestStream>(id, state);
 }
 
 std::string AsyncEngine::submit(const Prompt& prompt, const SamplingParams& params,
-                                Callback callback, std::string request_id) {
+                                Callback callback, std::string request_id,
+                                const std::string& lora) {
   PAGELLM_CHECK(callback) << "submit: the callback is empty";
   Impl* impl = impl_.get();
   auto failed = std::make_shared<bool>(false);  // touched by the loop thread only
@@ -253,7 +258,7 @@ std::string AsyncEngine::submit(const Prompt& prompt, const SamplingParams& para
       if (!last) impl->request_abort(delta.request_id);
     }
   };
-  return impl_->queue(prompt, params, std::move(request_id), std::move(sink));
+  return impl_->queue(prompt, params, std::move(request_id), std::move(sink), lora);
 }
 
 void AsyncEngine::abort(const std::string& request_id) { impl_->request_abort(request_id); }
@@ -412,6 +417,21 @@ SleepReport AsyncEngine::sleep(const SleepOptions& options) {
 
 WakeReport AsyncEngine::wake_up() {
   return impl_->call([core = impl_->core.get()] { return core->engine().wake_up(); });
+}
+
+LoraAdapterInfo AsyncEngine::load_lora_adapter(const LoraRequest& request) {
+  return run_between_steps(
+      *impl_, [core = impl_->core.get(), &request] { return core->engine().load_lora_adapter(request); });
+}
+
+void AsyncEngine::unload_lora_adapter(const std::string& name) {
+  run_between_steps(*impl_,
+                    [core = impl_->core.get(), &name] { core->engine().unload_lora_adapter(name); });
+}
+
+std::vector<LoraAdapterInfo> AsyncEngine::list_lora_adapters() {
+  return run_between_steps(*impl_,
+                           [core = impl_->core.get()] { return core->engine().lora_adapters(); });
 }
 
 void AsyncEngine::reset_prefix_cache() {

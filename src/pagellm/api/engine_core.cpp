@@ -52,7 +52,8 @@ void EngineCore::add(TrackedRequest request) {
   const SamplingParams& params = request.params;
   for (const std::string& s : params.stop) longest_stop_ = std::max(longest_stop_, s.size());
   // One group: the prompt is prefilled once and fanned out (sample j: seed s + j).
-  for (int64_t engine_id : engine_->add_request_group(request.prompt.ids, params)) {
+  for (int64_t engine_id : engine_->add_request_group(request.prompt.ids, params, {},
+                                                                request.lora)) {
     Sample sample;
     sample.engine_id = engine_id;
     if (text_->has_tokenizer()) {

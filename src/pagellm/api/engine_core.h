@@ -35,6 +35,8 @@ struct TrackedRequest {
   std::string request_id;
   EncodedPrompt prompt;
   SamplingParams params;
+  /// The loaded LoRA adapter the request runs with ("" for none; Engine::add_request).
+  std::string lora;
   /// Receives each delta; the last has finished == true. Runs on the driving thread.
   std::function<void(RequestOutput&&)> sink;
 };

@@ -28,6 +28,15 @@ LLM::~LLM() = default;
 
 std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,
                                          const std::vector<SamplingParams>& params) {
+  return generate(prompts, params, {});
+}
+
+std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,
+                                         const std::vector<SamplingParams>& params,
+                                         const std::vector<LoraRequest>& lora_requests) {
+  PAGELLM_CHECK(lora_requests.size() <= 1 || lora_requests.size() == prompts.size())
+      << "generate: " << lora_requests.size() << " LoRA requests for " << prompts.size()
+      << " prompts (give none, one for all or one per prompt)";
   PAGELLM_CHECK(params.size() == 1 || params.size() == prompts.size())
       << "generate: " << params.size() << " sampling parameter sets for " << prompts.size()
       << " prompts (give one for all or one per prompt)";
@@ -44,9 +53,30 @@ std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,
       PAGELLM_FAIL() << "prompt " << i << ": " << e.what();
     }
   }
+  // Adapters named for the first time are loaded now, before any request is queued.
+  Engine& engine = impl_->core->engine();
+  for (const LoraRequest& lora : lora_requests) {
+    if (lora.name.empty()) continue;
+    const std::vector<LoraAdapterInfo> loaded = engine.lora_adapters();
+    const auto it = std::find_if(loaded.begin(), loaded.end(),
+                                 [&](const LoraAdapterInfo& a) { return a.name == lora.name; });
+    if (it == loaded.end()) {
+      PAGELLM_CHECK(!lora.path.empty())
+          << "generate: LoRA adapter '" << lora.name
+          << "' is not loaded and its request gives no path to load it from";
+      engine.load_lora_adapter(lora);
+    } else {
+      PAGELLM_CHECK(lora.path.empty() || lora.path == it->path)
+          << "generate: LoRA adapter '" << lora.name << "' is loaded from " << it->path
+          << ", not " << lora.path << "; call load_lora_adapter to replace it";
+    }
+  }
   std::vector<RequestOutput> results(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     api::TrackedRequest r;
+    if (!lora_requests.empty()) {
+      r.lora = lora_requests[lora_requests.size() == 1 ? 0 : i].name;
+    }
     r.request_id = std::to_string(impl_->next_request++);
     r.prompt = std::move(encoded[i]);
     r.params = params.size() == 1 ? params[0] : params[i];
@@ -64,6 +94,18 @@ std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,
     throw;
   }
   return results;
+}
+
+LoraAdapterInfo LLM::load_lora_adapter(const LoraRequest& request) {
+  return impl_->core->engine().load_lora_adapter(request);
+}
+
+void LLM::unload_lora_adapter(const std::string& name) {
+  impl_->core->engine().unload_lora_adapter(name);
+}
+
+std::vector<LoraAdapterInfo> LLM::list_lora_adapters() const {
+  return impl_->core->engine().lora_adapters();
 }
 
 std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,

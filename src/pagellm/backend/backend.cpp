@@ -92,6 +92,17 @@ void Backend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& 
   silu_mul(gate_up, out);
 }
 
+void Backend::lora_add(const Tensor& x, const std::vector<LoraSegment>& segments,
+                       Tensor& shrunk, Tensor& out, int64_t col_offset) {
+  (void)x;
+  (void)shrunk;
+  (void)out;
+  (void)col_offset;
+  PAGELLM_CHECK(segments.empty()) << "the " << name()
+                                  << " backend has no LoRA kernels yet; serve LoRA adapters "
+                                     "with the cpu backend";
+}
+
 void Backend::matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv, Tensor& qkv,
                                            const Tensor& q_norm, const Tensor& k_norm, float eps,
                                            const RopeParams& rope, const AttentionShape& shape,

@@ -45,6 +45,16 @@ struct AttentionShape {
 
 struct AttentionPlan;
 
+/// One run of consecutive token rows that share a LoRA adapter, for Backend::lora_add:
+/// rows [row_begin, row_end) of the step get scale · (x·aᵀ)·bᵀ added to their output.
+struct LoraSegment {
+  int64_t row_begin = 0;
+  int64_t row_end = 0;
+  Tensor a;  // [r, in], weight dtype
+  Tensor b;  // [out, r], weight dtype
+  float scale = 0.0f;
+};
+
 /// One forward's attention plan (plan/run, as FlashInfer splits it): made once per forward
 /// by Backend::plan_attention from the batch's host metadata, before the first layer, and
 /// passed unchanged to every layer's Backend::attention. It is valid until the backend's
@@ -180,6 +190,18 @@ class Backend {
   /// silu_mul; a backend may fuse the two (the CUDA one does for decode batches).
   virtual void matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up,
                                Tensor& out);
+  /// LoRA, batched by adapter segment (Punica / S-LoRA's shrink then expand; docs/design.md
+  /// "LoRA"): for each segment and each of its rows t,
+  ///   shrunk[t, :r] = x[t, :] · aᵀ                            (shrink, [n, in] -> [n, r])
+  ///   out[t, col_offset + j] += scale · Σ_i shrunk[t, i] · b[j, i]   (expand, j < out_dim)
+  /// x [T, in] and out [T, N] in the activation dtype, col_offset + out_dim <= N (so a
+  /// delta lands in its slice of a fused q/k/v or gate/up output); shrunk [T, >= r] is
+  /// scratch. Rows outside every segment are left alone. Segments must not overlap. The
+  /// default throws Error (a backend without LoRA kernels).
+  virtual void lora_add(const Tensor& x, const std::vector<LoraSegment>& segments,
+                        Tensor& shrunk, Tensor& out, int64_t col_offset);
+  /// Whether lora_add works on this backend (the engine refuses to load adapters otherwise).
+  virtual bool supports_lora() const { return false; }
   /// out[r, :] = x[indices[r], :]
   virtual void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) = 0;
   /// The float32 head (EngineOptions::float32_head): out[R, N] = rms_norm(x[R, H]) *

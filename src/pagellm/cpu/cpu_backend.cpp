@@ -307,6 +307,57 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, Tensor& out) {
               out.ptr<float>(), static_cast<int>(N));
 }
 
+void CpuBackend::lora_add(const Tensor& x, const std::vector<LoraSegment>& segments,
+                          Tensor& shrunk, Tensor& out, int64_t col_offset) {
+  if (segments.empty()) return;
+  expect_f32(x, "lora_add input");
+  expect_f32(shrunk, "lora_add scratch");
+  expect_f32(out, "lora_add output");
+  const int64_t T = x.size(0), K = x.row_elems(), N = out.row_elems();
+  PAGELLM_CHECK(out.size(0) == T && shrunk.size(0) >= T)
+      << "lora_add: input " << x.shape_string() << ", output " << out.shape_string()
+      << " and scratch " << shrunk.shape_string() << " disagree on the row count";
+  int64_t previous_end = 0;
+  for (const LoraSegment& s : segments) {
+    expect_f32(s.a, "lora_add A");
+    expect_f32(s.b, "lora_add B");
+    const int64_t r = s.a.size(0), n_out = s.b.size(0);
+    PAGELLM_CHECK(s.a.row_elems() == K && s.b.row_elems() == r && r <= shrunk.row_elems() &&
+                  col_offset >= 0 && col_offset + n_out <= N)
+        << "lora_add: A " << s.a.shape_string() << " and B " << s.b.shape_string()
+        << " do not fit input " << x.shape_string() << ", output " << out.shape_string()
+        << " at column " << col_offset << " and scratch " << shrunk.shape_string();
+    PAGELLM_CHECK(s.row_begin >= previous_end && s.row_begin <= s.row_end && s.row_end <= T)
+        << "lora_add: segment rows [" << s.row_begin << ", " << s.row_end
+        << ") overlap an earlier segment or leave the step's " << T << " rows";
+    previous_end = s.row_end;
+    const float* a = s.a.ptr<float>();
+    const float* b = s.b.ptr<float>();
+    const int64_t ld_shrunk = shrunk.row_elems();
+    // Threads only when the segment has work for them: a small one (a decode row of a tiny
+    // test model) costs less alone than a parallel region's start.
+    const int64_t work = (s.row_end - s.row_begin) * r * (K + n_out);
+#pragma omp parallel for schedule(static) if (work >= (int64_t{1} << 18))
+    for (int64_t t = s.row_begin; t < s.row_end; ++t) {
+      const float* xr = x.ptr<float>() + t * K;
+      float* sr = shrunk.ptr<float>() + t * ld_shrunk;
+      for (int64_t i = 0; i < r; ++i) {
+        const float* ar = a + i * K;
+        float acc = 0.0f;
+        for (int64_t k = 0; k < K; ++k) acc += xr[k] * ar[k];
+        sr[i] = acc;
+      }
+      float* orow = out.ptr<float>() + t * N + col_offset;
+      for (int64_t j = 0; j < n_out; ++j) {
+        const float* br = b + j * r;
+        float acc = 0.0f;
+        for (int64_t i = 0; i < r; ++i) acc += sr[i] * br[i];
+        orow[j] += s.scale * acc;
+      }
+    }
+  }
+}
+
 void matmul_fixed_order(const float* x, const float* w, int64_t M, int64_t N, int64_t K,
                         float* out) {
   // Columns in blocks of 16 so that a thread reuses its x row from L1 across them; the

@@ -69,6 +69,11 @@ class CpuBackend : public Backend {
                  Tensor& out) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) override;
+  /// Each row's shrink and expand are fixed-order dot products (the reference: a row's
+  /// result does not depend on the other rows or the segment sizes).
+  void lora_add(const Tensor& x, const std::vector<LoraSegment>& segments, Tensor& shrunk,
+                Tensor& out, int64_t col_offset) override;
+  bool supports_lora() const override { return true; }
 
  private:
   /// Applies a persistent batch's updates to table_ (made zero-filled on first use) and

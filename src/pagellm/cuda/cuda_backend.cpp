@@ -14,6 +14,7 @@
 #include "pagellm/cuda/device_memory.h"
 #include "pagellm/cuda/elementwise/kernels.h"
 #include "pagellm/cuda/graphs.h"
+#include "pagellm/cuda/lora/lora.h"
 #include "pagellm/cuda/matmul/matmul.h"
 #include "pagellm/cuda/matmul/packed_weights.h"
 #include "pagellm/cuda/matmul/skinny_gemm.h"
@@ -381,6 +382,35 @@ void CudaBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
       << "cuda backend: silu_mul: gate_up " << gate_up.shape_string() << " is not [" << rows
       << ", 2 x " << inter << "] for output " << out.shape_string();
   launch_silu_mul(gate_up.data, out.data, rows, inter, as_stream(stream_));
+}
+
+void CudaBackend::lora_add(const Tensor& x, const std::vector<LoraSegment>& segments,
+                           Tensor& shrunk, Tensor& out, int64_t col_offset) {
+  (void)shrunk;  // the kernel keeps x·Aᵀ in shared memory, in float32
+  if (segments.empty()) return;
+  expect_dtype(x, DType::BF16, "lora_add", "input");
+  expect_dtype(out, DType::BF16, "lora_add", "output");
+  const int64_t T = x.ndim == 0 ? 0 : x.size(0), in = x.row_elems(), N = out.row_elems();
+  PAGELLM_CHECK(out.ndim >= 1 && out.size(0) == T)
+      << "cuda backend: lora_add: input " << x.shape_string() << " and output "
+      << out.shape_string() << " differ in rows";
+  int64_t previous_end = 0;
+  for (const LoraSegment& s : segments) {
+    expect_dtype(s.a, DType::BF16, "lora_add", "A");
+    expect_dtype(s.b, DType::BF16, "lora_add", "B");
+    const int64_t r = s.a.size(0), n_out = s.b.size(0);
+    PAGELLM_CHECK(s.a.row_elems() == in && s.b.row_elems() == r && col_offset >= 0 &&
+                  col_offset + n_out <= N)
+        << "cuda backend: lora_add: A " << s.a.shape_string() << " and B "
+        << s.b.shape_string() << " do not fit input " << x.shape_string() << " and output "
+        << out.shape_string() << " at column " << col_offset;
+    PAGELLM_CHECK(s.row_begin >= previous_end && s.row_begin <= s.row_end && s.row_end <= T)
+        << "cuda backend: lora_add: segment rows [" << s.row_begin << ", " << s.row_end
+        << ") overlap an earlier segment or leave the step's " << T << " rows";
+    previous_end = s.row_end;
+    launch_lora_add(x.data, in, s.a.data, s.b.data, r, n_out, s.scale, out.data, N, col_offset,
+                    s.row_begin, s.row_end, as_stream(stream_));
+  }
 }
 
 void CudaBackend::matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv, Tensor& qkv,

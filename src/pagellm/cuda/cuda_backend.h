@@ -149,6 +149,11 @@ class CudaBackend final : public Backend {
   void set_batch_invariant(bool on) override;
   bool batch_invariant() const override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
+  /// One launch per segment of the per-row fused shrink-and-expand kernel (cuda/lora):
+  /// correct first; the segments are host metadata, so a step with LoRA runs eagerly.
+  void lora_add(const Tensor& x, const std::vector<LoraSegment>& segments, Tensor& shrunk,
+                Tensor& out, int64_t col_offset) override;
+  bool supports_lora() const override { return true; }
   void matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv, Tensor& qkv,
                                     const Tensor& q_norm, const Tensor& k_norm, float eps,
                                     const RopeParams& rope, const AttentionShape& shape,

@@ -20,6 +20,12 @@ ForwardBatch build_batch_without_table(const SchedulerOutput& out, const PageTab
   batch.query_start.reserve(num_seqs + 1);
   batch.kv_lens.reserve(num_seqs);
   batch.query_start.push_back(0);
+  for (const ScheduledSeq& s : out.scheduled) {
+    if (s.seq->lora_slot == 0) continue;
+    // Some sequence has an adapter: every sequence gets its slot (0: none).
+    for (const ScheduledSeq& t : out.scheduled) batch.lora_slots.push_back(t.seq->lora_slot);
+    break;
+  }
 
   for (const ScheduledSeq& s : out.scheduled) {
     const Sequence& seq = *s.seq;

@@ -19,7 +19,8 @@ namespace pagellm {
 /// sequence's PageTable row (its pages, then zeros); logits_indices holds the last token
 /// row of each sequence with samples == true, in scheduled order, 1 + fan_out.size() times
 /// (a fan-out samples every sample's first token from it), so logits row r belongs to the
-/// r-th sampled token, as on_step_done() expects.
+/// r-th sampled token, as on_step_done() expects. lora_slots holds each sequence's
+/// lora_slot when any of them is not 0, and is empty otherwise.
 ForwardBatch build_forward_batch(const SchedulerOutput& out, const PageTable& page_table,
                                  int32_t page_size);
 

@@ -52,6 +52,7 @@ void Engine::resolve_config(const Qwen3Config& mc) {
   PAGELLM_CHECK(config_.page_size > 0 && config_.page_size <= 1024)
       << "page size must be in [1, 1024], got " << config_.page_size;
   PAGELLM_CHECK(config_.max_num_seqs > 0) << "max_num_seqs must be positive";
+  PAGELLM_CHECK(config_.max_loras >= 0) << "max_loras must be >= 0, got " << config_.max_loras;
   PAGELLM_CHECK(config_.max_num_batched_tokens >= config_.max_num_seqs)
       << "max_num_batched_tokens (" << config_.max_num_batched_tokens
       << ") must be at least max_num_seqs (" << config_.max_num_seqs << ")";
@@ -82,7 +83,8 @@ std::unique_ptr<Engine> Engine::create(const std::string& model_dir, const Engin
   return std::make_unique<Engine>(std::move(backend), std::move(model), config);
 }
 
-int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& params) {
+int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& params,
+                            const std::string& lora) {
   auto seq = std::make_unique<Sequence>();
   const int64_t id = next_id_++;
   seq->id = id;
@@ -93,9 +95,9 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& p
   Sequence* raw = seq.get();
   requests_[id] = std::move(seq);
 
-  std::string error;
+  std::string error = attach_lora(*raw, lora);
   try {
-    validate_sampling_params(params);
+    if (error.empty()) validate_sampling_params(params);
   } catch (const Error& e) {
     error = e.what();
   }
@@ -126,7 +128,8 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& p
 
 std::vector<int64_t> Engine::add_request_group(std::vector<int32_t> prompt,
                                                const SamplingParams& params,
-                                               const std::vector<int32_t>& max_tokens) {
+                                               const std::vector<int32_t>& max_tokens,
+                                               const std::string& lora) {
   std::string error;
   if (!max_tokens.empty()) {
     if (static_cast<int64_t>(max_tokens.size()) != params.n) {
@@ -143,7 +146,7 @@ std::vector<int64_t> Engine::add_request_group(std::vector<int32_t> prompt,
   if (params.n == 1 && error.empty()) {
     SamplingParams one = params;
     if (!max_tokens.empty()) one.max_tokens = max_tokens[0];
-    return {add_request(std::move(prompt), one)};
+    return {add_request(std::move(prompt), one, lora)};
   }
   try {
     if (error.empty()) validate_sampling_params(params);
@@ -168,6 +171,10 @@ std::vector<int64_t> Engine::add_request_group(std::vector<int32_t> prompt,
             "<= " + std::to_string(config_.max_num_seqs) + " or raise max_num_seqs";
   }
   // A rejected request gets one id to report its error on (n may be huge or below 1).
+  if (error.empty() && !lora.empty() && !loras_.count(lora)) {
+    Sequence probe;
+    error = attach_lora(probe, lora);
+  }
   const int n = error.empty() ? params.n : 1;
   std::vector<int64_t> ids;
   std::vector<Sequence*> samples;
@@ -183,6 +190,7 @@ std::vector<int64_t> Engine::add_request_group(std::vector<int32_t> prompt,
     // The rule of add_request: the seed, or the first SplitMix64 output seeded with the id.
     seq->seed = seq->params.seed ? *seq->params.seed
                                  : splitmix64_at(static_cast<uint64_t>(id), 0);
+    if (error.empty()) attach_lora(*seq, lora);
     if (!error.empty()) {
       seq->status = SequenceStatus::kFinished;
       seq->finish_reason = FinishReason::kError;
@@ -200,6 +208,86 @@ std::vector<int64_t> Engine::add_request_group(std::vector<int32_t> prompt,
     }
   }
   return ids;
+}
+
+std::string Engine::attach_lora(Sequence& seq, const std::string& lora) const {
+  if (lora.empty()) return "";
+  const auto it = loras_.find(lora);
+  if (it == loras_.end()) {
+    std::string known;
+    for (const auto& [name, info] : loras_) known += (known.empty() ? "" : ", ") + name;
+    return "LoRA adapter '" + lora + "' is not loaded (loaded: " +
+           (known.empty() ? "none" : known) + "); load it first";
+  }
+  seq.lora_slot = it->second.slot;
+  seq.adapter_key = lora_keys_.at(it->second.slot);
+  return "";
+}
+
+LoraAdapterInfo Engine::load_lora_adapter(const LoraRequest& request) {
+  PAGELLM_CHECK(!request.name.empty())
+      << "load_lora_adapter: the adapter needs a name (the name requests select it by)";
+  PAGELLM_CHECK(!asleep_) << "load_lora_adapter: the engine is asleep; call wake_up() first";
+  PAGELLM_CHECK(runner_->backend().supports_lora())
+      << "load_lora_adapter: the " << runner_->backend().name()
+      << " backend cannot run LoRA adapters yet (the cpu backend can)";
+  Qwen3Model& model = runner_->model();
+  // Read and check everything before a slot changes.
+  const LoraAdapter adapter = read_lora_adapter(request.path, model.config());
+  const auto existing = loras_.find(request.name);
+  int32_t slot = 0;
+  if (existing != loras_.end()) {
+    slot = existing->second.slot;
+  } else {
+    for (int32_t s = 1; s <= config_.max_loras && slot == 0; ++s) {
+      if (!model.has_lora(s)) slot = s;
+    }
+    PAGELLM_CHECK(slot != 0) << "load_lora_adapter '" << request.name << "': all "
+                             << config_.max_loras
+                             << " adapter slots are in use (max_loras); unload one first";
+  }
+  model.set_lora(slot, adapter);
+  LoraAdapterInfo& info = loras_[request.name];
+  info.name = request.name;
+  info.id = request.id;
+  info.path = request.path;
+  info.rank = adapter.config.rank;
+  info.scale = adapter.config.scale();
+  info.slot = slot;
+  ++info.version;
+  // A new prefix-cache identity: pages of the old weights never match again. Requests
+  // running with the adapter move to it (their started chains stop registering pages).
+  const uint64_t key = next_lora_key_++;
+  lora_keys_[slot] = key;
+  for (auto& [id, seq] : requests_) {
+    if (seq->lora_slot == slot) seq->adapter_key = key;
+  }
+  return info;
+}
+
+void Engine::unload_lora_adapter(const std::string& name) {
+  const auto it = loras_.find(name);
+  PAGELLM_CHECK(it != loras_.end()) << "unload_lora_adapter: no adapter named '" << name
+                                    << "' is loaded";
+  const int32_t slot = it->second.slot;
+  int64_t users = 0;
+  for (const auto& [id, seq] : requests_) {
+    if (seq->lora_slot == slot && !seq->finished()) ++users;
+  }
+  PAGELLM_CHECK(users == 0) << "unload_lora_adapter '" << name << "': " << users
+                            << " unfinished request(s) use it; abort or finish them first";
+  for (auto& [id, seq] : requests_) {
+    if (seq->lora_slot == slot) seq->lora_slot = 0;  // finished ones: the slot may be reused
+  }
+  runner_->model().clear_lora(slot);
+  lora_keys_.erase(slot);
+  loras_.erase(it);
+}
+
+std::vector<LoraAdapterInfo> Engine::lora_adapters() const {
+  std::vector<LoraAdapterInfo> out;
+  for (const auto& [name, info] : loras_) out.push_back(info);
+  return out;
 }
 
 void Engine::abort(int64_t id) {

@@ -16,6 +16,7 @@
 #include "pagellm/engine/scheduler.h"
 #include "pagellm/engine/sequence.h"
 #include "pagellm/kv/kv_cache_manager.h"
+#include "pagellm/lora_request.h"
 #include "pagellm/model/qwen3.h"
 #include "pagellm/weight_update.h"
 
@@ -68,7 +69,10 @@ class Engine {
   /// Queues a request and returns its id. A request that can never run (empty or
   /// too-long prompt, token ids outside the vocabulary, bad sampling parameters) is
   /// finished at once with FinishReason::kError and a message in Sequence::error.
-  int64_t add_request(std::vector<int32_t> prompt, const SamplingParams& params);
+  /// `lora` names a loaded adapter (load_lora_adapter) to run the request with; "" runs
+  /// the base model. An unknown name finishes the request at once with kError.
+  int64_t add_request(std::vector<int32_t> prompt, const SamplingParams& params,
+                      const std::string& lora = "");
   /// Queues params.n samples of one prompt (n-sample fan-out) and returns their ids,
   /// sample 0 first; n == 1 is add_request. The prompt is prefilled once, by sample 0; the
   /// step that completes it samples every sample's first token from the same logits, and
@@ -83,7 +87,8 @@ class Engine {
   /// benchmark draws each sample's length, as EOS would end it).
   std::vector<int64_t> add_request_group(std::vector<int32_t> prompt,
                                          const SamplingParams& params,
-                                         const std::vector<int32_t>& max_tokens = {});
+                                         const std::vector<int32_t>& max_tokens = {},
+                                         const std::string& lora = "");
   /// Finishes a request with FinishReason::kAborted and frees its pages.
   void abort(int64_t id);
   /// Runs one scheduling step and one forward pass; returns the ids that finished in it.
@@ -166,6 +171,20 @@ class Engine {
     runner_->model().check_weights_update(tensors);
   }
 
+  // ---- LoRA adapters (docs/design.md, "LoRA") -----------------------------------------
+  /// Loads the PEFT adapter folder request.path under request.name (non-empty) into a free
+  /// adapter slot, or, when the name is loaded already, replaces that adapter in place
+  /// (same slot; for RL, where the adapter changes every step): its version goes up and
+  /// its prefix-cache key changes, so no page computed with the old weights matches again,
+  /// and requests running with it continue with the new weights from the next step. Call
+  /// between steps. Throws Error naming the problem (a bad folder, an adapter that does
+  /// not fit the model, no free slot of max_loras) and then changes nothing.
+  LoraAdapterInfo load_lora_adapter(const LoraRequest& request);
+  /// Unloads an adapter. Throws Error for an unknown name, or while a request that is not
+  /// finished uses it (abort or finish it first).
+  void unload_lora_adapter(const std::string& name);
+  /// The loaded adapters, by name.
+  std::vector<LoraAdapterInfo> lora_adapters() const;
   // ---- sleep and wake (docs/design.md, "Sleep and wake") ------------------------------
   /// Releases the KV cache's memory (and, with options.offload_weights, the weights' after
   /// copying them to host memory) so that another user of the device can have it between
@@ -226,6 +245,13 @@ class Engine {
   uint64_t weights_version_ = 0;
   bool asleep_ = false;
   EngineStats stats_;
+  /// Loaded LoRA adapters by name; info.slot is the model's slot.
+  std::map<std::string, LoraAdapterInfo> loras_;
+  /// Prefix-cache keys per slot (KvSequence::adapter_key): a new one at each load.
+  std::map<int32_t, uint64_t> lora_keys_;
+  uint64_t next_lora_key_ = 1;
+  /// Sets the request's slot and key from a name; returns an error text for an unknown one.
+  std::string attach_lora(Sequence& seq, const std::string& lora) const;
 
   /// Runs `write` (the model's update) under the pause protocol of update_weights.
   WeightUpdateResult run_update(PauseMode mode, const std::vector<NamedTensor>& tensors);

@@ -95,6 +95,7 @@ void ModelRunner::append_padding_rows(ForwardBatch& b, int32_t rows) const {
       b.page_table.insert(b.page_table.end(), static_cast<size_t>(b.max_pages_per_seq), 0);
     }
     b.logits_indices.push_back(t);
+    if (!b.lora_slots.empty()) b.lora_slots.push_back(0);
   }
 }
 
@@ -154,7 +155,9 @@ ModelRunner::StepResult ModelRunner::run(const SchedulerOutput& out, PageTable& 
   ForwardBatch batch = persistent_
                            ? build_persistent_forward_batch(out, page_table, config_.page_size)
                            : build_forward_batch(out, page_table, config_.page_size);
-  bool pure_decode = true;
+  // Decode graphs are captured without LoRA (the segments are host metadata the model
+  // reads when it issues the products): a step with an adapter runs eagerly.
+  bool pure_decode = !batch.has_lora();
   for (const ScheduledSeq& s : out.scheduled) {
     pure_decode = pure_decode && s.num_new_tokens == 1 && s.samples && s.fan_out.empty();
   }

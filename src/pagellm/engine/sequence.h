@@ -28,6 +28,9 @@ struct Sequence : KvSequence {
   std::vector<SampledToken> sampled;  // one per output token, with log-probabilities
   SamplingParams params;
   uint64_t seed = 0;  // effective seed (params.seed or derived from id)
+  /// The model's LoRA slot the request runs with (0: none); adapter_key (KvSequence) is
+  /// that adapter's prefix-cache identity.
+  int32_t lora_slot = 0;
 
   SequenceStatus status = SequenceStatus::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;

@@ -75,6 +75,13 @@ void ForwardBatch::validate(const std::vector<int32_t>& table) const {
   }
 }
 
+bool ForwardBatch::has_lora() const {
+  for (int32_t slot : lora_slots) {
+    if (slot != 0) return true;
+  }
+  return false;
+}
+
 void ForwardBatch::validate() const {
   const int32_t T = num_tokens(), B = num_seqs();
   PAGELLM_CHECK(page_size > 0) << "forward batch: page_size must be positive";
@@ -92,6 +99,12 @@ void ForwardBatch::validate() const {
   }
   PAGELLM_CHECK(query_start[0] == 0 && query_start[B] == T)
       << "forward batch: query offsets must run from 0 to " << T;
+  PAGELLM_CHECK(lora_slots.empty() || lora_slots.size() == static_cast<size_t>(B))
+      << "forward batch: lora_slots has " << lora_slots.size() << " entries for " << B
+      << " sequences (give one per sequence, or none)";
+  for (int32_t slot : lora_slots) {
+    PAGELLM_CHECK(slot >= 0) << "forward batch: LoRA slot " << slot << " is negative";
+  }
   for (int32_t b = 0; b < B; ++b) {
     const int32_t q = query_len(b), kv = kv_lens[b];
     PAGELLM_CHECK(q > 0 && q <= kv) << "forward batch: sequence " << b << " has query length "

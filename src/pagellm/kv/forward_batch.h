@@ -49,6 +49,9 @@ struct ForwardBatch {
   std::vector<PageTableUpdate> page_table_updates;   // in order; later runs overwrite earlier
   std::vector<int32_t> page_table_values;            // concatenated values of the updates
   std::vector<int32_t> logits_indices;  // [R] token rows whose logits are wanted
+  /// LoRA: the adapter slot of each sequence (0: none; docs/design.md "LoRA"), [B]; empty
+  /// when no sequence of the step has an adapter.
+  std::vector<int32_t> lora_slots;
   /// 0, or an upper bound of kv_lens over every replay of a graph captured with this batch:
   /// kernels then size their grids from it rather than from max_kv_len().
   int32_t kv_len_capacity = 0;
@@ -59,6 +62,8 @@ struct ForwardBatch {
   int32_t max_query_len() const;
   int32_t max_kv_len() const;
   bool persistent_page_table() const { return !seq_slots.empty(); }
+  /// Whether any sequence runs with a LoRA adapter.
+  bool has_lora() const;
   /// Throws Error if the arrays disagree with each other (sizes, offsets, 0 < q <= kv,
   /// positions, slots inside the pages the table gives, logits rows in range). With a
   /// persistent page table it checks the slots and updates (rows 1..page_table_rows-1,

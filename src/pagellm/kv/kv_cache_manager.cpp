@@ -13,8 +13,7 @@ KvCacheManager::KvCacheManager(int32_t num_pages, int32_t page_size, int32_t max
       allocator_(num_pages),
       table_(max_slots, max_pages_per_seq),
       prefix_caching_(enable_prefix_caching),
-      cache_(num_pages),
-      salt_(prefix_cache_salt(0, 0)) {
+      cache_(num_pages) {
   PAGELLM_CHECK(page_size >= 1) << "page_size must be at least 1, got " << page_size;
   allocator_.set_eviction_listener([this](int32_t page) {
     cache_.erase_page(page);
@@ -53,7 +52,7 @@ bool KvCacheManager::allocate(KvSequence& seq, int32_t num_tokens) {
   if (have == 0 && seq.num_computed == 0) {
     // A new chain: its pages will hold K/V computed under the current weights.
     seq.page_hashes.clear();
-    seq.cache_salt = salt_;
+    seq.cache_salt = salt_for(seq);
   }
   const bool got = allocator_.allocate(need, &seq.pages);
   PAGELLM_ASSERT(got) << "pages counted free but allocation failed";
@@ -178,8 +177,8 @@ void KvCacheManager::drop_copies_into(const KvSequence& seq) {
       pending_copies_.end());
 }
 
-void KvCacheManager::set_prefix_salt(uint64_t weights_version, uint64_t adapter_id) {
-  salt_ = prefix_cache_salt(weights_version, adapter_id);
+void KvCacheManager::set_prefix_salt(uint64_t weights_version) {
+  weights_version_ = weights_version;
 }
 
 PrefixMatch KvCacheManager::match_prefix(const KvSequence& seq,
@@ -192,9 +191,10 @@ PrefixMatch KvCacheManager::match_prefix(const KvSequence& seq,
   if (!prefix_caching_) return match;
   match.num_queried = std::max(0, tokens.size() - 1);
   const int32_t max_pages = std::min(match.num_queried / page_size_, max_pages_per_seq());
+  const uint64_t salt = salt_for(seq);
   uint64_t parent = 0;
   for (int32_t b = 0; b < max_pages; ++b) {
-    const uint64_t hash = prefix_page_hash(parent, salt_, tokens, b * page_size_, page_size_);
+    const uint64_t hash = prefix_page_hash(parent, salt, tokens, b * page_size_, page_size_);
     const int32_t page = cache_.find(hash);
     if (page < 0) break;
     match.pages.push_back(page);
@@ -241,7 +241,7 @@ bool KvCacheManager::allocate(KvSequence& seq, const PrefixMatch& match, int32_t
     }
     seq.num_computed = match.num_tokens;
     seq.page_hashes = match.hashes;
-    seq.cache_salt = salt_;
+    seq.cache_salt = salt_for(seq);
   }
   const bool allocated = allocate(seq, num_tokens);
   PAGELLM_ASSERT(allocated) << "pages counted free but allocation failed";
@@ -251,12 +251,13 @@ bool KvCacheManager::allocate(KvSequence& seq, const PrefixMatch& match, int32_t
 }
 
 void KvCacheManager::cache_full_pages(KvSequence& seq, const SequenceTokens& tokens) {
-  if (!prefix_caching_ || seq.cache_salt != salt_) return;  // disabled, or stale weights
+  const uint64_t salt = salt_for(seq);
+  if (!prefix_caching_ || seq.cache_salt != salt) return;  // disabled, or stale weights or adapter
   const int32_t full =
       std::min(seq.num_computed / page_size_, static_cast<int32_t>(seq.pages.size()));
   for (int32_t b = static_cast<int32_t>(seq.page_hashes.size()); b < full; ++b) {
     const uint64_t parent = b == 0 ? 0 : seq.page_hashes[b - 1];
-    const uint64_t hash = prefix_page_hash(parent, salt_, tokens, b * page_size_, page_size_);
+    const uint64_t hash = prefix_page_hash(parent, salt, tokens, b * page_size_, page_size_);
     seq.page_hashes.push_back(hash);
     const int32_t page = seq.pages[b];
     if (allocator_.is_cached(page)) continue;  // attached from the cache under this hash

@@ -34,6 +34,10 @@ struct KvSequence {
   std::vector<uint64_t> page_hashes;
   /// The salt page_hashes were computed with (set when the chain starts).
   uint64_t cache_salt = 0;
+  /// The prefix-cache identity of the LoRA adapter the sequence runs with (0: none), salted
+  /// into its hashes: a different adapter, or the same one reloaded or replaced (the
+  /// engine gives each load a new key), never matches its pages. Set by the engine.
+  uint64_t adapter_key = 0;
 };
 
 /// The cached full pages that begin a sequence's known tokens (KvCacheManager::match_prefix).
@@ -143,10 +147,11 @@ class KvCacheManager {
   // ---- Prefix cache. Without enable_prefix_caching, match_prefix finds nothing and
   // cache_full_pages registers nothing.
   bool prefix_caching_enabled() const { return prefix_caching_; }
-  /// Sets the salt of new chains (prefix_cache_salt): pages computed under other weights
-  /// or another adapter never match afterwards. Chains already started keep their salt and
-  /// stop registering pages.
-  void set_prefix_salt(uint64_t weights_version, uint64_t adapter_id = 0);
+  /// Sets the weights version salted into new chains (prefix_cache_salt of it and the
+  /// sequence's adapter_key): pages computed under other weights or another adapter never
+  /// match afterwards. Chains whose salt is no longer current (other weights, or an
+  /// adapter_key changed by a replace) keep their hashes and stop registering pages.
+  void set_prefix_salt(uint64_t weights_version);
   /// The longest run of cached full pages that begins `tokens` (seq's known tokens),
   /// capped so that at least one token remains to compute (its logits are needed). Changes
   /// nothing. Throws Error for a sequence that holds pages or has tokens computed.
@@ -200,7 +205,11 @@ class KvCacheManager {
   std::vector<PageCopy> pending_copies_;  // recorded by allocate_for_write, in order
   bool prefix_caching_ = false;
   PrefixCache cache_;
-  uint64_t salt_ = 0;  // prefix_cache_salt of the current weights version and adapter
+  uint64_t weights_version_ = 0;  // salted into every chain with the sequence's adapter_key
+  /// The salt of chains started now for `seq`.
+  uint64_t salt_for(const KvSequence& seq) const {
+    return prefix_cache_salt(weights_version_, seq.adapter_key);
+  }
   PrefixCacheStats stats_;  // queried_tokens, hit_tokens, evictions
 };
 

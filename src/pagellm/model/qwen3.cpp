@@ -161,6 +161,7 @@ void Qwen3Model::reserve(int32_t max_tokens, int32_t max_rows) {
   ws_.gate_up = make(act, {T, 2 * c.intermediate_size});
   ws_.act = make(act, {T, c.intermediate_size});
   ws_.rows = make(act, {max_rows, c.hidden_size});
+  ws_.lora_shrunk = make(act, {T, kMaxLoraRank});
   ws_.logits = make(DType::F32, {max_rows, c.vocab_size});
   if (float32_head_) ws_.rows_f32 = make(DType::F32, {max_rows, c.hidden_size});
   max_tokens_ = max_tokens;
@@ -188,12 +189,41 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
   backend_.embedding(embed_, batch.token_ids, residual);
   // One attention plan for the forward (every layer has the same shape and pool extent).
   const AttentionPlanRef attention_plan = backend_.plan_attention(batch, shape, kv[0]);
+  // LoRA: with any adapter in the step, the products the backend would fuse with what
+  // follows them (q/k/v with norm and RoPE, gate/up with SiLU) run apart, so that each
+  // module's delta lands in its slice of the fused output before it is read.
+  const bool lora = batch.host != nullptr && batch.host->has_lora();
+  LoraLayerSegments segs;
+  Tensor shrunk = ws_.lora_shrunk.rows(0, T);
+  const int64_t I = c.intermediate_size;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Qwen3LayerWeights& w = layers_[l];
     if (l == 0) {
       backend_.rms_norm(residual, w.input_norm, eps, hidden);
     } else {
       backend_.add_rms_norm(residual, proj, w.input_norm, eps, hidden);
+    }
+    if (lora) {
+      lora_segments(*batch.host, l, segs);
+      auto add = [&](const Tensor& x, LoraModule m, Tensor& out, int64_t col_offset) {
+        backend_.lora_add(x, segs[static_cast<int>(m)], shrunk, out, col_offset);
+      };
+      backend_.matmul(hidden, w.qkv, qkv);
+      add(hidden, LoraModule::kQ, qkv, 0);
+      add(hidden, LoraModule::kK, qkv, c.q_size());
+      add(hidden, LoraModule::kV, qkv, c.q_size() + c.kv_size());
+      backend_.qk_norm_rope_store_kv(qkv, w.q_norm, w.k_norm, eps, rope, shape, batch, q, kv[l]);
+      backend_.attention(q, kv[l], shape, batch, attention_plan, attn);
+      backend_.matmul(attn, w.o_proj, proj);
+      add(attn, LoraModule::kO, proj, 0);
+      backend_.add_rms_norm(residual, proj, w.post_norm, eps, hidden);
+      backend_.matmul(hidden, w.gate_up, gate_up);
+      add(hidden, LoraModule::kGate, gate_up, 0);
+      add(hidden, LoraModule::kUp, gate_up, I);
+      backend_.silu_mul(gate_up, act);
+      backend_.matmul(act, w.down, proj);
+      add(act, LoraModule::kDown, proj, 0);
+      continue;
     }
     backend_.matmul_qk_norm_rope_store_kv(hidden, w.qkv, qkv, w.q_norm, w.k_norm, eps, rope, shape,
                                           batch, q, kv[l]);
@@ -215,6 +245,87 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
     backend_.matmul(rows, lm_head_, logits);
   }
   return logits;
+}
+
+void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
+  const Qwen3Config& c = config_;
+  PAGELLM_CHECK(slot >= 1) << "set_lora: slot " << slot
+                           << " is not a LoRA slot (slots are 1, 2, ...; 0 means no adapter)";
+  PAGELLM_CHECK(adapter.layers.size() == layers_.size())
+      << "LoRA adapter " << adapter.path << " has " << adapter.layers.size()
+      << " layers; the model has " << layers_.size();
+  const int64_t r = adapter.config.rank;
+  PAGELLM_CHECK(r >= 1 && r <= kMaxLoraRank)
+      << "LoRA adapter " << adapter.path << ": rank " << r << " is outside 1.." << kMaxLoraRank;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    for (int m = 0; m < kNumLoraModules; ++m) {
+      const LoraFactors& f = adapter.layers[l][m];
+      if (f.empty()) continue;
+      const auto [out, in] = lora_module_shape(c, static_cast<LoraModule>(m));
+      PAGELLM_CHECK(f.a.size() == static_cast<size_t>(r * in) &&
+                    f.b.size() == static_cast<size_t>(out * r))
+          << "LoRA adapter " << adapter.path << ": layer " << l << " "
+          << lora_module_name(static_cast<LoraModule>(m)) << " factors do not match [" << r
+          << ", " << in << "] and [" << out << ", " << r << "]";
+    }
+  }
+  if (lora_slots_.size() <= static_cast<size_t>(slot)) lora_slots_.resize(slot + 1);
+  LoraSlot fresh;
+  fresh.scale = adapter.config.scale();
+  fresh.layers.resize(layers_.size());
+  const DType dt = backend_.weight_dtype();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    for (int m = 0; m < kNumLoraModules; ++m) {
+      const LoraFactors& f = adapter.layers[l][m];
+      if (f.empty()) continue;
+      const auto [out, in] = lora_module_shape(c, static_cast<LoraModule>(m));
+      auto upload = [&](const std::vector<float>& host, int64_t rows, int64_t cols) {
+        Tensor probe(nullptr, dt, {rows, cols});
+        fresh.storage.emplace_back(&backend_, probe.nbytes(), MemoryRole::kWeights);
+        Tensor t = fresh.storage.back().tensor(dt, {rows, cols});
+        backend_.upload(t, 0, host.data(), DType::F32, rows * cols);
+        return t;
+      };
+      fresh.layers[l][m] = {upload(f.a, r, in), upload(f.b, out, r)};
+    }
+  }
+  backend_.synchronize();
+  fresh.loaded = true;
+  // The old factors go only now, after the new ones are complete.
+  lora_slots_[static_cast<size_t>(slot)] = std::move(fresh);
+}
+
+void Qwen3Model::clear_lora(int32_t slot) {
+  if (!has_lora(slot)) return;
+  backend_.synchronize();  // no forward in flight may still read the factors
+  lora_slots_[static_cast<size_t>(slot)] = LoraSlot{};
+}
+
+bool Qwen3Model::has_lora(int32_t slot) const {
+  return slot >= 1 && static_cast<size_t>(slot) < lora_slots_.size() &&
+         lora_slots_[static_cast<size_t>(slot)].loaded;
+}
+
+void Qwen3Model::lora_segments(const ForwardBatch& batch, size_t layer,
+                               LoraLayerSegments& out) const {
+  for (std::vector<LoraSegment>& v : out) v.clear();
+  const int32_t B = batch.num_seqs();
+  for (int32_t b = 0; b < B;) {
+    const int32_t slot = batch.lora_slots[static_cast<size_t>(b)];
+    int32_t end = b + 1;  // consecutive sequences with one adapter make one segment
+    while (end < B && batch.lora_slots[static_cast<size_t>(end)] == slot) ++end;
+    if (slot != 0) {
+      PAGELLM_CHECK(has_lora(slot)) << "forward: LoRA slot " << slot << " holds no adapter";
+      const LoraSlot& s = lora_slots_[static_cast<size_t>(slot)];
+      for (int m = 0; m < kNumLoraModules; ++m) {
+        const auto& [a, bmat] = s.layers[layer][static_cast<size_t>(m)];
+        if (a.data == nullptr) continue;
+        out[static_cast<size_t>(m)].push_back(
+            LoraSegment{batch.query_start[b], batch.query_start[end], a, bmat, s.scale});
+      }
+    }
+    b = end;
+  }
 }
 
 }  // namespace pagellm

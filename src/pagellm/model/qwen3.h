@@ -16,6 +16,7 @@
 
 #include "pagellm/backend/backend.h"
 #include "pagellm/model/config.h"
+#include "pagellm/model/lora.h"
 #include "pagellm/model/weight_store.h"
 #include "pagellm/weight_update.h"
 
@@ -100,6 +101,17 @@ class Qwen3Model {
   /// Whether the forward runs the float32 head.
   bool float32_head() const { return float32_head_; }
 
+  // ---- LoRA (docs/design.md "LoRA") ----------------------------------------------------
+  /// Puts `adapter` (read for this model's config) into slot `slot` (>= 1; 0 means "no
+  /// adapter" in ForwardBatch::lora_slots), replacing the adapter it held: its factors are
+  /// uploaded in the backend's weight dtype. Between forwards. Throws Error for slot 0 or
+  /// an adapter whose layers or shapes do not match the model (nothing changes then).
+  void set_lora(int32_t slot, const LoraAdapter& adapter);
+  /// Empties a slot (its memory goes back to the backend); a no-op for an empty one.
+  void clear_lora(int32_t slot);
+  /// Whether slot `slot` holds an adapter.
+  bool has_lora(int32_t slot) const;
+
   /// Allocates activations for steps of up to max_tokens tokens and max_rows logits rows.
   /// forward() never allocates; views into this workspace are stable (CUDA graphs).
   void reserve(int32_t max_tokens, int32_t max_rows);
@@ -149,7 +161,23 @@ class Qwen3Model {
   Tensor final_norm_f32_;
   Tensor lm_head_f32_;
 
+  /// One slot's factors on the backend: per layer and LoraModule, A [r, in] and B [out, r]
+  /// (null tensors for modules the adapter does not target).
+  struct LoraSlot {
+    bool loaded = false;
+    float scale = 0.0f;
+    std::vector<DeviceBuffer> storage;
+    std::vector<std::array<std::pair<Tensor, Tensor>, kNumLoraModules>> layers;
+  };
+  std::vector<LoraSlot> lora_slots_;  // by slot number; [0] is never used
+  /// The forward's LoRA segments of one layer, by module: runs of consecutive token rows
+  /// whose sequences use the same adapter (docs/design.md "LoRA").
+  using LoraLayerSegments = std::array<std::vector<LoraSegment>, kNumLoraModules>;
+  /// Fills `out` for layer `layer` from the batch's per-sequence slots.
+  void lora_segments(const ForwardBatch& batch, size_t layer, LoraLayerSegments& out) const;
+
   struct Workspace {
+    Tensor lora_shrunk;  // [T, kMaxLoraRank]: lora_add's shrink output
     Tensor residual, hidden, qkv, q, attn, proj, gate_up, act, rows, logits;
     Tensor rows_f32;  // [max_rows, H] float32: the float32 head's normalised rows
   };
