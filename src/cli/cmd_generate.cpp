@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "pagellm/api/engine_core.h"
+#include "pagellm/api/model_folder.h"
 #include "pagellm/api/text_model.h"
 #include "pagellm/common/progress.h"
 #include "pagellm/model/make_model.h"
@@ -79,7 +80,7 @@ void run_make_model(const MakeModelArgs& args) {
   opt.progress = [&](uint64_t done, uint64_t total) { bar.update(done, total); };
   make_model(opt);
   bar.finish();
-  write_model_tokenizer(args.out, preset_config(args.preset).vocab_size);
+  api::write_model_tokenizer(args.out, preset_config(args.preset).vocab_size, PAGELLM_SOURCE_DIR);
   std::printf("wrote %s (%s, seed %llu, %s) to %s\n", args.preset.c_str(),
               dtype_name(opt.dtype), static_cast<unsigned long long>(args.seed),
               preset_config(args.preset).tie_word_embeddings ? "tied" : "untied",

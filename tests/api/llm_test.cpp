@@ -2,6 +2,7 @@
 // n-samples seed rule, stop strings and tokens, and bad input rejected before any work.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -245,6 +246,40 @@ TEST(Llm, MaxModelLenAboveTheModelsIsRejected) {
               std::string::npos)
         << e.what();
   }
+}
+
+TEST(Llm, StepCallbackSeesProgressAndAbortsCleanly) {
+  LLM& llm = shared_llm();
+  const Ids prompts = {{1, 2, 3}, {4, 5}, {6, 7, 8, 9}};
+  std::vector<Prompt> p;
+  for (const auto& ids : prompts) p.push_back(Prompt::from_token_ids(ids));
+  std::vector<SamplingParams> params;
+  for (int m : {2, 5, 9}) params.push_back(greedy(m));
+  std::vector<size_t> finished_seen;
+  const auto full = llm.generate(p, params, [&](size_t finished, size_t total) {
+    EXPECT_EQ(total, 3u);
+    finished_seen.push_back(finished);
+    return true;
+  });
+  ASSERT_FALSE(finished_seen.empty());
+  EXPECT_TRUE(std::is_sorted(finished_seen.begin(), finished_seen.end()));
+  EXPECT_EQ(finished_seen.back(), 3u);
+  EXPECT_EQ(full[2].outputs[0].token_ids.size(), 9u);
+
+  // Returning false after three steps aborts every unfinished request and frees its pages.
+  int steps = 0;
+  const auto cut = llm.generate(p, params, [&](size_t, size_t) { return ++steps < 3; });
+  EXPECT_EQ(steps, 3);
+  EXPECT_EQ(cut[0].outputs[0].finish_reason, FinishReason::kLength);
+  EXPECT_EQ(cut[2].outputs[0].finish_reason, FinishReason::kAborted);
+  EXPECT_LT(cut[2].outputs[0].token_ids.size(), 9u);
+  EXPECT_EQ(llm.num_free_pages(), llm.num_usable_pages());
+
+  // An exception from the callback aborts the same way and propagates.
+  EXPECT_THROW(llm.generate(p, params, [](size_t, size_t) -> bool { throw Error("stop"); }),
+               Error);
+  EXPECT_EQ(llm.num_free_pages(), llm.num_usable_pages());
+  EXPECT_EQ(llm.generate(p, params)[1].outputs[0].token_ids, full[1].outputs[0].token_ids);
 }
 
 TEST(Llm, VersionMatchesTheProject) { EXPECT_STREQ(kVersion, PAGELLM_PROJECT_VERSION); }

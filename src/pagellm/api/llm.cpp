@@ -28,6 +28,12 @@ LLM::~LLM() = default;
 
 std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,
                                          const std::vector<SamplingParams>& params) {
+  return generate(prompts, params, StepCallback());
+}
+
+std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,
+                                         const std::vector<SamplingParams>& params,
+                                         const StepCallback& on_step) {
   PAGELLM_CHECK(params.size() == 1 || params.size() == prompts.size())
       << "generate: " << params.size() << " sampling parameter sets for " << prompts.size()
       << " prompts (give one for all or one per prompt)";
@@ -45,17 +51,28 @@ std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,
     }
   }
   std::vector<RequestOutput> results(prompts.size());
+  size_t finished = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     api::TrackedRequest r;
     r.request_id = std::to_string(impl_->next_request++);
     r.prompt = std::move(encoded[i]);
     r.params = params.size() == 1 ? params[0] : params[i];
     RequestOutput* slot = &results[i];
-    r.sink = [slot](RequestOutput&& delta) { merge_delta(*slot, delta); };
+    r.sink = [slot, &finished](RequestOutput&& delta) {
+      merge_delta(*slot, delta);
+      if (delta.finished) ++finished;
+    };
     impl_->core->add(std::move(r));
   }
   try {
-    while (impl_->core->has_requests()) impl_->core->step();
+    while (impl_->core->has_requests()) {
+      impl_->core->step();
+      if (on_step && !on_step(finished, prompts.size())) {
+        impl_->core->abort_all();
+        impl_->core->emit();
+        break;
+      }
+    }
   } catch (...) {
     // An engine failure: end every request here (the sinks point into `results`), so that
     // the next call starts clean.
