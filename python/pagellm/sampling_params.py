@@ -26,8 +26,8 @@ class SamplingParams:
     token itself plus the ``k`` most likely), computed by the engine's scoring path
     (``LLM.score``) after generation.
 
-    ``min_tokens``: EOS and ``stop_token_ids`` cannot end a sample before it has this many
-    output tokens (vLLM's semantics).
+    ``min_tokens``: only 0 is accepted for now (the samplers cannot yet mask EOS and stop
+    tokens); a larger value raises ValueError rather than being ignored.
     """
 
     n: int = 1
@@ -84,10 +84,9 @@ class SamplingParams:
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
             raise ValueError(
                 f"invalid sampling parameters: min_tokens must be an int >= 0, got {self.min_tokens!r}")
-        if hasattr(p, "min_tokens"):
-            p.min_tokens = self.min_tokens
-        elif self.min_tokens > 0:
-            raise ValueError("invalid sampling parameters: min_tokens > 0 needs a pagellm core "
-                             "built with min_tokens support")
+        if self.min_tokens > 0:
+            # The samplers (CPU and GPU) cannot mask EOS and stop tokens yet.
+            raise ValueError("invalid sampling parameters: min_tokens > 0 is not supported "
+                             f"yet (got {self.min_tokens}); accepted: 0")
         p.validate()
         return p

@@ -174,6 +174,7 @@ def test_ctrl_c_aborts_cleanly(tiny_model):
     ({"prompt_logprobs": 30}, "prompt_logprobs"),
     ({"seed": -1}, "seed"),
     ({"min_tokens": -2}, "min_tokens"),
+    ({"min_tokens": 3}, "min_tokens > 0 is not supported"),
     ({"max_tokens": "many"}, "sampling"),
 ])
 def test_bad_sampling_params_raise_value_error(llm, kwargs, needle):
