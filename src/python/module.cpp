@@ -232,7 +232,7 @@ NB_MODULE(_core, m) {
         "dtype"_a, "package_dir"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def("model_presets", &model_presets);
 
-  nb::class_<EngineOptions>(m, "EngineOptions")
+  nb::class_<EngineOptions>(m, "EngineOptions", "Engine settings (pagellm/engine_options.h); LLM and AsyncLLM fill it from keyword arguments.")
       .def(nb::init<>())
       .def_rw("backend", &EngineOptions::backend)
       .def_rw("page_size", &EngineOptions::page_size)
@@ -247,7 +247,7 @@ NB_MODULE(_core, m) {
       .def_rw("batch_invariant", &EngineOptions::batch_invariant)
       .def_rw("enable_prefix_caching", &EngineOptions::enable_prefix_caching);
 
-  nb::class_<SamplingParams>(m, "SamplingParams")
+  nb::class_<SamplingParams>(m, "SamplingParams", "The C++ SamplingParams (pagellm/sampling_params.h); pagellm.SamplingParams builds it.")
       .def(nb::init<>())
       .def_rw("n", &SamplingParams::n)
       .def_rw("temperature", &SamplingParams::temperature)
@@ -267,17 +267,17 @@ NB_MODULE(_core, m) {
       .def_rw("logprobs", &SamplingParams::logprobs)
       .def("validate", [](const SamplingParams& p) { validate_sampling_params(p); });
 
-  nb::class_<Prompt>(m, "Prompt")
+  nb::class_<Prompt>(m, "Prompt", "A prompt: text, token ids, or chat messages as JSON (pagellm/prompt.h).")
       .def_static("from_text", &Prompt::from_text)
       .def_static("from_token_ids", &Prompt::from_token_ids)
       .def_static("from_messages_json", &Prompt::from_messages_json, "messages_json"_a,
                   "chat_template_kwargs_json"_a = "");
 
-  nb::class_<TokenLogprob>(m, "TokenLogprob")
+  nb::class_<TokenLogprob>(m, "TokenLogprob", "One entry of a top-k list: a token id and its raw log-probability.")
       .def_ro("token_id", &TokenLogprob::token_id)
       .def_ro("logprob", &TokenLogprob::logprob);
 
-  nb::class_<CompletionOutput>(m, "CompletionOutput")
+  nb::class_<CompletionOutput>(m, "CompletionOutput", "One sample of a request as the core reports it (pagellm/outputs.h).")
       .def_ro("index", &CompletionOutput::index)
       .def_ro("text", &CompletionOutput::text)
       .def_ro("token_ids", &CompletionOutput::token_ids)
@@ -293,7 +293,7 @@ NB_MODULE(_core, m) {
                    [](const CompletionOutput& o) { return finish_reason_openai(o.finish_reason); })
       .def_ro("error", &CompletionOutput::error);
 
-  nb::class_<RequestOutput>(m, "RequestOutput")
+  nb::class_<RequestOutput>(m, "RequestOutput", "A request's prompt and samples as the core reports it; in a stream, a delta.")
       .def(nb::init<>())
       .def_ro("request_id", &RequestOutput::request_id)
       .def_ro("prompt", &RequestOutput::prompt)
@@ -305,14 +305,14 @@ NB_MODULE(_core, m) {
   m.def("merge_delta", &merge_delta, "total"_a, "delta"_a,
         "Appends a stream delta to an accumulated RequestOutput.");
 
-  nb::class_<ScoreOutput>(m, "ScoreOutput")
+  nb::class_<ScoreOutput>(m, "ScoreOutput", "LLM.score_outputs: per scored token its raw log-probability, rank (1 = most likely) and, with top_k, the top_k most likely tokens.")
       .def_ro("token_ids", &ScoreOutput::token_ids)
       .def_ro("prompt_length", &ScoreOutput::prompt_length)
       .def_ro("logprobs", &ScoreOutput::logprobs)
       .def_ro("ranks", &ScoreOutput::ranks)
       .def_ro("top_logprobs", &ScoreOutput::top_logprobs);
 
-  nb::class_<WeightUpdateResult>(m, "WeightUpdateResult")
+  nb::class_<WeightUpdateResult>(m, "WeightUpdateResult", "What one weight update did: the new weights version, tensors and bytes written, seconds, and how running requests were treated.")
       .def_ro("weights_version", &WeightUpdateResult::weights_version)
       .def_ro("tensors_updated", &WeightUpdateResult::tensors_updated)
       .def_ro("bytes", &WeightUpdateResult::bytes)
@@ -322,18 +322,18 @@ NB_MODULE(_core, m) {
       .def_ro("requests_kept", &WeightUpdateResult::requests_kept)
       .def_ro("requests_waited", &WeightUpdateResult::requests_waited);
 
-  nb::class_<SleepReport>(m, "SleepReport")
+  nb::class_<SleepReport>(m, "SleepReport", "What sleep released, in bytes, and the backend's free memory before and after.")
       .def_ro("kv_bytes_released", &SleepReport::kv_bytes_released)
       .def_ro("weight_bytes_offloaded", &SleepReport::weight_bytes_offloaded)
       .def_ro("prepared_bytes_released", &SleepReport::prepared_bytes_released)
       .def_ro("free_memory_before", &SleepReport::free_memory_before)
       .def_ro("free_memory_after", &SleepReport::free_memory_after)
       .def_ro("seconds", &SleepReport::seconds);
-  nb::class_<WakeReport>(m, "WakeReport")
+  nb::class_<WakeReport>(m, "WakeReport", "How long wake_up took and the backend's free memory after.")
       .def_ro("seconds", &WakeReport::seconds)
       .def_ro("free_memory_after", &WakeReport::free_memory_after);
 
-  nb::class_<PrefixCacheStats>(m, "PrefixCacheStats")
+  nb::class_<PrefixCacheStats>(m, "PrefixCacheStats", "Prefix cache counters since loading: tokens looked up and hit, evictions, pages cached now.")
       .def_ro("queried_tokens", &PrefixCacheStats::queried_tokens)
       .def_ro("hit_tokens", &PrefixCacheStats::hit_tokens)
       .def_ro("evictions", &PrefixCacheStats::evictions)
@@ -343,7 +343,7 @@ NB_MODULE(_core, m) {
   using Guard = nb::call_guard<nb::gil_scoped_release>;
   using Tensors = std::vector<std::pair<std::string, nb::ndarray<>>>;
 
-  nb::class_<LLM>(m, "LLM")
+  nb::class_<LLM>(m, "LLM", "The C++ LLM (pagellm/llm.h); pagellm.LLM wraps it.")
       .def(nb::init<const std::string&, const EngineOptions&>(), "model_dir"_a, "options"_a,
            Guard())
       // on_step(finished, total) -> bool runs with the GIL held; the engine steps without.
@@ -406,7 +406,7 @@ NB_MODULE(_core, m) {
       .def("reset_prefix_cache", &LLM::reset_prefix_cache, Guard())
       .def("prefix_cache_stats", &LLM::prefix_cache_stats);
 
-  nb::class_<DeltaQueue>(m, "AsyncEngine")
+  nb::class_<DeltaQueue>(m, "AsyncEngine", "The C++ AsyncEngine whose deltas queue up for Python behind an eventfd (fileno, drain); pagellm.AsyncLLM wraps it.")
       .def(nb::init<const std::string&, const EngineOptions&>(), "model_dir"_a, "options"_a,
            Guard())
       .def("fileno", &DeltaQueue::fd)
