@@ -12,8 +12,8 @@ import os
 from typing import Any, AsyncIterator, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _core
-from .llm import (Conversation, PromptType, Tokenizer, _chat_prompt, _core_prompt,
-                  _engine_options)
+from .llm import (Conversation, PromptType, _chat_prompt, _core_prompt, _engine_options,
+                  _named_tensors)
 from .outputs import RequestOutput, convert_completion
 from .sampling_params import SamplingParams
 
@@ -44,7 +44,6 @@ class AsyncLLM:
             max_num_batched_tokens=max_num_batched_tokens, use_graphs=not enforce_eager,
             float32_head=float32_head, enable_prefix_caching=enable_prefix_caching)
         self.backend: str = options.backend
-        self._max_model_len = max_model_len or 0
         self._core = _core.AsyncEngine(os.fspath(model), options)
         self._queues: Dict[str, "asyncio.Queue[Any]"] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -95,7 +94,7 @@ class AsyncLLM:
         if params.prompt_logprobs is not None:
             raise ValueError("AsyncLLM: prompt_logprobs is not supported in streams; use "
                              "score() on the prompt's token ids")
-        cparams = params._to_core(self._max_model_len)
+        cparams = params._to_core()
         self._attach()
         rid = request_id if request_id is not None else f"req-py-{next(self._ids)}"
         if rid in self._queues:
@@ -164,7 +163,7 @@ class AsyncLLM:
         """LLM.update_weights between engine steps; not paused, it pauses with ``mode``
         around the update. Tensors are read in place (DLPack), so keep them alive until
         this returns."""
-        tensors = [(str(n), t) for n, t in named_tensors]
+        tensors = _named_tensors(named_tensors)
         return await self._call(self._core.update_weights, tensors, mode)
 
     async def load_weights(self, path: Union[str, os.PathLike],
@@ -208,11 +207,13 @@ class AsyncLLM:
         return int(self._core.num_usable_pages())
 
     def shutdown(self) -> None:
-        """Aborts every request and stops the engine thread. Idempotent."""
+        """Aborts every request and stops the engine thread; the streams still open get
+        their last output (finish_reason "abort"). Idempotent."""
+        self._core.shutdown()
+        self._drain()  # the final deltas, queued before the loop thread ended
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._core.fileno())
             self._loop = None
-        self._core.shutdown()
 
     async def __aenter__(self) -> "AsyncLLM":
         return self

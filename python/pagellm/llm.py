@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
                     Union)
 
@@ -105,6 +106,16 @@ def _is_single_prompt(prompts: Any) -> bool:
         return True
     return (isinstance(prompts, Sequence) and len(prompts) > 0 and
             all(isinstance(t, int) for t in prompts))
+
+
+def _named_tensors(named_tensors: Iterable[Tuple[str, Any]]) -> List[Tuple[str, Any]]:
+    """The pairs as a list, once torch's pending GPU work on them is done: the core reads
+    device tensors on its own stream, which does not wait for torch's."""
+    tensors = [(str(name), tensor) for name, tensor in named_tensors]
+    torch = sys.modules.get("torch")
+    if torch is not None and any(isinstance(t, torch.Tensor) and t.is_cuda for _, t in tensors):
+        torch.cuda.synchronize()
+    return tensors
 
 
 def _engine_options(backend: str, **kw: Any) -> "_core.EngineOptions":
@@ -227,11 +238,11 @@ class LLM:
             if not isinstance(p, SamplingParams):
                 raise ValueError(f"sampling_params[{i}]: expected SamplingParams, "
                                  f"got {type(p).__name__}")
-        core_params = [p._to_core(self.max_model_len) for p in params_list]
+        core_params = [p._to_core() for p in params_list]
         if self._seed is not None:
             # Per-request seeds need one params object per prompt.
             if len(core_params) == 1 and len(core_prompts) > 1:
-                core_params = [params_list[0]._to_core(self.max_model_len) for _ in core_prompts]
+                core_params = [params_list[0]._to_core() for _ in core_prompts]
                 params_list = params_list * len(core_prompts)
             for r, p in enumerate(core_params):
                 if p.seed is None:
@@ -343,9 +354,10 @@ class LLM:
         """Rewrites weights in place from ``(name, tensor)`` pairs (Hugging Face names, any
         subset). Tensors: torch or any DLPack/buffer-protocol array, on the CPU, in pinned
         memory, or on the engine's GPU; float32, bfloat16 or float16; contiguous (else
-        ValueError). Read where they lie, without a copy through Python. Atomic: a wrong
+        ValueError). Read where they lie, without a copy through Python (torch's pending
+        GPU work is waited for first). Atomic: a wrong
         name, shape or dtype raises PagellmError and the old weights keep serving."""
-        return self._core.update_weights([(str(n), t) for n, t in named_tensors])
+        return self._core.update_weights(_named_tensors(named_tensors))
 
     def load_weights(self, path: Union[str, os.PathLike]) -> "_core.WeightUpdateResult":
         """The same from a safetensors file or folder."""

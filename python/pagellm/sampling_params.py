@@ -49,7 +49,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     processed_logprobs: bool = False
 
-    def _to_core(self, max_model_len: int = 0) -> "_core.SamplingParams":
+    def _to_core(self) -> "_core.SamplingParams":
         """The C++ SamplingParams; raises ValueError naming a field of the wrong type or
         range (the library checks ranges again with its own message)."""
         if isinstance(self.seed, int) and not 0 <= self.seed < 2**64:
@@ -64,8 +64,9 @@ class SamplingParams:
             p.repetition_penalty = float(self.repetition_penalty)
             p.presence_penalty = float(self.presence_penalty)
             p.frequency_penalty = float(self.frequency_penalty)
-            # vLLM: max_tokens=None means "up to the context limit".
-            p.max_tokens = int(self.max_tokens) if self.max_tokens is not None else max(1, max_model_len)
+            # vLLM: max_tokens=None means "up to the context limit" (the engine ends the
+            # sample at max_model_len with finish_reason "length").
+            p.max_tokens = int(self.max_tokens) if self.max_tokens is not None else 2**31 - 1
             p.seed = None if self.seed is None else int(self.seed)
             p.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
             p.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]

@@ -132,3 +132,18 @@ def test_update_weights_score_and_pause(tiny_model, tiny_model_seed1):
     assert result.requests_kept == 1
     versions = last.outputs[0].weights_versions
     assert versions[0] == v0 and versions[-1] == v0 + 1 and last.weights_version == v0 + 1
+
+
+def test_shutdown_ends_open_streams(tiny_model):
+    async def main():
+        engine = AsyncLLM(tiny_model, backend="cpu", kv_cache_gb=0.02)
+        stream = engine.generate("x", SamplingParams(max_tokens=1000, ignore_eos=True))
+        await stream.__anext__()
+        engine.shutdown()
+        last = None
+        async for last in stream:
+            pass
+        return last
+
+    last = run(main())
+    assert last is not None and last.finished and last.outputs[0].finish_reason == "abort"

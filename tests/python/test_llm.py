@@ -213,3 +213,10 @@ def test_make_model_rejects_bad_arguments(tmp_path):
         pagellm.make_model(tmp_path / "m", preset="huge")
     with pytest.raises(ValueError, match="dtype"):
         pagellm.make_model(tmp_path / "m", dtype="int8")
+
+
+def test_max_tokens_none_runs_to_the_context_limit(tiny_model):
+    llm = LLM(tiny_model, backend="cpu", kv_cache_gb=0.01, max_model_len=40)
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=None, ignore_eos=True), use_tqdm=False)
+    c = out[0].outputs[0]
+    assert len(c.token_ids) == 37 and c.finish_reason == "length" and c.finish_detail == "context_limit"
