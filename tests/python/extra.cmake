@@ -14,4 +14,12 @@ if(PAGELLM_PYTHON)
     set_tests_properties(python_${_name} PROPERTIES ENVIRONMENT "${_py_env}" TIMEOUT 1500
       LABELS python)
   endforeach()
+  # The full wheel build (docs/design.md, "Python package": pip install check).
+  option(PAGELLM_TEST_WHEEL "Register python_wheel_full: pip wheel . from scratch" OFF)
+  if(PAGELLM_TEST_WHEEL)
+    add_test(NAME python_wheel_full
+      COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/wheel_check.sh ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR})
+    set_tests_properties(python_wheel_full PROPERTIES TIMEOUT 3600 LABELS python
+      ENVIRONMENT "PYTHON=${Python_EXECUTABLE}")
+  endif()
 endif()
