@@ -26,8 +26,9 @@ class SamplingParams:
     token itself plus the ``k`` most likely), computed by the engine's scoring path
     (``LLM.score``) after generation.
 
-    ``min_tokens``: only 0 is accepted for now (the samplers cannot yet mask EOS and stop
-    tokens); a larger value raises ValueError rather than being ignored.
+    ``min_tokens``: until a sample has this many tokens, EOS (unless ``ignore_eos``) and
+    ``stop_token_ids`` are masked out (never sampled) and stop strings do not match
+    (vLLM's semantics); 0..max_tokens.
     """
 
     n: int = 1
@@ -85,9 +86,6 @@ class SamplingParams:
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
             raise ValueError(
                 f"invalid sampling parameters: min_tokens must be an int >= 0, got {self.min_tokens!r}")
-        if self.min_tokens > 0:
-            # The samplers (CPU and GPU) cannot mask EOS and stop tokens yet.
-            raise ValueError("invalid sampling parameters: min_tokens > 0 is not supported "
-                             f"yet (got {self.min_tokens}); accepted: 0")
+        p.min_tokens = self.min_tokens
         p.validate()
         return p

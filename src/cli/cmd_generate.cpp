@@ -99,6 +99,7 @@ const char* option_of_field(const std::string& message) {
       {"presence_penalty", "--presence-penalty"},
       {"frequency_penalty", "--frequency-penalty"},
       {"max_tokens", "--max-tokens"},
+      {"min_tokens", "--min-tokens"},
       {"stop_token_ids", "--stop-token-ids"},
       {"stop strings", "--stop"},
   };
@@ -380,6 +381,8 @@ void register_model_commands(CLI::App& app) {
                   "and sampling overrides); one JSON result per line, in input order");
   gen->add_option("-n,--num-samples", ga->n, "samples per prompt (>= 1)");
   gen->add_option("--max-tokens", ga->params.max_tokens, "tokens to generate")->capture_default_str();
+  gen->add_option("--min-tokens", ga->params.min_tokens,
+                  "fewest tokens: EOS and stop tokens are masked until then (0..max-tokens)");
   gen->add_option("--temperature", ga->params.temperature, "0 = greedy")->capture_default_str();
   gen->add_option("--top-k", ga->params.top_k, "0 = off");
   gen->add_option("--top-p", ga->params.top_p, "1 = off");

@@ -259,6 +259,7 @@ NB_MODULE(_core, m) {
       .def_rw("frequency_penalty", &SamplingParams::frequency_penalty)
       .def_rw("seed", &SamplingParams::seed)
       .def_rw("max_tokens", &SamplingParams::max_tokens)
+      .def_rw("min_tokens", &SamplingParams::min_tokens)
       .def_rw("stop_token_ids", &SamplingParams::stop_token_ids)
       .def_rw("stop", &SamplingParams::stop)
       .def_rw("ignore_eos", &SamplingParams::ignore_eos)

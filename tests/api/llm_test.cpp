@@ -282,6 +282,44 @@ TEST(Llm, StepCallbackSeesProgressAndAbortsCleanly) {
   EXPECT_EQ(llm.generate(p, params)[1].outputs[0].token_ids, full[1].outputs[0].token_ids);
 }
 
+TEST(Llm, MinTokensMasksStopTokensAndStopStrings) {
+  LLM& llm = shared_llm();
+  SamplingParams p = greedy(12);
+  p.ignore_eos = false;
+  const auto free_run = llm.generate(Ids{{9, 8, 7}}, p)[0].outputs[0];
+  ASSERT_GE(free_run.token_ids.size(), 3u);
+  // A stop token that greedy decoding reaches at once ends the sample there...
+  p.stop_token_ids = {free_run.token_ids[0]};
+  EXPECT_EQ(llm.generate(Ids{{9, 8, 7}}, p)[0].outputs[0].token_ids.size(), 1u);
+  // ...and with min_tokens it cannot come before min_tokens outputs.
+  p.min_tokens = 5;
+  const auto held = llm.generate(Ids{{9, 8, 7}}, p)[0].outputs[0];
+  ASSERT_GE(held.token_ids.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_NE(held.token_ids[i], free_run.token_ids[0]) << i;
+  EXPECT_EQ(held.finish_reason == FinishReason::kStopToken,
+            held.token_ids.back() == free_run.token_ids[0]);
+  // Stop strings do not match below min_tokens either.
+  SamplingParams s = greedy(12);
+  s.min_tokens = 6;
+  const std::string text = llm.generate(Ids{{9, 8, 7}}, s)[0].outputs[0].text;
+  const auto ascii = std::find_if(text.begin(), text.end(),
+                                  [](char c) { return (static_cast<uint8_t>(c) & 0x80) == 0; });
+  if (ascii != text.end()) {
+    s.stop = {std::string(1, *ascii)};
+    const auto stopped = llm.generate(Ids{{9, 8, 7}}, s)[0].outputs[0];
+    EXPECT_GE(stopped.token_ids.size(), 6u);
+  }
+  // min_tokens above max_tokens is refused, naming the field.
+  s.min_tokens = 13;
+  EXPECT_THROW(
+      try { llm.generate(Ids{{1}}, s); } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("min_tokens"), std::string::npos);
+        throw;
+      },
+      Error);
+  EXPECT_EQ(llm.num_free_pages(), llm.num_usable_pages());
+}
+
 TEST(Llm, VersionMatchesTheProject) { EXPECT_STREQ(kVersion, PAGELLM_PROJECT_VERSION); }
 
 TEST(Llm, MergeDeltaAppendsPerSample) {

@@ -174,7 +174,7 @@ def test_ctrl_c_aborts_cleanly(tiny_model):
     ({"prompt_logprobs": 30}, "prompt_logprobs"),
     ({"seed": -1}, "seed"),
     ({"min_tokens": -2}, "min_tokens"),
-    ({"min_tokens": 3}, "min_tokens > 0 is not supported"),
+    ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
     ({"max_tokens": "many"}, "sampling"),
 ])
 def test_bad_sampling_params_raise_value_error(llm, kwargs, needle):
@@ -220,3 +220,14 @@ def test_max_tokens_none_runs_to_the_context_limit(tiny_model):
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=None, ignore_eos=True), use_tqdm=False)
     c = out[0].outputs[0]
     assert len(c.token_ids) == 37 and c.finish_reason == "length" and c.finish_detail == "context_limit"
+
+
+def test_min_tokens_holds_back_stop_tokens(llm, tiny_model):
+    free = llm.generate([[9, 8, 7]], SamplingParams(max_tokens=12, temperature=0), use_tqdm=False)[0].outputs[0]
+    stop = free.token_ids[0]
+    params = SamplingParams(max_tokens=12, temperature=0, stop_token_ids=[stop], min_tokens=5)
+    held = llm.generate([[9, 8, 7]], params, use_tqdm=False)[0].outputs[0]
+    assert len(held.token_ids) >= 5 and stop not in held.token_ids[:5]
+    cli = run_cli("--model", tiny_model, "--prompt-ids", "9,8,7", "--max-tokens", "12",
+                  "--temperature", "0", "--stop-token-ids", str(stop), "--min-tokens", "5")
+    assert cli[0]["token_ids"] == held.token_ids
