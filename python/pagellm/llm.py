@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
                     Union)
 
@@ -163,7 +164,8 @@ class LLM:
         page_size, num_pages, max_num_batched_tokens, enforce_eager (no graphs),
         float32_head, enable_prefix_caching: the engine's options (EngineOptions).
 
-    The GIL is released while the engine runs. Ctrl-C during ``generate`` aborts it
+    The GIL is released while the engine runs; calls from several threads take turns (a
+    lock), as the engine steps on the caller's thread. Ctrl-C during ``generate`` aborts it
     cleanly (every request's pages freed; the LLM stays usable) and raises
     KeyboardInterrupt. Errors: ``PagellmError`` (a ValueError and RuntimeError) with the
     core's message.
@@ -184,6 +186,9 @@ class LLM:
             float32_head=float32_head, enable_prefix_caching=enable_prefix_caching)
         self.backend: str = options.backend
         self._core = _core.LLM(os.fspath(model), options)
+        # The core runs on the calling thread and is not reentrant; it releases the GIL, so
+        # calls from several Python threads are serialised here.
+        self._lock = threading.Lock()
         self._seed = seed
         self._requests = 0
         self._paused = False
@@ -255,7 +260,8 @@ class LLM:
             return True
 
         try:
-            results = self._core.generate(core_prompts, core_params, on_step)
+            with self._lock:
+                results = self._core.generate(core_prompts, core_params, on_step)
         finally:
             if bar is not None:
                 bar.close()
@@ -307,7 +313,8 @@ class LLM:
             ids = outputs[i].prompt_token_ids
             result: List[Optional[LogprobDict]] = [None]
             if len(ids) >= 2:
-                scored = self._core.score([ids], [1], k)[0]
+                with self._lock:
+                    scored = self._core.score([ids], [1], k)[0]
                 for pos, token in enumerate(ids[1:]):
                     entry: LogprobDict = {}
                     if k > 0:
@@ -335,7 +342,8 @@ class LLM:
         ``ranks`` (1 = most likely) and, with ``top_k`` in 1..20, ``top_logprobs``."""
         seqs = [[int(t) for t in s] for s in token_sequences]
         lengths = [int(n) for n in prompt_lengths] if prompt_lengths is not None else []
-        return list(self._core.score(seqs, lengths, int(top_k)))
+        with self._lock:
+            return list(self._core.score(seqs, lengths, int(top_k)))
 
     # ---- tokenizer ----------------------------------------------------------------------
 
@@ -357,11 +365,14 @@ class LLM:
         ValueError). Read where they lie, without a copy through Python (torch's pending
         GPU work is waited for first). Atomic: a wrong
         name, shape or dtype raises PagellmError and the old weights keep serving."""
-        return self._core.update_weights(_named_tensors(named_tensors))
+        tensors = _named_tensors(named_tensors)
+        with self._lock:
+            return self._core.update_weights(tensors)
 
     def load_weights(self, path: Union[str, os.PathLike]) -> "_core.WeightUpdateResult":
         """The same from a safetensors file or folder."""
-        return self._core.load_weights(os.fspath(path))
+        with self._lock:
+            return self._core.load_weights(os.fspath(path))
 
     def pause(self) -> None:
         """Refuses generate/chat until resume(). An LLM runs only inside its own calls, so
@@ -378,11 +389,13 @@ class LLM:
         weights to host memory, until wake_up(). vLLM's levels."""
         if level not in (1, 2):
             raise ValueError(f"sleep: level must be 1 (KV cache) or 2 (KV cache and weights), got {level}")
-        return self._core.sleep(level == 2)
+        with self._lock:
+            return self._core.sleep(level == 2)
 
     def wake_up(self) -> "_core.WakeReport":
         """Brings back what sleep() released."""
-        return self._core.wake_up()
+        with self._lock:
+            return self._core.wake_up()
 
     @property
     def is_sleeping(self) -> bool:
@@ -391,7 +404,8 @@ class LLM:
 
     def reset_prefix_cache(self) -> None:
         """Forgets every cached KV page (after a weight update, cached K/V is stale)."""
-        self._core.reset_prefix_cache()
+        with self._lock:
+            self._core.reset_prefix_cache()
 
     def prefix_cache_stats(self) -> "_core.PrefixCacheStats":
         """Prefix cache counters since loading."""

@@ -231,3 +231,13 @@ def test_min_tokens_holds_back_stop_tokens(llm, tiny_model):
     cli = run_cli("--model", tiny_model, "--prompt-ids", "9,8,7", "--max-tokens", "12",
                   "--temperature", "0", "--stop-token-ids", str(stop), "--min-tokens", "5")
     assert cli[0]["token_ids"] == held.token_ids
+
+
+def test_threads_take_turns(llm):
+    import concurrent.futures
+    params = SamplingParams(max_tokens=6, seed=5)
+    ref = llm.generate("threads", params, use_tqdm=False)[0].outputs[0].token_ids
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda _: llm.generate("threads", params, use_tqdm=False), range(8)))
+    assert all(o[0].outputs[0].token_ids == ref for o in outs)
+    assert llm.num_free_pages() == llm.num_usable_pages()
