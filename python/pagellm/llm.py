@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import sys
 import threading
@@ -9,8 +10,7 @@ from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequ
                     Union)
 
 from . import _core
-from .outputs import (CompletionOutput, Logprob, LogprobDict, RequestOutput,
-                      convert_completion)
+from .outputs import Logprob, LogprobDict, RequestOutput, convert_completion
 from .sampling_params import SamplingParams
 
 #: A prompt: text, token ids, or vLLM's ``{"prompt": text}`` / ``{"prompt_token_ids": ids}``.
@@ -87,7 +87,13 @@ def _chat_prompt(messages: Conversation, kwargs: Optional[Mapping[str, Any]]) ->
     return _core.Prompt.from_messages_json(messages_json, kwargs_json)
 
 
+def _as_ids(prompt: Any) -> Any:
+    # numpy arrays and torch tensors of ids become lists.
+    return prompt.tolist() if hasattr(prompt, "tolist") and not isinstance(prompt, str) else prompt
+
+
 def _core_prompt(prompt: PromptType, index: int) -> "_core.Prompt":
+    prompt = _as_ids(prompt)
     if isinstance(prompt, str):
         return _core.Prompt.from_text(prompt)
     if isinstance(prompt, Mapping):
@@ -96,17 +102,18 @@ def _core_prompt(prompt: PromptType, index: int) -> "_core.Prompt":
         if "prompt" in prompt:
             return _core.Prompt.from_text(str(prompt["prompt"]))
         raise ValueError(f"prompt {index}: a dict prompt needs 'prompt' or 'prompt_token_ids'")
-    if isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt):
-        return _core.Prompt.from_token_ids(list(prompt))
+    if isinstance(prompt, Sequence) and all(isinstance(t, numbers.Integral) for t in prompt):
+        return _core.Prompt.from_token_ids([int(t) for t in prompt])
     raise ValueError(f"prompt {index}: expected a str, a list of token ids or a dict, "
                      f"got {type(prompt).__name__}")
 
 
 def _is_single_prompt(prompts: Any) -> bool:
+    prompts = _as_ids(prompts)
     if isinstance(prompts, (str, Mapping)):
         return True
     return (isinstance(prompts, Sequence) and len(prompts) > 0 and
-            all(isinstance(t, int) for t in prompts))
+            all(isinstance(t, numbers.Integral) for t in prompts))
 
 
 def _named_tensors(named_tensors: Iterable[Tuple[str, Any]]) -> List[Tuple[str, Any]]:

@@ -1,7 +1,7 @@
 """SamplingParams: how one request is sampled, vLLM's fields and defaults."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional, Union
 
 from . import _core

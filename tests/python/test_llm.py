@@ -241,3 +241,13 @@ def test_threads_take_turns(llm):
         outs = list(pool.map(lambda _: llm.generate("threads", params, use_tqdm=False), range(8)))
     assert all(o[0].outputs[0].token_ids == ref for o in outs)
     assert llm.num_free_pages() == llm.num_usable_pages()
+
+
+def test_numpy_token_prompts(llm):
+    import numpy as np
+    params = SamplingParams(max_tokens=3, temperature=0)
+    ref = llm.generate([[5, 6, 7], [8, 9, 10]], params, use_tqdm=False)
+    two = llm.generate(np.array([[5, 6, 7], [8, 9, 10]], dtype=np.int64), params, use_tqdm=False)
+    one = llm.generate(np.array([5, 6, 7], dtype=np.int32), params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in two] == [o.outputs[0].token_ids for o in ref]
+    assert one[0].outputs[0].token_ids == ref[0].outputs[0].token_ids
