@@ -31,4 +31,17 @@ strip gpu-bundle/stage/bin/*
 cp -r "$B/lib" gpu-bundle/stage/lib
 tar -C gpu-bundle/stage -cf - bin lib | xz -T2 -6 > gpu-bundle/bundle.tar.xz
 rm -rf gpu-bundle/stage
+# The Python package as a cp312 wheel with the CUDA backend (the GPU machine's Python is
+# 3.12 and has no compiler). scikit-build-core builds in build-wheel-<tag>, beside $B: ccache
+# (base_dir /work) hashes paths relative to the build folder, so a folder at the same depth
+# as build-gpu reuses its objects (build/wheel-<tag>, one level deeper, would miss them all).
+# scripts/gpu_suite.sh's "python" step installs the wheel.
+PY312=${PY312:-$HOME/.pyenv/versions/3.12.1/bin/python3}
+"$PY312" -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt 2>&1 \
+  | grep -v "Running pip as the 'root' user" || true
+"$PY312" -m pip wheel . --no-deps --no-build-isolation -w gpu-bundle \
+  -Cbuild-dir='build-wheel-{wheel_tag}' -Ccmake.define.PAGELLM_CUDA=ON \
+  -Ccmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache \
+  -Ccmake.define.CMAKE_C_COMPILER_LAUNCHER=ccache \
+  -Ccmake.define.CMAKE_CUDA_COMPILER_LAUNCHER=ccache
 ls -la gpu-bundle

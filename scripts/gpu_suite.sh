@@ -3,7 +3,10 @@
 # compiler or package needed there beyond the CUDA toolkit, python3 with torch and
 # transformers). Usage: scripts/gpu_suite.sh BUNDLE_DIR LOG_DIR [steps...]
 # BUNDLE_DIR holds bundle.tar.xz (bin/ and lib/) as scripts/build_gpu.sh leaves it.
-# Steps (default: all but ablate): tests e2e logprobs bench rl trace ablate attn gemm stream calib hf
+# Steps (default: all but ablate): tests e2e logprobs bench rl python trace ablate attn gemm stream calib hf
+# "python" installs the bundle's wheel (pagellm-*-cp312-*.whl) into /tmp/pagellm-site and
+# runs scripts/grpo_loop.py: 20 GRPO steps with torch, weights pushed by update_weights,
+# pagellm's score() checked against torch after each push.
 # "logprobs" compares sampled tokens' logprobs (bf16 and float32 heads, and score()) with
 # transformers in float32 (LOGPROB_PRESETS, default qwen3-0.6b; add qwen3-4b when wanted).
 # "trace" records 8 mid-decode W1 steps' kernels (CUPTI) and prints where the time goes.
@@ -15,7 +18,7 @@ LOG=${2:-gpu-logs}
 shift 2 || true
 B=/tmp/pagellm-gpu
 rm -rf "$B" && mkdir -p "$B" && xz -dc "$BUNDLE/bundle.tar.xz" | tar -C "$B" -xf - || exit 1
-STEPS=${*:-tests e2e logprobs bench rl trace attn gemm stream calib hf}
+STEPS=${*:-tests e2e logprobs bench rl python trace attn gemm stream calib hf}
 mkdir -p "$LOG"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONUNBUFFERED=1
@@ -73,6 +76,16 @@ if has rl; then
     "$B/bin/pagellm" bench --workload "$workload" --json-out "$LOG/rl.jsonl" 2>&1 | tee "$LOG/bench_$workload.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
+fi
+
+if has python; then
+  step "Python package: the wheel, then a GRPO loop with torch (scripts/grpo_loop.py)"
+  rm -rf /tmp/pagellm-site
+  python3 -m pip install -q --no-index --no-deps --target /tmp/pagellm-site "$BUNDLE"/pagellm-*.whl \
+    2>&1 | tee "$LOG/python_install.log" | tail -5
+  (cd /tmp && PYTHONPATH=/tmp/pagellm-site timeout 900 python3 "$OLDPWD/scripts/grpo_loop.py" \
+    --workdir /tmp/pagellm-grpo) 2>&1 | tee "$LOG/grpo_loop.log" | tail -30
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
 if has trace; then

@@ -24,6 +24,9 @@ fi
 # Python side: tokenizer and chat-template parity tests (no torch needed).
 python3 -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/../tests/oracles/requirements.txt" 2>&1 \
   | grep -v "Running pip as the 'root' user" || true
+# The Python package: its build (nanobind, scikit-build-core) and its tests (pytest, tqdm, numpy).
+python3 -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/../tests/python/requirements.txt" 2>&1 \
+  | grep -v "Running pip as the 'root' user" || true
 # cuDNN attention route: the header-only cudnn-frontend, pinned, without its Python
 # dependencies (CUTLASS DSL, TVM FFI: not needed for the C++ headers).
 python3 -m pip install -q --disable-pip-version-check --no-deps nvidia-cudnn-frontend==1.32.0 2>&1 \

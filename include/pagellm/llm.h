@@ -48,6 +48,15 @@ class LLM {
   /// pagellm::Error naming the prompt index and the problem.
   std::vector<RequestOutput> generate(const std::vector<Prompt>& prompts,
                                       const std::vector<SamplingParams>& params);
+  /// Called on the caller's thread after every engine step with the requests finished so
+  /// far and in all. Returning false aborts the call: every unfinished request ends with
+  /// FinishReason::kAborted, its pages are freed, and generate returns the outputs as they
+  /// stand (the LLM stays usable). For progress bars and interrupts (the Python package's
+  /// tqdm and Ctrl-C). An exception it throws aborts the same way, then propagates.
+  using StepCallback = std::function<bool(size_t requests_finished, size_t requests_total)>;
+  std::vector<RequestOutput> generate(const std::vector<Prompt>& prompts,
+                                      const std::vector<SamplingParams>& params,
+                                      const StepCallback& on_step);
   std::vector<RequestOutput> generate(const std::vector<Prompt>& prompts,
                                       const SamplingParams& params = {});
   /// With LoRA adapters (vLLM's generate(..., lora_request=)): `lora_requests` holds none
@@ -58,7 +67,8 @@ class LLM {
   /// request is queued.
   std::vector<RequestOutput> generate(const std::vector<Prompt>& prompts,
                                       const std::vector<SamplingParams>& params,
-                                      const std::vector<LoraRequest>& lora_requests);
+                                      const std::vector<LoraRequest>& lora_requests,
+                                      const StepCallback& on_step = nullptr);
   std::vector<RequestOutput> generate(const std::vector<std::string>& prompts,
                                       const SamplingParams& params = {});
   std::vector<RequestOutput> generate(const std::vector<std::vector<int32_t>>& prompt_token_ids,

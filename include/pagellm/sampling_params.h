@@ -44,6 +44,11 @@ struct SamplingParams {
   std::optional<uint64_t> seed;
   /// Most tokens to generate per sample.
   int max_tokens = 16;
+  /// Fewest tokens per sample (vLLM's min_tokens): until a sample has this many, its EOS
+  /// tokens (unless ignore_eos) and stop_token_ids are masked out of the processed
+  /// distribution (never sampled; the raw logprobs are unchanged) and stop strings are not
+  /// matched. 0..max_tokens.
+  int min_tokens = 0;
   /// Token ids that end a sample (the id is kept in the output, as vLLM does).
   std::vector<int32_t> stop_token_ids;
   /// Strings that end a sample when its text contains one; the text is cut before the

@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "pagellm/api/engine_core.h"
+#include "pagellm/api/model_folder.h"
 #include "pagellm/api/text_model.h"
 #include "pagellm/common/progress.h"
 #include "pagellm/model/lora.h"
@@ -137,7 +138,7 @@ void run_make_model(const MakeModelArgs& args) {
   opt.progress = [&](uint64_t done, uint64_t total) { bar.update(done, total); };
   make_model(opt);
   bar.finish();
-  write_model_tokenizer(args.out, preset_config(args.preset).vocab_size);
+  api::write_model_tokenizer(args.out, preset_config(args.preset).vocab_size, PAGELLM_SOURCE_DIR);
   std::printf("wrote %s (%s, seed %llu, %s) to %s\n", args.preset.c_str(),
               dtype_name(opt.dtype), static_cast<unsigned long long>(args.seed),
               preset_config(args.preset).tie_word_embeddings ? "tied" : "untied",
@@ -176,6 +177,7 @@ const char* option_of_field(const std::string& message) {
       {"presence_penalty", "--presence-penalty"},
       {"frequency_penalty", "--frequency-penalty"},
       {"max_tokens", "--max-tokens"},
+      {"min_tokens", "--min-tokens"},
       {"stop_token_ids", "--stop-token-ids"},
       {"stop strings", "--stop"},
   };
@@ -474,6 +476,8 @@ void register_model_commands(CLI::App& app) {
                   "and sampling overrides); one JSON result per line, in input order");
   gen->add_option("-n,--num-samples", ga->n, "samples per prompt (>= 1)");
   gen->add_option("--max-tokens", ga->params.max_tokens, "tokens to generate")->capture_default_str();
+  gen->add_option("--min-tokens", ga->params.min_tokens,
+                  "fewest tokens: EOS and stop tokens are masked until then (0..max-tokens)");
   gen->add_option("--temperature", ga->params.temperature, "0 = greedy")->capture_default_str();
   gen->add_option("--top-k", ga->params.top_k, "0 = off");
   gen->add_option("--top-p", ga->params.top_p, "1 = off");

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "pagellm/api/model_folder.h"
 #include "pagellm/common/progress.h"
 #include "pagellm/model/make_model.h"
 
@@ -75,7 +76,7 @@ std::string default_model_dir() {
     opt.out_dir = dir.string();
     opt.seed = 0;
     make_model(opt);
-    write_model_tokenizer(dir.string(), preset_config("tiny").vocab_size);
+    api::write_model_tokenizer(dir.string(), preset_config("tiny").vocab_size, PAGELLM_SOURCE_DIR);
   }
   return dir.string();
 }

@@ -1,5 +1,4 @@
-// Pieces shared by the pagellm subcommands: engine options, the default model, the
-// tokenizer make-model writes.
+// Pieces shared by the pagellm subcommands: engine options, the default model.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -29,9 +28,5 @@ std::unique_ptr<Engine> load_engine(const std::string& model_dir, const EngineSe
 /// The embedded default: a tiny random-weight model (seed 0) with a tokenizer, made on
 /// first use under $PAGELLM_CACHE or ~/.cache/pagellm. Returns its folder.
 std::string default_model_dir();
-
-/// Puts a tokenizer into a model folder: the real Qwen3 files when they are found and the
-/// vocabulary fits, else a small byte-level tokenizer.
-void write_model_tokenizer(const std::string& model_dir, int64_t vocab_size);
 
 }  // namespace pagellm::cli

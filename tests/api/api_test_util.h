@@ -24,9 +24,7 @@ inline const std::string& tiny_model_dir() {
     opt.seed = 5;
     opt.dtype = DType::F32;
     make_model(opt);
-    write_tokenizer_for_model(d.string(), preset_config("tiny").vocab_size,
-                              find_qwen3_tokenizer_dir(PAGELLM_SOURCE_DIR));
-    api::align_special_ids(d.string());
+    api::write_model_tokenizer(d.string(), preset_config("tiny").vocab_size, PAGELLM_SOURCE_DIR);
     return d.string();
   }();
   return dir;

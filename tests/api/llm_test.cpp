@@ -2,6 +2,7 @@
 // n-samples seed rule, stop strings and tokens, and bad input rejected before any work.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -245,6 +246,78 @@ TEST(Llm, MaxModelLenAboveTheModelsIsRejected) {
               std::string::npos)
         << e.what();
   }
+}
+
+TEST(Llm, StepCallbackSeesProgressAndAbortsCleanly) {
+  LLM& llm = shared_llm();
+  const Ids prompts = {{1, 2, 3}, {4, 5}, {6, 7, 8, 9}};
+  std::vector<Prompt> p;
+  for (const auto& ids : prompts) p.push_back(Prompt::from_token_ids(ids));
+  std::vector<SamplingParams> params;
+  for (int m : {2, 5, 9}) params.push_back(greedy(m));
+  std::vector<size_t> finished_seen;
+  const auto full = llm.generate(p, params, [&](size_t finished, size_t total) {
+    EXPECT_EQ(total, 3u);
+    finished_seen.push_back(finished);
+    return true;
+  });
+  ASSERT_FALSE(finished_seen.empty());
+  EXPECT_TRUE(std::is_sorted(finished_seen.begin(), finished_seen.end()));
+  EXPECT_EQ(finished_seen.back(), 3u);
+  EXPECT_EQ(full[2].outputs[0].token_ids.size(), 9u);
+
+  // Returning false after three steps aborts every unfinished request and frees its pages.
+  int steps = 0;
+  const auto cut = llm.generate(p, params, [&](size_t, size_t) { return ++steps < 3; });
+  EXPECT_EQ(steps, 3);
+  EXPECT_EQ(cut[0].outputs[0].finish_reason, FinishReason::kLength);
+  EXPECT_EQ(cut[2].outputs[0].finish_reason, FinishReason::kAborted);
+  EXPECT_LT(cut[2].outputs[0].token_ids.size(), 9u);
+  EXPECT_EQ(llm.num_free_pages(), llm.num_usable_pages());
+
+  // An exception from the callback aborts the same way and propagates.
+  EXPECT_THROW(llm.generate(p, params, [](size_t, size_t) -> bool { throw Error("stop"); }),
+               Error);
+  EXPECT_EQ(llm.num_free_pages(), llm.num_usable_pages());
+  EXPECT_EQ(llm.generate(p, params)[1].outputs[0].token_ids, full[1].outputs[0].token_ids);
+}
+
+TEST(Llm, MinTokensMasksStopTokensAndStopStrings) {
+  LLM& llm = shared_llm();
+  SamplingParams p = greedy(12);
+  p.ignore_eos = false;
+  const auto free_run = llm.generate(Ids{{9, 8, 7}}, p)[0].outputs[0];
+  ASSERT_GE(free_run.token_ids.size(), 3u);
+  // A stop token that greedy decoding reaches at once ends the sample there...
+  p.stop_token_ids = {free_run.token_ids[0]};
+  EXPECT_EQ(llm.generate(Ids{{9, 8, 7}}, p)[0].outputs[0].token_ids.size(), 1u);
+  // ...and with min_tokens it cannot come before min_tokens outputs.
+  p.min_tokens = 5;
+  const auto held = llm.generate(Ids{{9, 8, 7}}, p)[0].outputs[0];
+  ASSERT_GE(held.token_ids.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_NE(held.token_ids[i], free_run.token_ids[0]) << i;
+  EXPECT_EQ(held.finish_reason == FinishReason::kStopToken,
+            held.token_ids.back() == free_run.token_ids[0]);
+  // Stop strings do not match below min_tokens either.
+  SamplingParams s = greedy(12);
+  s.min_tokens = 6;
+  const std::string text = llm.generate(Ids{{9, 8, 7}}, s)[0].outputs[0].text;
+  const auto ascii = std::find_if(text.begin(), text.end(),
+                                  [](char c) { return (static_cast<uint8_t>(c) & 0x80) == 0; });
+  if (ascii != text.end()) {
+    s.stop = {std::string(1, *ascii)};
+    const auto stopped = llm.generate(Ids{{9, 8, 7}}, s)[0].outputs[0];
+    EXPECT_GE(stopped.token_ids.size(), 6u);
+  }
+  // min_tokens above max_tokens is refused, naming the field.
+  s.min_tokens = 13;
+  EXPECT_THROW(
+      try { llm.generate(Ids{{1}}, s); } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("min_tokens"), std::string::npos);
+        throw;
+      },
+      Error);
+  EXPECT_EQ(llm.num_free_pages(), llm.num_usable_pages());
 }
 
 TEST(Llm, VersionMatchesTheProject) { EXPECT_STREQ(kVersion, PAGELLM_PROJECT_VERSION); }

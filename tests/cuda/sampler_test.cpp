@@ -269,6 +269,44 @@ TEST_F(GpuSamplerTest, PenalisedSamplingMatchesHost) {
   compare(logits, R, V, rows, "penalised sampling");
 }
 
+TEST_F(GpuSamplerTest, BannedTokensMatchHost) {
+  // min_tokens: the engine bans EOS and stop ids; here the banned tokens are lifted to the
+  // top so that an unmasked sampler would pick them. Greedy, plain, filtered and penalised.
+  const int64_t V = 151936, R = 16;
+  std::vector<SamplingParams> sets(4);
+  sets[0].temperature = 0.0f;
+  sets[1].temperature = 1.0f;
+  sets[1].processed_logprobs = true;
+  sets[2].top_k = 20;
+  sets[2].top_p = 0.9f;
+  sets[3].presence_penalty = 0.5f;
+  sets[3].repetition_penalty = 1.2f;
+  std::vector<std::vector<int32_t>> outputs(static_cast<size_t>(R)), banned(static_cast<size_t>(R));
+  std::vector<float> logits;
+  std::vector<SamplingRow> rows(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {
+    std::vector<float> row = make_logits(V, Shape::kPeaked);
+    outputs[static_cast<size_t>(r)] = random_tokens(V, uniform_int(0, 20));
+    banned[static_cast<size_t>(r)] = random_tokens(V, uniform_int(1, 3));
+    for (int32_t t : banned[static_cast<size_t>(r)]) row[static_cast<size_t>(t)] += 30.0f;
+    logits.insert(logits.end(), row.begin(), row.end());
+    SamplingRow& s = rows[static_cast<size_t>(r)];
+    s.params = &sets[static_cast<size_t>(r) % sets.size()];
+    s.seed = rng_();
+    s.output_index = static_cast<int64_t>(outputs[static_cast<size_t>(r)].size());
+    s.output_tokens = &outputs[static_cast<size_t>(r)];
+    s.banned_tokens = &banned[static_cast<size_t>(r)];
+  }
+  compare(logits, R, V, rows, "banned tokens");
+  Tensor g = alloc(gpu(), DType::F32, {R, V});
+  gpu().upload(g, 0, logits.data(), DType::F32, R * V);
+  const std::vector<SampledToken> got = gpu().sample(g, rows);
+  for (int64_t r = 0; r < R; ++r) {
+    const auto& b = banned[static_cast<size_t>(r)];
+    EXPECT_EQ(std::find(b.begin(), b.end(), got[static_cast<size_t>(r)].token), b.end()) << r;
+  }
+}
+
 TEST_F(GpuSamplerTest, TokenDoesNotDependOnTheRestOfTheBatch) {
   const int64_t V = 151936, R = 16;
   const std::vector<SamplingParams> sets = parameter_sets();

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -80,6 +81,30 @@ TEST(SamplingRules, PenaltyCounterRejectsOutOfVocabularyIdsAndStaysClean) {
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].token, 3);
   EXPECT_EQ(got[0].output_count, 2);
+}
+
+TEST(SamplingRules, PenaltyCounterListsBannedTokensOnceAsBanned) {
+  PenaltyCounter counter;
+  const std::vector<int32_t> prompt = {1, 2};
+  const std::vector<int32_t> output = {3, 3, 4};
+  const std::vector<int32_t> banned = {4, 9};
+  std::vector<PenaltyCount> got;
+  counter.count(&prompt, &output, /*repetition=*/true, 10, got, &banned);
+  ASSERT_EQ(got.size(), 5u);  // 3, 4 (banned), 1, 2, 9 (banned): each token once
+  for (const PenaltyCount& e : got) {
+    if (e.token == 4 || e.token == 9) EXPECT_EQ(e.output_count, kBannedToken) << e.token;
+    if (e.token == 3) EXPECT_EQ(e.output_count, 2);
+  }
+  EXPECT_EQ(penalised_logit(5.0f, 1.2f, 0.1f, 0.2f, kBannedToken),
+            -std::numeric_limits<float>::infinity());
+  // The scratch is clean: without the ban, token 4 counts once again.
+  got.clear();
+  counter.count(nullptr, &output, false, 10, got);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1].token, 4);
+  EXPECT_EQ(got[1].output_count, 1);
+  const std::vector<int32_t> outside = {10};
+  EXPECT_THROW(counter.count(nullptr, &output, false, 10, got, &outside), Error);
 }
 
 TEST(SamplingRules, PruneTableNeverPrunesATokenThatCouldWin) {

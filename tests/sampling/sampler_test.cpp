@@ -265,6 +265,42 @@ TEST(SamplerGreedy, ArgmaxIsTakenAfterPenalties) {
   EXPECT_EQ(t.processed_logprob, 0.0f);
 }
 
+TEST(SamplerMinTokens, BannedTokensAreNeverSampledAndRawLogprobsStay) {
+  std::vector<float> x = {4.0f, 3.9f, 1.0f, 3.95f};
+  std::vector<int32_t> banned = {0, 3};
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  SamplingRow row = make_row(greedy, 0, 0);
+  row.banned_tokens = &banned;
+  const SampledToken g = sample_one(x, row);
+  EXPECT_EQ(g.token, 1);
+  EXPECT_NEAR(g.logprob, log_softmax_reference(x, 1), 1e-6);  // the raw distribution's
+  // Random sampling over a wide vocabulary: the banned ids (the two most likely here)
+  // never come, the processed logprob is renormalised over the rest.
+  std::vector<float> wide = lm_like_logits(4096, 11, 1.0f);
+  const auto top = std::max_element(wide.begin(), wide.end()) - wide.begin();
+  std::vector<int32_t> wide_banned = {static_cast<int32_t>(top), 7};
+  SamplingParams p;
+  p.processed_logprobs = true;
+  std::vector<int32_t> output = {7, 7};
+  for (uint64_t seed = 0; seed < 300; ++seed) {
+    SamplingRow r = make_row(p, seed, 2, nullptr, &output);
+    r.banned_tokens = &wide_banned;
+    const SampledToken t = sample_one(wide, r);
+    EXPECT_NE(t.token, top);
+    EXPECT_NE(t.token, 7);
+    EXPECT_NEAR(t.logprob, log_softmax_reference(wide, t.token), 1e-5);
+    std::vector<float> masked = wide;
+    masked[static_cast<size_t>(top)] = -std::numeric_limits<float>::infinity();
+    masked[7] = -std::numeric_limits<float>::infinity();
+    EXPECT_NEAR(t.processed_logprob, log_softmax_reference(masked, t.token), 1e-5);
+  }
+  // An empty list bans nothing.
+  std::vector<int32_t> none;
+  row.banned_tokens = &none;
+  EXPECT_EQ(sample_one(x, row).token, 0);
+}
+
 TEST(SamplerNonFinite, NanAndInfinityNeverPoisonTheResult) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();

@@ -108,6 +108,8 @@ BatchRequest parse_batch_request(std::string_view json_line, const SamplingParam
       p.seed = v.get<uint64_t>();
     } else if (key == "max_tokens") {
       p.max_tokens = static_cast<int>(as_int(v, key, 1, std::numeric_limits<int32_t>::max()));
+    } else if (key == "min_tokens") {
+      p.min_tokens = static_cast<int>(as_int(v, key, 0, std::numeric_limits<int32_t>::max()));
     } else if (key == "stop") {
       p.stop.clear();
       if (v.is_string()) {
@@ -145,7 +147,7 @@ BatchRequest parse_batch_request(std::string_view json_line, const SamplingParam
                      << "\" (accepted: id, prompt, prompt_token_ids, messages, "
                         "chat_template_kwargs, n, temperature, top_k, top_p, min_p, "
                         "repetition_penalty, presence_penalty, frequency_penalty, seed, "
-                        "max_tokens, stop, stop_token_ids, ignore_eos, skip_special_tokens, "
+                        "max_tokens, min_tokens, stop, stop_token_ids, ignore_eos, skip_special_tokens, "
                         "processed_logprobs, logprobs)";
     }
   }

@@ -114,8 +114,14 @@ bool EngineCore::advance(Active& active, int index, CompletionOutput& out) {
     if (s.decoder) s.text += s.decoder->finish();
   }
   // Stop strings: search only where a match could end in the new text. The earliest match
-  // ends the sample; the text is cut before it.
-  if (!params.stop.empty() && s.finish != FinishReason::kError && s.stop_search_from < s.text.size()) {
+  // ends the sample; the text is cut before it. Below min_tokens none may end it (vLLM):
+  // the text so far is passed over as if it held no match.
+  const bool below_min_tokens = static_cast<int64_t>(seq.output.size()) < params.min_tokens;
+  if (below_min_tokens && s.text.size() + 1 > longest_stop_) {
+    s.stop_search_from = std::max(s.stop_search_from, s.text.size() + 1 - longest_stop_);
+  }
+  if (!params.stop.empty() && !below_min_tokens && s.finish != FinishReason::kError &&
+      s.stop_search_from < s.text.size()) {
     size_t best = std::string::npos;
     for (const std::string& stop : params.stop) {
       const size_t at = s.text.find(stop, s.stop_search_from);

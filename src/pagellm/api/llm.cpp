@@ -28,12 +28,19 @@ LLM::~LLM() = default;
 
 std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,
                                          const std::vector<SamplingParams>& params) {
-  return generate(prompts, params, {});
+  return generate(prompts, params, std::vector<LoraRequest>{}, StepCallback());
 }
 
 std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,
                                          const std::vector<SamplingParams>& params,
-                                         const std::vector<LoraRequest>& lora_requests) {
+                                         const StepCallback& on_step) {
+  return generate(prompts, params, std::vector<LoraRequest>{}, on_step);
+}
+
+std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,
+                                         const std::vector<SamplingParams>& params,
+                                         const std::vector<LoraRequest>& lora_requests,
+                                         const StepCallback& on_step) {
   PAGELLM_CHECK(lora_requests.size() <= 1 || lora_requests.size() == prompts.size())
       << "generate: " << lora_requests.size() << " LoRA requests for " << prompts.size()
       << " prompts (give none, one for all or one per prompt)";
@@ -72,6 +79,7 @@ std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,
     }
   }
   std::vector<RequestOutput> results(prompts.size());
+  size_t finished = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     api::TrackedRequest r;
     if (!lora_requests.empty()) {
@@ -81,11 +89,21 @@ std::vector<RequestOutput> LLM::generate(const std::vector<Prompt>& prompts,
     r.prompt = std::move(encoded[i]);
     r.params = params.size() == 1 ? params[0] : params[i];
     RequestOutput* slot = &results[i];
-    r.sink = [slot](RequestOutput&& delta) { merge_delta(*slot, delta); };
+    r.sink = [slot, &finished](RequestOutput&& delta) {
+      merge_delta(*slot, delta);
+      if (delta.finished) ++finished;
+    };
     impl_->core->add(std::move(r));
   }
   try {
-    while (impl_->core->has_requests()) impl_->core->step();
+    while (impl_->core->has_requests()) {
+      impl_->core->step();
+      if (on_step && !on_step(finished, prompts.size())) {
+        impl_->core->abort_all();
+        impl_->core->emit();
+        break;
+      }
+    }
   } catch (...) {
     // An engine failure: end every request here (the sinks point into `results`), so that
     // the next call starts clean.

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagellm/common/check.h"
+#include "pagellm/tokenizer/model_files.h"
 #include "pagellm/tokenizer/tokenizer.h"
 
 namespace pagellm::api {
@@ -36,6 +37,12 @@ void align_special_ids(const std::string& model_dir) {
     PAGELLM_CHECK(out) << "cannot rewrite " << path.string();
     out << j.dump(2) << "\n";
   }
+}
+
+void write_model_tokenizer(const std::string& model_dir, int64_t vocab_size,
+                           const std::string& source_dir) {
+  write_tokenizer_for_model(model_dir, vocab_size, find_qwen3_tokenizer_dir(source_dir));
+  align_special_ids(model_dir);
 }
 
 }  // namespace pagellm::api

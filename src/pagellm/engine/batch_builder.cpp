@@ -87,6 +87,7 @@ std::vector<SamplingRow> build_sampling_rows(const SchedulerOutput& out) {
     row.output_index = static_cast<int64_t>(seq.output.size());
     row.prompt_tokens = &seq.prompt;
     row.output_tokens = &seq.output;
+    row.banned_tokens = row.output_index < seq.params.min_tokens ? &seq.min_tokens_banned : nullptr;
     rows.push_back(row);
     for (const Sequence* sample : s.fan_out) {  // their first token: own seed, index 0
       row.params = &sample->params;
@@ -94,6 +95,7 @@ std::vector<SamplingRow> build_sampling_rows(const SchedulerOutput& out) {
       row.output_index = 0;
       row.prompt_tokens = &sample->prompt;
       row.output_tokens = &sample->output;
+      row.banned_tokens = sample->params.min_tokens > 0 ? &sample->min_tokens_banned : nullptr;
       rows.push_back(row);
     }
   }

@@ -8,6 +8,28 @@
 
 namespace pagellm {
 
+namespace {
+
+// The tokens min_tokens keeps a sample from sampling until it has min_tokens outputs:
+// whatever would end it (EOS unless ignored, its stop token ids), each once. A stop id
+// outside the vocabulary can never be sampled, so it needs no ban.
+std::vector<int32_t> min_tokens_banned(const SamplingParams& params,
+                                       const std::vector<int32_t>& eos_token_ids,
+                                       int64_t vocab_size) {
+  std::vector<int32_t> banned;
+  if (params.min_tokens <= 0) return banned;
+  if (!params.ignore_eos) banned = eos_token_ids;
+  banned.insert(banned.end(), params.stop_token_ids.begin(), params.stop_token_ids.end());
+  banned.erase(std::remove_if(banned.begin(), banned.end(),
+                              [vocab_size](int32_t t) { return t < 0 || t >= vocab_size; }),
+               banned.end());
+  std::sort(banned.begin(), banned.end());
+  banned.erase(std::unique(banned.begin(), banned.end()), banned.end());
+  return banned;
+}
+
+}  // namespace
+
 Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> model,
                const EngineConfig& config)
     : config_(config) {
@@ -90,6 +112,8 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const SamplingParams& p
   seq->id = id;
   seq->prompt = std::move(prompt);
   seq->params = params;
+  seq->min_tokens_banned = min_tokens_banned(params, scheduler_config_.eos_token_ids,
+                                             runner_->model().config().vocab_size);
   // Without a seed, the first output of a SplitMix64 generator seeded with the id.
   seq->seed = params.seed ? *params.seed : splitmix64_at(static_cast<uint64_t>(id), 0);
   Sequence* raw = seq.get();
@@ -185,6 +209,8 @@ std::vector<int64_t> Engine::add_request_group(std::vector<int32_t> prompt,
     seq->prompt = prompt;
     seq->params = params;
     seq->params.n = 1;
+    seq->min_tokens_banned = min_tokens_banned(params, scheduler_config_.eos_token_ids,
+                                             runner_->model().config().vocab_size);
     if (!max_tokens.empty()) seq->params.max_tokens = max_tokens[static_cast<size_t>(j)];
     if (params.seed) seq->params.seed = *params.seed + static_cast<uint64_t>(j);
     // The rule of add_request: the seed, or the first SplitMix64 output seeded with the id.

@@ -27,6 +27,9 @@ struct Sequence : KvSequence {
   std::vector<int32_t> output;
   std::vector<SampledToken> sampled;  // one per output token, with log-probabilities
   SamplingParams params;
+  /// What min_tokens bans until the sample has params.min_tokens outputs: the model's EOS
+  /// ids (unless ignore_eos) and params.stop_token_ids. Empty when min_tokens is 0.
+  std::vector<int32_t> min_tokens_banned;
   uint64_t seed = 0;  // effective seed (params.seed or derived from id)
   /// The model's LoRA slot the request runs with (0: none); adapter_key (KvSequence) is
   /// that adapter's prefix-cache identity.

@@ -5,7 +5,8 @@
 namespace pagellm {
 
 void PenaltyCounter::count(const std::vector<int32_t>* prompt, const std::vector<int32_t>* output,
-                           bool repetition, int64_t vocab_size, std::vector<PenaltyCount>& out) {
+                           bool repetition, int64_t vocab_size, std::vector<PenaltyCount>& out,
+                           const std::vector<int32_t>* banned) {
   // Check every id before marking anything, so that a throw leaves the scratch clean.
   auto check_ids = [vocab_size](const std::vector<int32_t>* ids, const char* what) {
     if (ids == nullptr) return;
@@ -17,6 +18,7 @@ void PenaltyCounter::count(const std::vector<int32_t>* prompt, const std::vector
   };
   check_ids(output, "output");
   if (repetition) check_ids(prompt, "prompt");
+  check_ids(banned, "banned");
   const size_t v = static_cast<size_t>(vocab_size);
   if (counts_.size() < v) counts_.resize(v, 0);
   if (seen_.size() < v) seen_.resize(v, 0);
@@ -36,6 +38,12 @@ void PenaltyCounter::count(const std::vector<int32_t>* prompt, const std::vector
   }
   if (repetition && prompt != nullptr) {
     for (int32_t t : *prompt) mark(t);
+  }
+  if (banned != nullptr) {
+    for (int32_t t : *banned) {
+      mark(t);
+      counts_[static_cast<size_t>(t)] = kBannedToken;
+    }
   }
   for (int32_t t : touched_) {
     out.push_back(PenaltyCount{t, counts_[static_cast<size_t>(t)]});

@@ -27,6 +27,10 @@ PAGELLM_HOST_DEVICE inline bool penalties_enabled(float repetition_penalty,
   return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
 }
 
+/// PenaltyCount::output_count of a banned token (SamplingRow::banned_tokens): its logit
+/// becomes -inf whatever the penalties.
+inline constexpr int32_t kBannedToken = -1;
+
 /// One logit after the penalties (vLLM's order): the repetition penalty divides a positive
 /// logit and multiplies a negative one (for every token of the prompt or the output, when
 /// it is not 1); a token that occurs output_count > 0 times in the output then loses
@@ -36,6 +40,7 @@ PAGELLM_HOST_DEVICE inline float penalised_logit(float v, float repetition_penal
                                                  float frequency_penalty,
                                                  float presence_penalty,
                                                  int32_t output_count) {
+  if (output_count == kBannedToken) return -INFINITY;
 #ifdef __CUDA_ARCH__
   if (repetition_penalty != 1.0f) {
     v = v > 0.0f ? v / repetition_penalty : __fmul_rn(v, repetition_penalty);
@@ -57,8 +62,8 @@ PAGELLM_HOST_DEVICE inline float penalised_logit(float v, float repetition_penal
 }
 
 /// A distinct token the penalties touch and how many times it occurs in the output (0: in
-/// the prompt only, listed only when the repetition penalty is on). The GPU sampler reads
-/// these as they are (cuda/sampling.h: GpuPenaltyEntry).
+/// the prompt only, listed only when the repetition penalty is on; kBannedToken: banned).
+/// The GPU sampler reads these as they are (cuda/sampling.h: GpuPenaltyEntry).
 struct PenaltyCount {
   int32_t token;
   int32_t output_count;
@@ -70,11 +75,14 @@ struct PenaltyCount {
 /// row costs O(prompt + output), not O(V). One per thread; not thread-safe.
 class PenaltyCounter {
  public:
-  /// Appends the row's entries to `out`. prompt and output may be null (empty). Checks
-  /// every id before counting: throws Error ("sampling: output token id 7 is outside the
-  /// vocabulary [0, 5)") and leaves the scratch clean when one is outside [0, vocab_size).
+  /// Appends the row's entries to `out`. prompt, output and banned may be null (empty);
+  /// each banned token is listed once with kBannedToken (also when it occurs elsewhere).
+  /// Checks every id before counting: throws Error ("sampling: output token id 7 is
+  /// outside the vocabulary [0, 5)") and leaves the scratch clean when one is outside
+  /// [0, vocab_size).
   void count(const std::vector<int32_t>* prompt, const std::vector<int32_t>* output,
-             bool repetition, int64_t vocab_size, std::vector<PenaltyCount>& out);
+             bool repetition, int64_t vocab_size, std::vector<PenaltyCount>& out,
+             const std::vector<int32_t>* banned = nullptr);
 
  private:
   std::vector<int32_t> counts_;   // [V] occurrences in the output

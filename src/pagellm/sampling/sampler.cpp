@@ -186,6 +186,9 @@ void validate_sampling_params(const SamplingParams& params) {
   validate_sampler_fields(params);
   PAGELLM_CHECK(params.max_tokens >= 1)
       << "invalid sampling parameters: max_tokens must be >= 1, got " << params.max_tokens;
+  PAGELLM_CHECK(params.min_tokens >= 0 && params.min_tokens <= params.max_tokens)
+      << "invalid sampling parameters: min_tokens must be in [0, max_tokens = "
+      << params.max_tokens << "], got " << params.min_tokens;
   PAGELLM_CHECK(params.logprobs >= 0 && params.logprobs <= SamplingParams::kMaxLogprobs)
       << "invalid sampling parameters: logprobs (top-k alternatives per token) must be in [0, "
       << SamplingParams::kMaxLogprobs << "] (0: none), got " << params.logprobs;
@@ -221,11 +224,11 @@ class RowSampler {
   // tokens in ws.penalties_ for clamp_touched.
   static void penalise(float* x, int64_t vocab, const SamplingParams& p,
                        const std::vector<int32_t>* prompt, const std::vector<int32_t>* output,
-                       SamplerWorkspace& ws) {
+                       const std::vector<int32_t>* banned, SamplerWorkspace& ws) {
     ws.penalties_.clear();
-    if (!has_penalties(p)) return;
+    if (!has_penalties(p) && !has_banned(banned)) return;
     ws.penalty_counter_.count(prompt, output, p.repetition_penalty != 1.0f, vocab,
-                              ws.penalties_);
+                              ws.penalties_, banned);
     for (const PenaltyCount& e : ws.penalties_) {
       x[e.token] = penalised_logit(x[e.token], p.repetition_penalty, p.frequency_penalty,
                                    p.presence_penalty, e.output_count);
@@ -234,16 +237,20 @@ class RowSampler {
 
   static void forget_touched(SamplerWorkspace& ws) { ws.penalties_.clear(); }
 
+  static bool has_banned(const std::vector<int32_t>* banned) {
+    return banned != nullptr && !banned->empty();
+  }
+
   SampledToken sample() {
     const SamplingParams& p = *row_.params;
     const RawStats raw = raw_stats(logits_, vocab_);
     SampledToken out;
     if (p.greedy()) {
       out.token = raw.argmax;
-      if (has_penalties(p)) {
+      if (has_penalties(p) || has_banned(row_.banned_tokens)) {
         float* x = ws_.processed_.data();
         copy_sanitized(x);
-        penalise(x, vocab_, p, row_.prompt_tokens, row_.output_tokens, ws_);
+        penalise(x, vocab_, p, row_.prompt_tokens, row_.output_tokens, row_.banned_tokens, ws_);
         clamp_touched(x);
         float m = kNegInf;
 #pragma omp simd reduction(max : m)
@@ -286,7 +293,7 @@ class RowSampler {
     PAGELLM_CHECK(!p.greedy()) << "sampling: process_logits needs temperature > 0";
     float* x = ws_.processed_.data();
     copy_sanitized(x);
-    penalise(x, vocab_, p, row_.prompt_tokens, row_.output_tokens, ws_);
+    penalise(x, vocab_, p, row_.prompt_tokens, row_.output_tokens, row_.banned_tokens, ws_);
     clamp_touched(x);
 
     const float temperature = p.temperature;
@@ -494,7 +501,7 @@ void apply_penalties(float* logits, int64_t vocab_size, const SamplingParams& pa
                      const std::vector<int32_t>* prompt, const std::vector<int32_t>* output,
                      SamplerWorkspace& workspace) {
   validate_sampler_fields(params);
-  RowSampler::penalise(logits, vocab_size, params, prompt, output, workspace);
+  RowSampler::penalise(logits, vocab_size, params, prompt, output, nullptr, workspace);
   RowSampler::forget_touched(workspace);
 }
 

@@ -56,6 +56,10 @@ struct SamplingRow {
   int64_t output_index = 0;      // how many tokens the request has generated so far
   const std::vector<int32_t>* prompt_tokens = nullptr;
   const std::vector<int32_t>* output_tokens = nullptr;
+  /// Tokens that must not be sampled at this step, null or empty for none: a sample below
+  /// its min_tokens cannot end (its EOS and stop token ids). Their processed logits become
+  /// -inf (after the penalties); the raw logprobs and top-k lists are unchanged.
+  const std::vector<int32_t>* banned_tokens = nullptr;
 };
 
 namespace detail {

@@ -102,13 +102,16 @@ std::vector<SampledToken> GpuSampler::sample(const Tensor& logits,
       g.flags = (sp.greedy() ? kSampleGreedy : 0u) |
                 (sp.processed_logprobs ? kSampleProcessedLogprobs : 0u);
       g.stream_key = sampling_stream_key(row.seed, static_cast<uint64_t>(row.output_index));
-      if (penalties_enabled(sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty)) {
-        // The host sampler's counting (sampling/rules.h); the kernel applies the same rule.
+      const bool banned = row.banned_tokens != nullptr && !row.banned_tokens->empty();
+      if (banned ||
+          penalties_enabled(sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty)) {
+        // The host sampler's counting (sampling/rules.h); the kernel applies the same rule
+        // (banned tokens, min_tokens, are entries with kBannedToken: -inf).
         g.flags |= kSamplePenalties;
         g.scratch_row = penalised_rows++;
         g.penalty_begin = static_cast<int32_t>(entries.size());
         penalty_counter_.count(row.prompt_tokens, row.output_tokens,
-                               sp.repetition_penalty != 1.0f, V, entries);
+                               sp.repetition_penalty != 1.0f, V, entries, row.banned_tokens);
         g.penalty_count = static_cast<int32_t>(entries.size()) - g.penalty_begin;
       }
     } catch (const Error& e) {
