@@ -20,6 +20,23 @@ namespace pagellm {
 
 class RequestStream;
 
+/// The engine's load as the loop thread last published it (after its latest step or
+/// control call); reading it never waits for the loop. Counts are samples (sequences), so a
+/// request with n = 4 counts 4.
+struct EngineLoad {
+  /// Samples the scheduler runs now.
+  int64_t running = 0;
+  /// Samples submitted and not yet running: queued for the loop thread, in the scheduler's
+  /// queue, or held by a pause.
+  int64_t waiting = 0;
+  /// KV pages free (cached-but-unreferenced prefix pages count as free) and usable in all;
+  /// idle, free == usable.
+  int64_t free_pages = 0;
+  int64_t usable_pages = 0;
+  bool paused = false;
+  bool asleep = false;
+};
+
 /// An engine whose loop runs on a thread of its own. Requests stream their tokens back as
 /// deltas (RequestOutput whose CompletionOutputs hold only what is new), through a callback
 /// or a pull-based RequestStream.
@@ -119,6 +136,11 @@ class AsyncEngine {
   /// until its current step ends). Checks page ownership and returns the free KV pages.
   int64_t check_invariants_and_count_free_pages();
   int64_t num_usable_pages() const;
+  /// The load snapshot (see EngineLoad); safe from any thread, never blocks on the loop.
+  EngineLoad load() const;
+  /// The longest prompt + output a request may have (EngineOptions::max_model_len, or the
+  /// model's when that was 0).
+  int32_t max_model_len() const;
 
   /// Prefix cache, run by the loop thread between steps (blocks until it has run):
   /// forgets every cached KV page, so that no later request reuses K/V computed before.
