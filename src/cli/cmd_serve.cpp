@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <thread>
 
+#include <unistd.h>
+
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "pagellm/async_engine.h"
@@ -27,6 +29,8 @@ namespace pagellm::cli {
 
 namespace {
 
+int g_stop_pipe[2] = {-1, -1};
+
 struct ServeArgs {
   std::string model;
   server::ServerOptions server;
@@ -38,13 +42,18 @@ void run_serve(ServeArgs args) {
   PAGELLM_CHECK(args.max_body_mb > 0) << "--max-body-mb must be > 0, got " << args.max_body_mb;
   args.server.max_body_bytes = static_cast<size_t>(args.max_body_mb * (1 << 20));
   const std::string model_dir = args.model.empty() ? default_model_dir() : args.model;
-  // SIGINT/SIGTERM are taken by a thread of their own (sigwait), so no handler runs inside
-  // the server's threads; blocked before any thread starts so that every thread inherits it.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGINT/SIGTERM: the handler only writes a byte to a pipe (async-signal-safe); a thread
+  // of our own reads it and stops the server. (sigwait cannot be used: OpenBLAS starts its
+  // threads before main, so a process-wide signal may land on a thread that never blocked it.)
+  PAGELLM_CHECK(pipe(g_stop_pipe) == 0) << "serve: cannot create a pipe";
+  struct sigaction action {};
+  action.sa_handler = [](int) {
+    const char byte = 1;
+    [[maybe_unused]] ssize_t written = write(g_stop_pipe[1], &byte, 1);
+  };
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
 
   std::fprintf(stderr, "pagellm: loading %s\n", model_dir.c_str());
   AsyncEngine engine(model_dir, engine_options(args.engine));
@@ -54,14 +63,16 @@ void run_serve(ServeArgs args) {
                model_dir.c_str(), args.server.host.c_str(), port, engine.max_model_len(),
                static_cast<long long>(engine.num_usable_pages()));
   std::thread watcher([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    std::fprintf(stderr, "pagellm: signal %d, stopping\n", sig);
+    char byte = 0;
+    if (read(g_stop_pipe[0], &byte, 1) == 1 && byte == 1) {
+      std::fprintf(stderr, "pagellm: stopping on a signal\n");
+    }
     http.stop();
   });
   http.run();
   // run() may also end on its own (a listen error): wake the watcher so it can be joined.
-  pthread_kill(watcher.native_handle(), SIGTERM);
+  const char wake = 0;
+  [[maybe_unused]] ssize_t written = write(g_stop_pipe[1], &wake, 1);
   watcher.join();
   engine.shutdown();
 }

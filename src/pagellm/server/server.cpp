@@ -428,7 +428,7 @@ struct Server::Impl {
       if (res.status == 413) {
         fail(res, HttpError(413,
                             "the request body is larger than the server accepts (" +
-                                std::to_string(options.max_body_bytes) + " bytes, --max-body-bytes)"));
+                                std::to_string(options.max_body_bytes) + " bytes; pagellm serve --max-body-mb)"));
       } else if (res.status == 404) {
         fail(res, HttpError(404,
                             "no route " + req.method + " " + req.path +
