@@ -137,6 +137,7 @@ class AsyncEngine {
   int64_t check_invariants_and_count_free_pages();
   int64_t num_usable_pages() const;
   /// The load snapshot (see EngineLoad); safe from any thread, never blocks on the loop.
+  /// Published after every step and by pause, resume, sleep and wake_up before they return.
   EngineLoad load() const;
   /// The longest prompt + output a request may have (EngineOptions::max_model_len, or the
   /// model's when that was 0).

@@ -354,12 +354,18 @@ EngineLoad AsyncEngine::load() const {
 }
 
 void AsyncEngine::pause(PauseMode mode) {
-  impl_->call([impl = impl_.get(), mode] { impl->core->engine().pause(mode); });
+  impl_->call([impl = impl_.get(), mode] {
+    impl->core->engine().pause(mode);
+    impl->publish_load();  // before the caller returns: load() shows the pause at once
+  });
   if (mode == PauseMode::kWait) impl_->wait_drained();
 }
 
 void AsyncEngine::resume() {
-  impl_->call([impl = impl_.get()] { impl->core->engine().resume(); });
+  impl_->call([impl = impl_.get()] {
+    impl->core->engine().resume();
+    impl->publish_load();
+  });
 }
 
 namespace {
@@ -442,11 +448,19 @@ WeightUpdateResult AsyncEngine::load_weights(const std::string& path, PauseMode 
 }
 
 SleepReport AsyncEngine::sleep(const SleepOptions& options) {
-  return impl_->call([core = impl_->core.get(), options] { return core->engine().sleep(options); });
+  return impl_->call([impl = impl_.get(), options] {
+    SleepReport report = impl->core->engine().sleep(options);
+    impl->publish_load();
+    return report;
+  });
 }
 
 WakeReport AsyncEngine::wake_up() {
-  return impl_->call([core = impl_->core.get()] { return core->engine().wake_up(); });
+  return impl_->call([impl = impl_.get()] {
+    WakeReport report = impl->core->engine().wake_up();
+    impl->publish_load();
+    return report;
+  });
 }
 
 void AsyncEngine::reset_prefix_cache() {
