@@ -3,6 +3,11 @@
 // and the two meet only in an Inflight queue per HTTP request.
 #include "pagellm/server/server.h"
 
+// cpp-httplib's default accept backlog is 5: a burst of clients connecting at once (64 in
+// the load test) overflows it and some connections are reset. Keep-alive connections
+// (the openai client keeps its own) serve up to 1000 requests before being closed.
+#define CPPHTTPLIB_LISTEN_BACKLOG 1024
+#define CPPHTTPLIB_KEEPALIVE_MAX_COUNT 1000
 #include <httplib.h>
 
 #include <atomic>
