@@ -109,6 +109,12 @@ class AsyncEngine {
                                     PauseMode mode = PauseMode::kWait);
   /// The same from a safetensors folder or file.
   WeightUpdateResult load_weights(const std::string& path, PauseMode mode = PauseMode::kWait);
+  /// The same from another process's CUDA memory (IpcTensor says how it is shared): the
+  /// handles are opened on the loop thread before the update and closed after it. Throws
+  /// pagellm::Error on a backend without device IPC (cpu) or for a handle that cannot be
+  /// opened, changing nothing.
+  WeightUpdateResult update_weights_from_ipc(const std::vector<IpcTensor>& tensors,
+                                             PauseMode mode = PauseMode::kWait);
   /// Tokenizer access, safe from any thread (throws without a tokenizer).
   std::vector<int32_t> encode(const std::string& text) const;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;

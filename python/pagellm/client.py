@@ -102,9 +102,18 @@ class PagellmClient:
         batched = len(prompt_token_ids) > 0 and not isinstance(prompt_token_ids[0], int)
         prompts = prompt_token_ids if batched else [prompt_token_ids]
         params = self._sampling(sampling)
-        results = [self._call("POST", "/generate", {"prompt_token_ids": list(p),
-                                                    "sampling_params": params})
-                   for p in prompts]
+
+        def one(p):
+            return self._call("POST", "/generate", {"prompt_token_ids": list(p), "sampling_params": params})
+
+        if len(prompts) == 1:
+            results = [one(prompts[0])]
+        else:
+            # One request per prompt, all in flight at once, so the engine batches them.
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=min(len(prompts), 256)) as pool:
+                results = list(pool.map(one, prompts))
         return results if batched else results[0]
 
     def generate_stream(self, prompt_token_ids: Sequence[int], **sampling: Any) -> Iterator[dict]:

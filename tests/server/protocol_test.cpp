@@ -276,3 +276,46 @@ TEST(ServerMetrics, PrometheusText) {
 
 }  // namespace
 }  // namespace pagellm::server
+
+namespace pagellm::server {
+namespace {
+
+TEST(ServerProtocol, Base64) {
+  EXPECT_EQ(decode_base64("aGVsbG8="), std::optional<std::string>("hello"));
+  EXPECT_EQ(decode_base64("aGVsbG8"), std::optional<std::string>("hello"));
+  EXPECT_EQ(decode_base64(""), std::optional<std::string>(""));
+  EXPECT_FALSE(decode_base64("a$bc").has_value());
+  EXPECT_FALSE(decode_base64("a").has_value());
+}
+
+TEST(ServerProtocol, IpcTensors) {
+  const std::string handle64 = std::string(86, 'A') + "==";  // 64 zero bytes
+  const json good = json::array({{{"name", "model.norm.weight"}, {"handle", handle64},
+                                  {"offset", 512}, {"dtype", "float16"}, {"shape", {8}}}});
+  const std::vector<IpcTensor> t = parse_ipc_tensors(good);
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_EQ(t[0].name, "model.norm.weight");
+  EXPECT_EQ(t[0].offset, 512u);
+  EXPECT_EQ(t[0].dtype, TensorDType::kFloat16);
+  EXPECT_EQ(t[0].shape, (std::vector<int64_t>{8}));
+  const auto param_of = [&](const char* key, const json& value) {
+    json bad = good;
+    bad[0][key] = value;
+    try {
+      parse_ipc_tensors(bad);
+    } catch (const HttpError& e) {
+      EXPECT_EQ(e.status, 400);
+      return e.param;
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(param_of("handle", "aGVsbG8="), "ipc_tensors[0].handle");  // 5 bytes
+  EXPECT_EQ(param_of("dtype", "int8"), "ipc_tensors[0].dtype");
+  EXPECT_EQ(param_of("shape", json::array({-1})), "ipc_tensors[0].shape");
+  EXPECT_EQ(param_of("name", ""), "ipc_tensors[0].name");
+  EXPECT_EQ(param_of("offset", -4), "offset");
+  EXPECT_THROW(parse_ipc_tensors(json::array()), HttpError);
+}
+
+}  // namespace
+}  // namespace pagellm::server

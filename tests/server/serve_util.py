@@ -21,12 +21,15 @@ def make_tiny_model(folder):
 class Served:
     """One `pagellm serve` process; .url is its base URL."""
 
-    def __init__(self, model_dir, *extra):
+    # The tests' engine: small, so that 64 concurrent streams fit and pages are counted fast.
+    TEST_ENGINE = ("--max-model-len", "256", "--num-pages", "1200", "--max-num-seqs", "64")
+
+    def __init__(self, model_dir, *extra, engine=TEST_ENGINE):
         self.model_dir = model_dir
         self.log = tempfile.NamedTemporaryFile("w+", prefix="pagellm-serve-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
-            [PAGELLM, "serve", "--model", model_dir, "--port", "0", "--max-model-len", "256",
-             "--num-pages", "1200", "--max-num-seqs", "64", *extra],
+            [os.environ.get("PAGELLM_BIN", PAGELLM), "serve", "--model", model_dir, "--port", "0",
+             *engine, *extra],
             stdout=self.log, stderr=self.log)
         deadline = time.time() + 60
         self.url = None

@@ -181,6 +181,13 @@ def test_control_calls_and_metrics(server, client, model_dir):
     assert after.choices[0].text == before.choices[0].text  # the same weights again
     status, err = server.call("POST", "/update_weights", {"path": "/nonexistent"})
     assert status == 400 and "/nonexistent" in err["error"]["message"]
+    ipc = {"name": "model.norm.weight", "handle": "A" * 86 + "==", "offset": 0, "dtype": "bfloat16",
+           "shape": [64]}
+    status, err = server.call("POST", "/update_weights", {"ipc_tensors": [ipc]})
+    assert status == 400 and "cuda backend" in err["error"]["message"], err
+    status, err = server.call("POST", "/update_weights", {"ipc_tensors": [{**ipc, "handle": "xyz"}]})
+    assert status == 400 and err["error"]["param"] == "ipc_tensors[0].handle"
+    assert server.call("GET", "/health")[1]["paused"] is False
     status, err = server.call("POST", "/update_weights", {"nccl": {"group": "x"}})
     assert status == 501 and "tensor-parallel" in err["error"]["message"]
     status, slept = server.call("POST", "/sleep", {"offload_weights": False})

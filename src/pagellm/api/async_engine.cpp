@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "pagellm/api/engine_core.h"
+#include "pagellm/engine/ipc_weights.h"
 #include "pagellm/common/check.h"
 
 namespace pagellm {
@@ -435,6 +436,29 @@ auto run_between_steps(AsyncEngine::Impl& impl, Fn fn) -> decltype(fn()) {
 WeightUpdateResult AsyncEngine::update_weights(const std::vector<NamedTensor>& tensors,
                                                PauseMode mode) {
   return update_on_loop(*impl_, mode, tensors);
+}
+
+WeightUpdateResult AsyncEngine::update_weights_from_ipc(const std::vector<IpcTensor>& tensors,
+                                                     PauseMode mode) {
+  std::shared_ptr<IpcWeights> mapped = impl_->call([&] {
+    return std::make_shared<IpcWeights>(impl_->core->engine().backend(), tensors);
+  });
+  // Closed on the loop thread, whatever the update's outcome.
+  auto unmap = [&] {
+    try {
+      impl_->call([&] { mapped.reset(); });
+    } catch (const std::exception&) {
+      mapped.reset();  // the loop has stopped: no step can race the close here
+    }
+  };
+  try {
+    WeightUpdateResult result = update_on_loop(*impl_, mode, mapped->tensors());
+    unmap();
+    return result;
+  } catch (...) {
+    unmap();
+    throw;
+  }
 }
 
 WeightUpdateResult AsyncEngine::load_weights(const std::string& path, PauseMode mode) {

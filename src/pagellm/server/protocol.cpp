@@ -305,6 +305,83 @@ GenerateRequest parse_generate_request(const std::string& body) {
   return g;
 }
 
+std::optional<std::string> decode_base64(const std::string& text) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  size_t end = text.size();
+  while (end > 0 && text[end - 1] == '=' && text.size() - end < 2) --end;
+  if (end % 4 == 1) return std::nullopt;
+  std::string out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (size_t i = 0; i < end; ++i) {
+    const int v = value(text[i]);
+    if (v < 0) return std::nullopt;
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((acc >> bits) & 0xff));
+    }
+  }
+  return out;
+}
+
+std::vector<IpcTensor> parse_ipc_tensors(const json& list) {
+  if (!list.is_array() || list.empty()) {
+    bad_field("ipc_tensors", "must be a non-empty list of {name, handle, offset, dtype, shape}");
+  }
+  std::vector<IpcTensor> out;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& t = list[i];
+    const std::string at = "ipc_tensors[" + std::to_string(i) + "]";
+    if (!t.is_object()) bad_field(at, "must be an object, got " + shown(t));
+    IpcTensor ipc;
+    auto name = t.find("name");
+    if (name == t.end() || !name->is_string() || name->get<std::string>().empty()) {
+      bad_field(at + ".name", "must be a parameter's name (a non-empty string)");
+    }
+    ipc.name = name->get<std::string>();
+    auto handle = t.find("handle");
+    std::optional<std::string> bytes;
+    if (handle != t.end() && handle->is_string()) bytes = decode_base64(handle->get<std::string>());
+    if (!bytes || bytes->size() != ipc.handle.size()) {
+      bad_field(at + ".handle", "must be the base64 of a 64-byte cudaIpcMemHandle_t");
+    }
+    std::copy(bytes->begin(), bytes->end(), ipc.handle.begin());
+    if (auto v = get_int(t, "offset", 0, std::numeric_limits<int64_t>::max())) {
+      ipc.offset = static_cast<uint64_t>(*v);
+    }
+    auto dtype = t.find("dtype");
+    const std::string d = dtype != t.end() && dtype->is_string() ? dtype->get<std::string>() : "";
+    if (d == "bfloat16") {
+      ipc.dtype = TensorDType::kBFloat16;
+    } else if (d == "float16") {
+      ipc.dtype = TensorDType::kFloat16;
+    } else if (d == "float32") {
+      ipc.dtype = TensorDType::kFloat32;
+    } else {
+      bad_field(at + ".dtype", "must be \"bfloat16\", \"float16\" or \"float32\"");
+    }
+    auto shape = t.find("shape");
+    if (shape == t.end() || !shape->is_array()) bad_field(at + ".shape", "must be a list of sizes");
+    for (const json& dim : *shape) {
+      if (!dim.is_number_integer() || dim.get<int64_t>() < 0) {
+        bad_field(at + ".shape", "must be a list of sizes (integers >= 0), got " + shown(*shape));
+      }
+      ipc.shape.push_back(dim.get<int64_t>());
+    }
+    out.push_back(std::move(ipc));
+  }
+  return out;
+}
+
 json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
   return {{"prompt_tokens", prompt_tokens},
           {"completion_tokens", completion_tokens},

@@ -16,6 +16,7 @@
 #include "pagellm/outputs.h"
 #include "pagellm/prompt.h"
 #include "pagellm/sampling_params.h"
+#include "pagellm/weight_update.h"
 
 namespace pagellm::server {
 
@@ -73,6 +74,15 @@ struct GenerateRequest {
   bool stream = false;
 };
 GenerateRequest parse_generate_request(const std::string& body);
+
+/// The "ipc_tensors" list of a POST /update_weights body: per tensor {"name", "handle"
+/// (base64 of the 64-byte cudaIpcMemHandle_t), "offset" (bytes into the shared
+/// allocation), "dtype" ("bfloat16", "float16", "float32"), "shape"}. Throws HttpError 400
+/// naming the element and field ("ipc_tensors[3].handle").
+std::vector<IpcTensor> parse_ipc_tensors(const nlohmann::json& list);
+
+/// Standard base64 (RFC 4648, padding optional) to bytes; nullopt for anything else.
+std::optional<std::string> decode_base64(const std::string& text);
 
 /// Detokenization the formatters need: ids -> text, keeping special tokens when asked.
 using DecodeFn = std::function<std::string(const std::vector<int32_t>&, bool skip_special)>;

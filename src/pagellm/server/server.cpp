@@ -389,11 +389,15 @@ struct Server::Impl {
                       "use \"path\" or \"ipc_tensors\"",
                       "nccl", "not_implemented");
     }
-    if (body.contains("ipc_tensors")) {
-      throw HttpError(501,
-                      "ipc_tensors: CUDA IPC weight updates are not available in this build; use "
-                      "\"path\" (a safetensors folder or file)",
-                      "ipc_tensors", "not_implemented");
+    const auto report = [](const WeightUpdateResult& r) -> json {
+      return {{"weights_version", r.weights_version}, {"tensors_updated", r.tensors_updated},
+              {"bytes", r.bytes},         {"seconds", r.seconds},
+              {"wait_seconds", r.wait_seconds}, {"mode", pause_mode_name(r.mode)},
+              {"requests_aborted", r.requests_aborted}, {"requests_kept", r.requests_kept},
+              {"requests_waited", r.requests_waited}};
+    };
+    if (auto ipc = body.find("ipc_tensors"); ipc != body.end()) {
+      return report(engine.update_weights_from_ipc(parse_ipc_tensors(*ipc), mode));
     }
     auto path = body.find("path");
     if (path == body.end() || !path->is_string() || path->get<std::string>().empty()) {
@@ -401,12 +405,7 @@ struct Server::Impl {
                       "path: a safetensors folder or file is required (or \"ipc_tensors\")",
                       "path");
     }
-    const WeightUpdateResult r = engine.load_weights(path->get<std::string>(), mode);
-    return {{"weights_version", r.weights_version}, {"tensors_updated", r.tensors_updated},
-            {"bytes", r.bytes},         {"seconds", r.seconds},
-            {"wait_seconds", r.wait_seconds}, {"mode", pause_mode_name(r.mode)},
-            {"requests_aborted", r.requests_aborted}, {"requests_kept", r.requests_kept},
-            {"requests_waited", r.requests_waited}};
+    return report(engine.load_weights(path->get<std::string>(), mode));
   }
 
   void install_routes() {
