@@ -27,17 +27,25 @@ fi
 # Debian's security patches applied) goes to /usr/local/include/pagellm-httplib.
 httplib_dir=/usr/local/include/pagellm-httplib
 if ! grep -qs "inline bool Server::listen_internal" "$httplib_dir/httplib.h"; then
-  if ! grep -qrs "^Types:.*deb-src" /etc/apt/sources.list.d/ && ! grep -qs "^deb-src" /etc/apt/sources.list; then
-    sed 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources \
-      | $SUDO tee /etc/apt/sources.list.d/pagellm-deb-src.sources >/dev/null
+  if ! grep -qrs "^Types:.*deb-src\|^deb-src" /etc/apt/sources.list.d/ /etc/apt/sources.list; then
+    if [ -f /etc/apt/sources.list.d/debian.sources ]; then  # deb822 (Debian 12's default)
+      sed 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources \
+        | $SUDO tee /etc/apt/sources.list.d/pagellm-deb-src.sources >/dev/null
+    else
+      sed -n 's/^deb /deb-src /p' /etc/apt/sources.list \
+        | $SUDO tee /etc/apt/sources.list.d/pagellm-deb-src.list >/dev/null
+    fi
   fi
   $SUDO apt-get update -qq
   work=$(mktemp -d)
-  (cd "$work" && apt-get source -qq --download-only cpp-httplib=0.11.4+ds-1+deb12u1 >/dev/null 2>&1 \
-    && tar xf cpp-httplib_0.11.4+ds.orig.tar.xz && tar xf cpp-httplib_0.11.4+ds-1+deb12u1.debian.tar.xz \
+  # The source of exactly the installed libcpp-httplib-dev (0.11.4 on Debian 12).
+  version=$(dpkg-query -W -f='${Version}' libcpp-httplib-dev)
+  (cd "$work" && apt-get source -qq --download-only "cpp-httplib=$version" >/dev/null 2>&1 \
+    && tar xf cpp-httplib_*.orig.tar.* && tar xf cpp-httplib_*.debian.tar.* \
     && cd yhirose-cpp-httplib-* \
     && while read -r patch; do patch -s -p1 < "../debian/patches/$patch"; done < ../debian/patches/series \
-    && $SUDO mkdir -p "$httplib_dir" && $SUDO cp httplib.h LICENSE "$httplib_dir/")
+    && $SUDO mkdir -p "$httplib_dir" && $SUDO cp httplib.h LICENSE "$httplib_dir/") \
+    || echo "setup.sh: warning: could not fetch cpp-httplib's source package; pagellm serve will not be built" >&2
   rm -rf "$work"
 fi
 

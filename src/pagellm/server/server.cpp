@@ -167,7 +167,7 @@ struct Server::Impl {
         engine.submit(prompts[static_cast<size_t>(p)], params, callback, engine_id);
         std::lock_guard<std::mutex> lock(inflight->mu);
         inflight->ids.push_back(engine_id);
-      } catch (const Error& e) {
+      } catch (...) {
         // This prompt and those after it never reach the engine; those before are aborted
         // (their callbacks count them off as they end).
         const int64_t never = count - p;
@@ -177,9 +177,13 @@ struct Server::Impl {
           inflight->unfinished -= static_cast<int>(never);
         }
         abort_all(*inflight);
-        const std::string where =
-            count > 1 ? "prompt " + std::to_string(p) + ": " : std::string();
-        throw HttpError(400, where + e.what(), prompts.size() > 1 ? "prompt" : "");
+        try {
+          throw;
+        } catch (const Error& e) {
+          const std::string where =
+              count > 1 ? "prompt " + std::to_string(p) + ": " : std::string();
+          throw HttpError(400, where + e.what(), prompts.size() > 1 ? "prompt" : "");
+        }
       }
     }
     return inflight;
