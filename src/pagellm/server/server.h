@@ -37,7 +37,9 @@ struct ServerOptions {
 /// by the engine's callbacks) or on a blocking control call, never holding the loop.
 class Server {
  public:
-  /// The engine must outlive the server. `model_dir` is reported by /v1/models.
+  /// The engine must outlive the server, and requests the server submitted call back into
+  /// it until they end: after run() returns, shut the engine down (which ends them) before
+  /// destroying the server, as `pagellm serve` does. `model_dir` is reported by /v1/models.
   Server(AsyncEngine& engine, ServerOptions options, std::string model_dir);
   ~Server();
   Server(const Server&) = delete;
