@@ -160,6 +160,8 @@ def main():
     print(f"soak: server alive {alive}; pages free {health.get('free_pages')} of {health.get('usable_pages')}")
     if rss:
         print(f"soak: RSS after warm-up {min(rss) / 1024:.1f} .. {max(rss) / 1024:.1f} MiB ({growth:.2f} %, {len(rss)} samples)")
+        marks = [rss[int(i * (len(rss) - 1) / 8)] / 1024 for i in range(9)]
+        print("soak: RSS by eighths of the measured time (MiB): " + " ".join(f"{m:.1f}" for m in marks))
     for e in stats.errors[:20]:
         print("soak: unintended error:", e)
     ok = alive and not stats.errors and health.get("free_pages") == health.get("usable_pages") and growth <= 5.0
