@@ -3,10 +3,13 @@
 # compiler or package needed there beyond the CUDA toolkit, python3 with torch and
 # transformers). Usage: scripts/gpu_suite.sh BUNDLE_DIR LOG_DIR [steps...]
 # BUNDLE_DIR holds bundle.tar.xz (bin/ and lib/) as scripts/build_gpu.sh leaves it.
-# Steps (default: all but ablate): tests e2e logprobs bench rl python trace ablate attn gemm stream calib hf
+# Steps (default: all but ablate): tests e2e logprobs bench rl python serve trace ablate attn gemm stream calib hf
 # "python" installs the bundle's wheel (pagellm-*-cp312-*.whl) into /tmp/pagellm-site and
 # runs scripts/grpo_loop.py: 20 GRPO steps with torch, weights pushed by update_weights,
 # pagellm's score() checked against torch after each push.
+# "serve" runs scripts/serve_bench.py: `pagellm serve` at several request rates (throughput,
+# TTFT and ITL percentiles) and a colocated CUDA IPC weight update from torch, timed, with
+# the log-probabilities checked after it (SERVE_PRESET, default qwen3-0.6b).
 # "logprobs" compares sampled tokens' logprobs (bf16 and float32 heads, and score()) with
 # transformers in float32 (LOGPROB_PRESETS, default qwen3-0.6b; add qwen3-4b when wanted).
 # "trace" records 8 mid-decode W1 steps' kernels (CUPTI) and prints where the time goes.
@@ -18,7 +21,7 @@ LOG=${2:-gpu-logs}
 shift 2 || true
 B=/tmp/pagellm-gpu
 rm -rf "$B" && mkdir -p "$B" && xz -dc "$BUNDLE/bundle.tar.xz" | tar -C "$B" -xf - || exit 1
-STEPS=${*:-tests e2e logprobs bench rl python trace attn gemm stream calib hf}
+STEPS=${*:-tests e2e logprobs bench rl python serve trace attn gemm stream calib hf}
 mkdir -p "$LOG"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONUNBUFFERED=1
@@ -126,6 +129,16 @@ fi
 if has hf; then
   step "transformers on W1 (static cache, compiled)"
   timeout 400 python3 bench/peers/hf_w1.py 2>&1 | tail -3 | tee "$LOG/hf_w1.log"
+fi
+if has serve; then
+  preset=${SERVE_PRESET:-qwen3-0.6b}
+  step "pagellm serve: request rates and a CUDA IPC weight update ($preset)"
+  dir=/tmp/hf-$preset
+  [ -f "$dir/config.json" ] || python3 tests/oracles/model/save_pretrained_reference.py \
+    --preset "$preset" --out "$dir" --seed 0 --dtype bf16 > "$LOG/save_$preset.log" 2>&1
+  python3 scripts/serve_bench.py --pagellm "$B/bin/pagellm" --model "$dir" \
+    --out "$LOG/serve.jsonl" 2>&1 | tee "$LOG/serve.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 echo
 echo "gpu suite: $([ $status -eq 0 ] && echo PASS || echo FAIL)"

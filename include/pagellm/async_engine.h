@@ -21,6 +21,23 @@ namespace pagellm {
 
 class RequestStream;
 
+/// The engine's load as the loop thread last published it (after its latest step or
+/// control call); reading it never waits for the loop. Counts are samples (sequences), so a
+/// request with n = 4 counts 4.
+struct EngineLoad {
+  /// Samples the scheduler runs now.
+  int64_t running = 0;
+  /// Samples submitted and not yet running: queued for the loop thread, in the scheduler's
+  /// queue, or held by a pause.
+  int64_t waiting = 0;
+  /// KV pages free (cached-but-unreferenced prefix pages count as free) and usable in all;
+  /// idle, free == usable.
+  int64_t free_pages = 0;
+  int64_t usable_pages = 0;
+  bool paused = false;
+  bool asleep = false;
+};
+
 /// An engine whose loop runs on a thread of its own. Requests stream their tokens back as
 /// deltas (RequestOutput whose CompletionOutputs hold only what is new), through a callback
 /// or a pull-based RequestStream.
@@ -96,6 +113,12 @@ class AsyncEngine {
                                     PauseMode mode = PauseMode::kWait);
   /// The same from a safetensors folder or file.
   WeightUpdateResult load_weights(const std::string& path, PauseMode mode = PauseMode::kWait);
+  /// The same from another process's CUDA memory (IpcTensor says how it is shared): the
+  /// handles are opened on the loop thread before the update and closed after it. Throws
+  /// pagellm::Error on a backend without device IPC (cpu) or for a handle that cannot be
+  /// opened, changing nothing.
+  WeightUpdateResult update_weights_from_ipc(const std::vector<IpcTensor>& tensors,
+                                             PauseMode mode = PauseMode::kWait);
   /// Tokenizer access, safe from any thread (throws without a tokenizer).
   std::vector<int32_t> encode(const std::string& text) const;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
@@ -123,6 +146,12 @@ class AsyncEngine {
   /// until its current step ends). Checks page ownership and returns the free KV pages.
   int64_t check_invariants_and_count_free_pages();
   int64_t num_usable_pages() const;
+  /// The load snapshot (see EngineLoad); safe from any thread, never blocks on the loop.
+  /// Published after every step and by pause, resume, sleep and wake_up before they return.
+  EngineLoad load() const;
+  /// The longest prompt + output a request may have (EngineOptions::max_model_len, or the
+  /// model's when that was 0).
+  int32_t max_model_len() const;
 
   /// LoRA adapters (LLM::load_lora_adapter has the contract), run by the loop thread
   /// between steps (blocks until done). A replace in place applies to the running

@@ -4,6 +4,7 @@
 // public API.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,6 +32,23 @@ struct NamedTensor {
   TensorDType dtype = TensorDType::kBFloat16;
   std::vector<int64_t> shape;
   TensorMemory memory = TensorMemory::kHost;
+};
+
+/// One tensor of a weight update that lives in the CUDA memory of another process on the
+/// same machine and GPU (a colocated trainer), shared through CUDA IPC: the process called
+/// cudaIpcGetMemHandle on the allocation holding the tensor (torch:
+/// `tensor.untyped_storage()._share_cuda_()` gives the handle of the caching allocator's
+/// block and the storage's byte offset in it). The engine maps each distinct handle once
+/// (cudaIpcOpenMemHandle), copies the tensors as TensorMemory::kDevice and unmaps it before
+/// the update returns; the trainer must keep the memory unchanged until then.
+struct IpcTensor {
+  std::string name;
+  /// The cudaIpcMemHandle_t's 64 bytes.
+  std::array<uint8_t, 64> handle{};
+  /// Bytes from the start of the shared allocation to the tensor's first element.
+  uint64_t offset = 0;
+  TensorDType dtype = TensorDType::kBFloat16;
+  std::vector<int64_t> shape;
 };
 
 /// What happens to running requests during an update (vLLM's pause modes).

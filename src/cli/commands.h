@@ -15,5 +15,7 @@ void register_tokenizer_commands(CLI::App& app);
 void register_attention_commands(CLI::App& app);
 // cmd_score.cpp: score
 void register_score_command(CLI::App& app);
+// cmd_serve.cpp: serve
+void register_serve_command(CLI::App& app);
 
 }  // namespace pagellm::cli

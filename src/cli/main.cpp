@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   pagellm::cli::register_tokenizer_commands(app);
   pagellm::cli::register_attention_commands(app);
   pagellm::cli::register_score_command(app);
+  pagellm::cli::register_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

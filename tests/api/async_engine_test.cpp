@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 #include "api/api_test_util.h"
@@ -71,6 +72,45 @@ std::vector<int32_t> prompt_for(int k) {
   std::vector<int32_t> ids;
   for (int i = 0; i <= k % 7; ++i) ids.push_back(1 + (k * 31 + i * 17) % 1000);
   return ids;
+}
+
+TEST(AsyncEngine, LoadCountsRunningWaitingAndFreePages) {
+  AsyncEngine engine(testing::tiny_model_dir(), async_options());
+  EngineLoad idle = engine.load();
+  EXPECT_EQ(idle.running, 0);
+  EXPECT_EQ(idle.waiting, 0);
+  EXPECT_EQ(idle.free_pages, engine.num_usable_pages());
+  EXPECT_EQ(idle.usable_pages, engine.num_usable_pages());
+  EXPECT_FALSE(idle.paused);
+  EXPECT_EQ(engine.max_model_len(), 128);
+
+  // Paused with kKeep, nothing runs: 12 samples (more than max_num_seqs = 8) all wait.
+  engine.pause(PauseMode::kKeep);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  SamplingParams params = params_for(1);
+  params.n = 4;
+  for (int k = 0; k < 3; ++k) {
+    streams.push_back(engine.submit(Prompt::from_token_ids({1, 2, 3, 4 + k}), params));
+  }
+  // The loop publishes after each pass; give it a few.
+  EngineLoad held;
+  for (int tries = 0; tries < 200; ++tries) {
+    held = engine.load();
+    if (held.waiting == 12) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(held.paused);
+  EXPECT_EQ(held.running, 0);
+  EXPECT_EQ(held.waiting, 12);
+
+  engine.resume();
+  for (auto& s : streams) s->collect();
+  EXPECT_EQ(engine.check_invariants_and_count_free_pages(), engine.num_usable_pages());
+  const EngineLoad done = engine.load();
+  EXPECT_EQ(done.running, 0);
+  EXPECT_EQ(done.waiting, 0);
+  EXPECT_EQ(done.free_pages, engine.num_usable_pages());
+  EXPECT_FALSE(done.paused);
 }
 
 TEST(AsyncEngine, ManyThreadsGetWhatLlmGives) {

@@ -252,5 +252,27 @@ TEST(AsyncEngineWeightUpdate, BadUpdateIsRefusedAndTheEngineKeepsServing) {
   EXPECT_NO_THROW(engine.resume()) << "not paused: resume is a no-op";
 }
 
+TEST(AsyncEngineWeightUpdate, IpcOnTheCpuBackendIsRefusedAndChangesNothing) {
+  AsyncEngine engine(testing::tiny_model_dir(), options());
+  auto streams = start(engine, 2, 20);
+  IpcTensor t;
+  t.name = "model.norm.weight";
+  t.dtype = TensorDType::kFloat32;
+  t.shape = {64};
+  try {
+    engine.update_weights_from_ipc({t}, PauseMode::kKeep);
+    ADD_FAILURE() << "the cpu backend opened a CUDA IPC handle";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot open CUDA IPC"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cuda backend"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(engine.weights_version(), 0u);
+  for (auto& s : streams) {
+    EXPECT_EQ(s->collect().outputs[0].finish_reason, FinishReason::kLength);
+  }
+  EXPECT_FALSE(engine.load().paused);
+  EXPECT_EQ(engine.check_invariants_and_count_free_pages(), engine.num_usable_pages());
+}
+
 }  // namespace
 }  // namespace pagellm

@@ -33,3 +33,5 @@ pagellm_layer_include_test(engine_cannot_see_public_async_engine pagellm_engine
   pagellm/async_engine.h fails)
 pagellm_layer_include_test(engine_cannot_see_api pagellm_engine pagellm/api/engine_core.h fails)
 pagellm_layer_include_test(api_sees_engine pagellm_api pagellm/engine/engine.h compiles)
+# The HTTP server sits above the api layer: nothing below may include it.
+pagellm_layer_include_test(api_cannot_see_server pagellm_api pagellm/server/server.h fails)

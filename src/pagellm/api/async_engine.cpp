@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "pagellm/api/engine_core.h"
+#include "pagellm/engine/ipc_weights.h"
 #include "pagellm/common/check.h"
 
 namespace pagellm {
@@ -32,6 +33,10 @@ struct AsyncEngine::Impl {
   api::RequestLimits limits;
   int64_t usable_pages = 0;
   std::atomic<uint64_t> weights_version{0};
+  // The load snapshot the loop thread publishes (AsyncEngine::load()).
+  std::atomic<int64_t> running{0}, engine_waiting{0}, free_pages{0};
+  std::atomic<bool> paused{false}, asleep{false};
+  std::atomic<int64_t> queued{0};  // samples in `pending`, not yet added to the engine
 
   std::mutex mu;  // guards everything below
   std::condition_variable wake;
@@ -70,6 +75,16 @@ struct AsyncEngine::Impl {
     aborts.push_back(id);
     wake.notify_one();
   }
+  /// Stores the engine's counts for load() (loop thread).
+  void publish_load() {
+    const Engine& engine = core->engine();
+    running.store(static_cast<int64_t>(engine.num_running()), std::memory_order_relaxed);
+    engine_waiting.store(static_cast<int64_t>(engine.num_waiting()), std::memory_order_relaxed);
+    free_pages.store(static_cast<int64_t>(engine.allocator().num_free()),
+                     std::memory_order_relaxed);
+    paused.store(engine.paused(), std::memory_order_relaxed);
+    asleep.store(engine.asleep(), std::memory_order_relaxed);
+  }
   void forget(const std::string& id) {
     std::lock_guard<std::mutex> lock(mu);
     live_ids.erase(id);
@@ -95,7 +110,10 @@ void AsyncEngine::Impl::run() {
       stop = stopping;
     }
     try {
-      for (api::TrackedRequest& r : adds) core->add(std::move(r));
+      for (api::TrackedRequest& r : adds) {
+        queued.fetch_sub(r.params.n, std::memory_order_relaxed);
+        core->add(std::move(r));
+      }
       for (const std::string& id : cancels) core->abort(id);
       for (auto& task : work) task();
       if (stop) {
@@ -107,6 +125,7 @@ void AsyncEngine::Impl::run() {
       }
       core->step();
       weights_version.store(core->engine().weights_version(), std::memory_order_release);
+      publish_load();
       notify_drained();
     } catch (const std::exception& e) {
       // An engine failure ends every request (aborted) and the loop; later calls say why.
@@ -200,6 +219,7 @@ std::string AsyncEngine::Impl::queue(const Prompt& prompt, const SamplingParams&
   live_ids.insert(request_id);
   r.request_id = request_id;
   r.sink = std::move(sink);
+  queued.fetch_add(r.params.n, std::memory_order_relaxed);
   pending.push_back(std::move(r));
   wake.notify_one();
   return request_id;
@@ -212,6 +232,7 @@ AsyncEngine::AsyncEngine(const std::string& model_dir, const EngineOptions& opti
   impl_->core = std::make_unique<api::EngineCore>(Engine::create(model_dir, config), impl_->text);
   impl_->limits = api::limits_of(impl_->core->engine());
   impl_->usable_pages = impl_->core->engine().allocator().num_usable();
+  impl_->publish_load();
   impl_->weights_version = impl_->core->engine().weights_version();
   impl_->loop = std::thread([impl = impl_.get()] { impl->run(); });
   impl_->loop_id = impl_->loop.get_id();
@@ -323,13 +344,34 @@ std::vector<ScoreOutput> AsyncEngine::score(const std::vector<std::vector<int32_
 
 int64_t AsyncEngine::num_usable_pages() const { return impl_->usable_pages; }
 
+int32_t AsyncEngine::max_model_len() const { return impl_->limits.max_model_len; }
+
+EngineLoad AsyncEngine::load() const {
+  const Impl& impl = *impl_;
+  EngineLoad load;
+  load.running = impl.running.load(std::memory_order_relaxed);
+  load.waiting = impl.engine_waiting.load(std::memory_order_relaxed) +
+                 impl.queued.load(std::memory_order_relaxed);
+  load.free_pages = impl.free_pages.load(std::memory_order_relaxed);
+  load.usable_pages = impl.usable_pages;
+  load.paused = impl.paused.load(std::memory_order_relaxed);
+  load.asleep = impl.asleep.load(std::memory_order_relaxed);
+  return load;
+}
+
 void AsyncEngine::pause(PauseMode mode) {
-  impl_->call([impl = impl_.get(), mode] { impl->core->engine().pause(mode); });
+  impl_->call([impl = impl_.get(), mode] {
+    impl->core->engine().pause(mode);
+    impl->publish_load();  // before the caller returns: load() shows the pause at once
+  });
   if (mode == PauseMode::kWait) impl_->wait_drained();
 }
 
 void AsyncEngine::resume() {
-  impl_->call([impl = impl_.get()] { impl->core->engine().resume(); });
+  impl_->call([impl = impl_.get()] {
+    impl->core->engine().resume();
+    impl->publish_load();
+  });
 }
 
 namespace {
@@ -401,6 +443,29 @@ WeightUpdateResult AsyncEngine::update_weights(const std::vector<NamedTensor>& t
   return update_on_loop(*impl_, mode, tensors);
 }
 
+WeightUpdateResult AsyncEngine::update_weights_from_ipc(const std::vector<IpcTensor>& tensors,
+                                                     PauseMode mode) {
+  std::shared_ptr<IpcWeights> mapped = impl_->call([&] {
+    return std::make_shared<IpcWeights>(impl_->core->engine().backend(), tensors);
+  });
+  // Closed on the loop thread, whatever the update's outcome.
+  auto unmap = [&] {
+    try {
+      impl_->call([&] { mapped.reset(); });
+    } catch (const std::exception&) {
+      mapped.reset();  // the loop has stopped: no step can race the close here
+    }
+  };
+  try {
+    WeightUpdateResult result = update_on_loop(*impl_, mode, mapped->tensors());
+    unmap();
+    return result;
+  } catch (...) {
+    unmap();
+    throw;
+  }
+}
+
 WeightUpdateResult AsyncEngine::load_weights(const std::string& path, PauseMode mode) {
   // The files are opened and mapped here, on the caller's thread.
   const WeightStore store = WeightStore::open(path);
@@ -412,11 +477,19 @@ WeightUpdateResult AsyncEngine::load_weights(const std::string& path, PauseMode 
 }
 
 SleepReport AsyncEngine::sleep(const SleepOptions& options) {
-  return impl_->call([core = impl_->core.get(), options] { return core->engine().sleep(options); });
+  return impl_->call([impl = impl_.get(), options] {
+    SleepReport report = impl->core->engine().sleep(options);
+    impl->publish_load();
+    return report;
+  });
 }
 
 WakeReport AsyncEngine::wake_up() {
-  return impl_->call([core = impl_->core.get()] { return core->engine().wake_up(); });
+  return impl_->call([impl = impl_.get()] {
+    WakeReport report = impl->core->engine().wake_up();
+    impl->publish_load();
+    return report;
+  });
 }
 
 LoraAdapterInfo AsyncEngine::load_lora_adapter(const LoraRequest& request) {

@@ -139,6 +139,15 @@ double Backend::measure_copy_bandwidth() {
   return 2.0 * static_cast<double>(bytes) / times[3];
 }
 
+void* Backend::open_ipc_memory(const std::array<uint8_t, 64>& handle) {
+  (void)handle;
+  PAGELLM_FAIL() << "the " << name() << " backend cannot open CUDA IPC memory handles: weight "
+                 << "updates from another process's GPU memory need the cuda backend; send the "
+                 << "weights as a safetensors folder (load_weights) or as host tensors instead";
+}
+
+void Backend::close_ipc_memory(void* base) { (void)base; }
+
 void* Backend::allocate_host_pinned(size_t bytes) {
   void* p = std::malloc(bytes == 0 ? 1 : bytes);
   PAGELLM_CHECK(p != nullptr) << name() << " backend: out of host memory allocating " << bytes

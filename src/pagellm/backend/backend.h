@@ -5,6 +5,7 @@
 // weights weight_dtype(), the KV pools kv_dtype(); logits are always float32.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -251,6 +252,13 @@ class Backend {
     (void)memory;
     upload(dst, dst_offset, src, src_dtype, n);
   }
+
+  /// Maps memory that another process shared through CUDA IPC (`handle`: the 64 bytes of
+  /// a cudaIpcMemHandle_t) and returns its device address here, for IpcTensor weight
+  /// updates; unmap it with close_ipc_memory. The default (no device IPC: the cpu backend)
+  /// throws Error saying so.
+  virtual void* open_ipc_memory(const std::array<uint8_t, 64>& handle);
+  virtual void close_ipc_memory(void* base);
 
   /// Page-locked host memory (cudaHostAlloc on the cuda backend), which write_weights
   /// copies from directly as TensorMemory::kHostPinned; the default is ordinary host

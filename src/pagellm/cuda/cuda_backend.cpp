@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstring>
+
 #include <utility>
 
 #include "pagellm/common/check.h"
@@ -514,6 +516,25 @@ void* CudaBackend::allocate_host_pinned(size_t bytes) {
                    << " of pinned host memory: " << cudaGetErrorString(err);
   }
   return ptr;
+}
+
+void* CudaBackend::open_ipc_memory(const std::array<uint8_t, 64>& handle) {
+  static_assert(sizeof(cudaIpcMemHandle_t) == 64, "cudaIpcMemHandle_t is 64 bytes");
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle.data(), sizeof(h));
+  void* base = nullptr;
+  const cudaError_t err = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // a failed open is not sticky: clear it so later checks pass
+    PAGELLM_FAIL() << "cannot open a CUDA IPC memory handle: " << cudaGetErrorString(err)
+                   << " (the handle must come from cudaIpcGetMemHandle in another live process "
+                      "on this machine, for memory on this GPU; a process cannot open its own)";
+  }
+  return base;
+}
+
+void CudaBackend::close_ipc_memory(void* base) {
+  if (base != nullptr) PAGELLM_CUDA_CHECK(cudaIpcCloseMemHandle(base));
 }
 
 void CudaBackend::free_host_pinned(void* ptr) {

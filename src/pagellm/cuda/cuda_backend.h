@@ -84,6 +84,8 @@ class CudaBackend final : public Backend {
   void wake() override;
   void copy_to_device(void* dst, const void* src, size_t bytes) override;
   void copy_to_host(void* dst, const void* src, size_t bytes) override;
+  void* open_ipc_memory(const std::array<uint8_t, 64>& handle) override;
+  void close_ipc_memory(void* base) override;
   void synchronize() override;
   void upload(Tensor& dst, int64_t dst_offset, const void* src, DType src_dtype,
               int64_t n) override;

@@ -224,6 +224,14 @@ class Engine {
     kv_cache_->allocator().withhold_for_testing(pages);
   }
   int64_t num_pages() const { return runner_->num_pages(); }
+  /// Samples (sequences) the scheduler runs now, and those waiting for a slot (queued in
+  /// the scheduler or held by a pause), for load reporting.
+  size_t num_running() const { return scheduler_->num_running(); }
+  size_t num_waiting() const {
+    size_t held = 0;
+    for (const auto& group : held_) held += group.size();
+    return scheduler_->num_waiting() + held;
+  }
   /// The captured decode buckets (empty without graphs).
   std::vector<int32_t> graph_buckets() const { return runner_->graph_buckets(); }
   /// Checks page ownership: free + referenced == total, each page owned as counted.

@@ -1,0 +1,89 @@
+// libFuzzer target: no request body crashes the server's parsers, and what they accept is
+// sound.
+//
+// Input: one selector byte (0: POST /v1/completions, 1: POST /v1/chat/completions, 2: POST
+// /generate; taken modulo 3) and the body (any bytes). Each parser either throws HttpError
+// with a status of 400 or 404 and an error object that is valid JSON, or returns a request
+// whose prompts are non-empty and whose sampling parameters hold what the engine's own
+// validation checks next (n >= 1, max_tokens >= 1, logprobs in [0, 20]); the accepted
+// request then formats a response and a stream chunk from a made-up output without a crash.
+// The server's other bodies (/pause, /update_weights, /sleep) are single fields read through
+// the same JSON parser.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "pagellm/server/protocol.h"
+
+namespace {
+
+[[noreturn]] void fail(const char* what) {
+  std::fprintf(stderr, "http_body_fuzz: property violated: %s\n", what);
+  std::abort();
+}
+
+void check_params(const pagellm::SamplingParams& p) {
+  if (p.n < 1) fail("n < 1 accepted");
+  if (p.max_tokens < 1) fail("max_tokens < 1 accepted");
+  if (p.logprobs < 0 || p.logprobs > pagellm::SamplingParams::kMaxLogprobs) {
+    fail("logprobs out of range accepted");
+  }
+  for (const std::string& s : p.stop) {
+    if (s.empty()) fail("an empty stop string accepted");
+  }
+}
+
+void check_error(const pagellm::server::HttpError& e) {
+  if (e.status != 400 && e.status != 404) fail("a parser answered a status other than 400/404");
+  const auto j = nlohmann::json::parse(pagellm::server::error_body(e), nullptr, false);
+  if (j.is_discarded() || !j["error"]["message"].is_string()) fail("the error body is not JSON");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  using namespace pagellm::server;
+  const int route = data[0] % 3;
+  const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
+  const ProtocolContext ctx{"tiny", 256};
+  try {
+    if (route == 2) {
+      const GenerateRequest g = parse_generate_request(body);
+      check_params(g.params);
+      pagellm::RequestOutput out;
+      out.prompt_token_ids = g.prompt_token_ids;
+      out.outputs.resize(1);
+      out.outputs[0].token_ids = {1};
+      out.outputs[0].logprobs = {-1.0f};
+      (void)format_generate(out, g.params).dump();
+      return 0;
+    }
+    const OpenAiRequest r =
+        route == 0 ? parse_completion_request(body, ctx) : parse_chat_request(body, ctx);
+    if (r.prompts.empty()) fail("no prompt accepted");
+    check_params(r.params);
+    const DecodeFn decode = [](const std::vector<int32_t>& ids, bool) {
+      return std::string(ids.size(), 'x');
+    };
+    std::vector<pagellm::RequestOutput> outputs(r.prompts.size());
+    for (pagellm::RequestOutput& o : outputs) {
+      o.prompt_token_ids = {1, 2};
+      pagellm::CompletionOutput c;
+      c.text = "\xff\xfe";  // invalid UTF-8 must still format
+      c.token_ids = {3};
+      c.logprobs = {-0.5f};
+      c.top_logprobs = {{{3, -0.5f}}};
+      c.finish_reason = pagellm::FinishReason::kLength;
+      o.outputs.push_back(c);
+    }
+    (void)format_response(r, {"id", 0, "tiny"}, outputs, decode).dump(
+        -1, ' ', false, nlohmann::json::error_handler_t::replace);
+    (void)sse_event(format_chunk(r, {"id", 0, "tiny"}, 0, outputs[0].outputs[0], {1, 2}, true,
+                                 "p", decode));
+  } catch (const HttpError& e) {
+    check_error(e);
+  }
+  return 0;
+}

@@ -1,0 +1,211 @@
+"""HTTP client for `pagellm serve`: token-level generation, chat, and the control calls an
+RL trainer makes between steps (pause/resume, weight updates, prefix-cache reset,
+sleep/wake). Standard library only; torch is imported lazily, for CUDA IPC weight updates.
+
+    from pagellm.client import PagellmClient
+    c = PagellmClient("http://127.0.0.1:8000")
+    out = c.generate([[1, 2, 3]], max_tokens=16, temperature=1.0, logprobs=0)
+    c.update_weights(path="/ckpt/step-10")   # or c.update_model_params(model) over CUDA IPC
+    c.reset_prefix_cache()
+"""
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import urllib.parse
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+__all__ = ["PagellmClient", "PagellmError"]
+
+
+class PagellmError(RuntimeError):
+    """An error answered by the server: HTTP status, message and the request field named."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+class PagellmClient:
+    """One server. Each call opens its own connection, so an instance may be shared by threads.
+
+    base_url: "http://host:port"; api_key: the server's --api-key, if set; timeout: seconds
+    per call (generation and blocking control calls such as pause(mode="wait") included).
+    """
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: Optional[str] = None,
+                 timeout: float = 3600.0):
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"base_url must be http://host:port, got {base_url!r}")
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self.api_key = api_key
+        self.timeout = timeout
+
+    # ---- transport ----------------------------------------------------------------
+    def _request(self, method: str, path: str, body: Optional[dict] = None):
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = "Bearer " + self.api_key
+        conn.request(method, path, None if body is None else json.dumps(body), headers)
+        resp = conn.getresponse()
+        if resp.status >= 400:
+            text = resp.read().decode("utf-8", "replace")
+            conn.close()
+            try:
+                err = json.loads(text)["error"]
+                raise PagellmError(resp.status, err.get("message", text), err.get("param"))
+            except (ValueError, KeyError, TypeError):
+                raise PagellmError(resp.status, text) from None
+        return conn, resp
+
+    def _call(self, method: str, path: str, body: Optional[dict] = None) -> Any:
+        conn, resp = self._request(method, path, body)
+        try:
+            text = resp.read().decode("utf-8")
+        finally:
+            conn.close()
+        ctype = resp.getheader("Content-Type", "")
+        return json.loads(text) if ctype.startswith("application/json") else text
+
+    def _stream(self, path: str, body: dict) -> Iterator[dict]:
+        conn, resp = self._request("POST", path, body)
+        try:
+            for raw in resp:
+                line = raw.decode("utf-8").strip()
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: "):]
+                if data == "[DONE]":
+                    return
+                yield json.loads(data)
+        finally:
+            conn.close()  # leaving early closes the socket: the server aborts the request
+
+    # ---- generation -----------------------------------------------------------------
+    @staticmethod
+    def _sampling(kw: Dict[str, Any]) -> Dict[str, Any]:
+        return {k: v for k, v in kw.items() if v is not None}
+
+    def generate(self, prompt_token_ids: Union[Sequence[int], Sequence[Sequence[int]]],
+                 **sampling: Any) -> Union[dict, List[dict]]:
+        """Token ids in, the engine's outputs back (per sample: token_ids, logprobs,
+        processed_logprobs with processed_logprobs=True, top_logprobs with logprobs=k,
+        weights_versions, finish_reason). sampling: n, max_tokens, temperature, top_p, top_k,
+        min_p, repetition_penalty, presence_penalty, frequency_penalty, seed, stop_token_ids,
+        ignore_eos, logprobs, processed_logprobs. A list of prompts gives a list of results."""
+        batched = len(prompt_token_ids) > 0 and not isinstance(prompt_token_ids[0], int)
+        prompts = prompt_token_ids if batched else [prompt_token_ids]
+        params = self._sampling(sampling)
+
+        def one(p):
+            return self._call("POST", "/generate", {"prompt_token_ids": list(p), "sampling_params": params})
+
+        if len(prompts) == 1:
+            results = [one(prompts[0])]
+        else:
+            # One request per prompt, all in flight at once, so the engine batches them.
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=min(len(prompts), 256)) as pool:
+                results = list(pool.map(one, prompts))
+        return results if batched else results[0]
+
+    def generate_stream(self, prompt_token_ids: Sequence[int], **sampling: Any) -> Iterator[dict]:
+        """Streamed /generate: yields deltas (the same fields, new tokens only)."""
+        return self._stream("/generate", {"prompt_token_ids": list(prompt_token_ids), "stream": True,
+                                          "sampling_params": self._sampling(sampling)})
+
+    def chat(self, messages: List[dict], **params: Any) -> dict:
+        """POST /v1/chat/completions; returns the OpenAI response as a dict. params: the OpenAI
+        fields (max_tokens, temperature, n, seed, logprobs, top_logprobs, ...) plus
+        chat_template_kwargs, return_token_ids."""
+        return self._call("POST", "/v1/chat/completions", {"messages": messages, **params})
+
+    def complete(self, prompt: Union[str, List[int], List[str], List[List[int]]], **params: Any) -> dict:
+        """POST /v1/completions; returns the OpenAI response as a dict."""
+        return self._call("POST", "/v1/completions", {"prompt": prompt, **params})
+
+    # ---- control ----------------------------------------------------------------------
+    def health(self) -> dict:
+        """Load and state: running, waiting, free_pages, usable_pages, paused, asleep,
+        weights_version."""
+        return self._call("GET", "/health")
+
+    def metrics(self) -> str:
+        """The Prometheus text of GET /metrics."""
+        return self._call("GET", "/metrics")
+
+    def pause(self, mode: str = "wait") -> dict:
+        """mode: "wait" (running requests finish first), "abort" or "keep" (frozen in place)."""
+        return self._call("POST", "/pause", {"mode": mode})
+
+    def resume(self) -> dict:
+        return self._call("POST", "/resume")
+
+    def reset_prefix_cache(self) -> dict:
+        return self._call("POST", "/reset_prefix_cache")
+
+    def sleep(self, offload_weights: bool = False) -> dict:
+        return self._call("POST", "/sleep", {"offload_weights": offload_weights})
+
+    def wake_up(self) -> dict:
+        return self._call("POST", "/wake_up")
+
+    def update_weights(self, path: str, mode: str = "wait") -> dict:
+        """Loads weights from a safetensors folder or file the server can read; returns the
+        update's report (weights_version, tensors_updated, seconds, ...)."""
+        return self._call("POST", "/update_weights", {"path": path, "mode": mode})
+
+    # ---- weights from a colocated trainer over CUDA IPC ----------------------------------
+    @staticmethod
+    def ipc_descriptor(name: str, tensor: Any) -> dict:
+        """The JSON description of one CUDA tensor for an IPC update: the 64-byte
+        cudaIpcMemHandle_t of its storage's allocation (base64), the byte offset of the
+        tensor's first element in it, dtype and shape. The tensor must be contiguous and must
+        stay alive (unchanged) until the update returns."""
+        import torch  # lazily: only this path needs it
+
+        if not tensor.is_cuda:
+            raise ValueError(f"{name}: an IPC update needs a CUDA tensor, got device {tensor.device}")
+        if not tensor.is_contiguous():
+            raise ValueError(f"{name}: an IPC update needs a contiguous tensor (call .contiguous())")
+        dtypes = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+        if tensor.dtype not in dtypes:
+            raise ValueError(f"{name}: dtype {tensor.dtype} is not a weight dtype (bfloat16, float16, float32)")
+        storage = tensor.untyped_storage()
+        # (device, handle, storage bytes, storage offset in its allocation, ref-counter
+        # handle and offset, event handle, event sync required): the handle names the whole
+        # caching-allocator block, so the offsets locate the tensor inside it.
+        shared = storage._share_cuda_()
+        device, handle, _, storage_offset = shared[0], shared[1], shared[2], shared[3]
+        return {"name": name,
+                "handle": base64.b64encode(bytes(handle)).decode(),
+                "device": int(device),
+                "offset": int(storage_offset) + tensor.storage_offset() * tensor.element_size(),
+                "dtype": dtypes[tensor.dtype],
+                "shape": list(tensor.shape)}
+
+    def update_weights_from_tensors(self, named_tensors: Iterable[Tuple[str, Any]],
+                                    mode: str = "wait") -> dict:
+        """Updates the named tensors at once from this process's CUDA memory (same machine,
+        same GPU): the server opens the handles, copies, and closes them before answering."""
+        import torch
+
+        tensors = [(n, t.detach()) for n, t in named_tensors]
+        torch.cuda.synchronize()  # the server reads the memory from another process
+        body = {"ipc_tensors": [self.ipc_descriptor(n, t) for n, t in tensors], "mode": mode}
+        return self._call("POST", "/update_weights", body)
+
+    def update_named_param(self, name: str, tensor: Any, mode: str = "wait") -> dict:
+        """TRL's name: one parameter by its Hugging Face name."""
+        return self.update_weights_from_tensors([(name, tensor)], mode)
+
+    def update_model_params(self, model: Any, mode: str = "wait") -> dict:
+        """TRL's name: every parameter of a torch module (named_parameters()), in one update."""
+        return self.update_weights_from_tensors(list(model.named_parameters()), mode)

@@ -1,0 +1,106 @@
+// `pagellm serve`: parses the options, loads the model into an AsyncEngine and runs the
+// library's HTTP server (src/pagellm/server) until SIGINT or SIGTERM.
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include <unistd.h>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "pagellm/async_engine.h"
+#include "pagellm/common/check.h"
+
+namespace pagellm::cli {
+
+#ifndef PAGELLM_HAVE_SERVER
+void register_serve_command(CLI::App& app) {
+  app.add_subcommand("serve", "an OpenAI-compatible HTTP server (not built)")->callback([] {
+    PAGELLM_FAIL() << "this pagellm was built without the server (cpp-httplib's header was "
+                      "not found; run scripts/setup.sh and build again)";
+  });
+}
+#else
+}  // namespace pagellm::cli
+
+#include "pagellm/server/server.h"
+
+namespace pagellm::cli {
+
+namespace {
+
+int g_stop_pipe[2] = {-1, -1};
+
+struct ServeArgs {
+  std::string model;
+  server::ServerOptions server;
+  double max_body_mb = 32.0;
+  EngineSettings engine;
+};
+
+void run_serve(ServeArgs args) {
+  PAGELLM_CHECK(args.max_body_mb > 0) << "--max-body-mb must be > 0, got " << args.max_body_mb;
+  args.server.max_body_bytes = static_cast<size_t>(args.max_body_mb * (1 << 20));
+  const std::string model_dir = args.model.empty() ? default_model_dir() : args.model;
+  // SIGINT/SIGTERM: the handler only writes a byte to a pipe (async-signal-safe); a thread
+  // of our own reads it and stops the server. (sigwait cannot be used: OpenBLAS starts its
+  // threads before main, so a process-wide signal may land on a thread that never blocked it.)
+  PAGELLM_CHECK(pipe(g_stop_pipe) == 0) << "serve: cannot create a pipe";
+  struct sigaction action {};
+  action.sa_handler = [](int) {
+    const char byte = 1;
+    [[maybe_unused]] ssize_t written = write(g_stop_pipe[1], &byte, 1);
+  };
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+
+  std::fprintf(stderr, "pagellm: loading %s\n", model_dir.c_str());
+  AsyncEngine engine(model_dir, engine_options(args.engine));
+  server::Server http(engine, args.server, model_dir);
+  const int port = http.bind();
+  std::fprintf(stderr, "pagellm: serving %s on http://%s:%d (max_model_len %d, %lld KV pages)\n",
+               model_dir.c_str(), args.server.host.c_str(), port, engine.max_model_len(),
+               static_cast<long long>(engine.num_usable_pages()));
+  std::thread watcher([&] {
+    char byte = 0;
+    if (read(g_stop_pipe[0], &byte, 1) == 1 && byte == 1) {
+      std::fprintf(stderr, "pagellm: stopping on a signal\n");
+    }
+    http.stop();
+  });
+  http.run();
+  // run() may also end on its own (a listen error): wake the watcher so it can be joined.
+  const char wake = 0;
+  [[maybe_unused]] ssize_t written = write(g_stop_pipe[1], &wake, 1);
+  watcher.join();
+  engine.shutdown();
+}
+
+}  // namespace
+
+void register_serve_command(CLI::App& app) {
+  auto sa = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand("serve", "an OpenAI-compatible HTTP server");
+  cmd->add_option("--model", sa->model,
+                  "Hugging Face Qwen3 folder (default: an embedded tiny model made on first use)");
+  cmd->add_option("--host", sa->server.host, "address to listen on")->capture_default_str();
+  cmd->add_option("--port", sa->server.port, "port (0: a free one, printed)")->capture_default_str();
+  cmd->add_option("--api-key", sa->server.api_key,
+                  "require \"Authorization: Bearer KEY\" (all routes but /health and /metrics)");
+  cmd->add_option("--served-model-name", sa->server.model_name,
+                  "the model's name in the API (default: the folder's name)");
+  cmd->add_option("--max-queued-requests", sa->server.max_queued_requests,
+                  "most unfinished requests (prompts); more get 503 (0: no limit)")
+      ->capture_default_str();
+  cmd->add_option("--max-body-mb", sa->max_body_mb, "largest request body; larger get 413")
+      ->capture_default_str();
+  cmd->add_option("--http-threads", sa->server.http_threads,
+                  "HTTP worker threads: the most connections (streams) served at once")
+      ->capture_default_str();
+  add_engine_options(cmd, sa->engine);
+  cmd->callback([sa] { run_serve(*sa); });
+}
+#endif
+
+}  // namespace pagellm::cli

@@ -1,0 +1,559 @@
+#include "pagellm/server/protocol.h"
+
+#include <cmath>
+#include <limits>
+
+namespace pagellm::server {
+
+using nlohmann::json;
+
+namespace {
+
+const char* status_code_name(int status) {
+  switch (status) {
+    case 400: return "bad_request";
+    case 401: return "unauthorized";
+    case 404: return "not_found";
+    case 413: return "payload_too_large";
+    case 501: return "not_implemented";
+    case 503: return "service_unavailable";
+    default: return status >= 500 ? "internal_error" : "error";
+  }
+}
+
+/// A short JSON rendering of a bad value for an error message.
+std::string shown(const json& value) {
+  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  return text;
+}
+
+[[noreturn]] void bad_field(const std::string& field, const std::string& what) {
+  throw HttpError(400, field + ": " + what, field);
+}
+
+json parse_object(const std::string& body) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    throw HttpError(400, "the request body is not valid JSON; a JSON object is expected");
+  }
+  if (!j.is_object()) {
+    throw HttpError(400, "the request body must be a JSON object, got " + shown(j));
+  }
+  return j;
+}
+
+/// The field's value, or nullptr when it is absent or null (OpenAI clients send null for
+/// "not given").
+const json* field(const json& j, const char* name) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<int64_t> get_int(const json& j, const char* name, int64_t lo, int64_t hi) {
+  const json* v = field(j, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer()) {
+    bad_field(name, "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                        "], got " + shown(*v));
+  }
+  int64_t value = 0;
+  if (v->is_number_unsigned()) {
+    const uint64_t u = v->get<uint64_t>();
+    value = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
+                ? std::numeric_limits<int64_t>::max()
+                : static_cast<int64_t>(u);
+  } else {
+    value = v->get<int64_t>();
+  }
+  if (value < lo || value > hi) {
+    bad_field(name, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
+                        shown(*v));
+  }
+  return value;
+}
+
+std::optional<float> get_float(const json& j, const char* name) {
+  const json* v = field(j, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) bad_field(name, "must be a number, got " + shown(*v));
+  const double d = v->get<double>();
+  if (!std::isfinite(d)) bad_field(name, "must be a finite number, got " + shown(*v));
+  return static_cast<float>(d);
+}
+
+std::optional<bool> get_bool(const json& j, const char* name) {
+  const json* v = field(j, name);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) bad_field(name, "must be true or false, got " + shown(*v));
+  return v->get<bool>();
+}
+
+std::vector<int32_t> token_list(const json& v, const std::string& name) {
+  if (!v.is_array()) bad_field(name, "must be a list of token ids, got " + shown(v));
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& e = v[i];
+    if (!e.is_number_integer() || e.get<int64_t>() < 0 ||
+        e.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      bad_field(name, "element " + std::to_string(i) + " must be a token id (an integer >= 0), got " +
+                          shown(e));
+    }
+    ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+  }
+  return ids;
+}
+
+/// The sampling fields every endpoint shares (vLLM's names); `max_tokens_fields` lists the
+/// names accepted for the token limit, first one preferred.
+void read_sampling(const json& j, SamplingParams& p,
+                   const std::vector<const char*>& max_tokens_fields) {
+  if (auto v = get_int(j, "n", 1, 1024)) p.n = static_cast<int>(*v);
+  for (const char* name : max_tokens_fields) {
+    if (auto v = get_int(j, name, 1, std::numeric_limits<int32_t>::max())) {
+      p.max_tokens = static_cast<int>(*v);
+      break;
+    }
+  }
+  if (auto v = get_float(j, "temperature")) p.temperature = *v;
+  if (auto v = get_float(j, "top_p")) p.top_p = *v;
+  if (auto v = get_int(j, "top_k", -1, std::numeric_limits<int32_t>::max())) {
+    p.top_k = static_cast<int>(*v);
+  }
+  if (auto v = get_float(j, "min_p")) p.min_p = *v;
+  if (auto v = get_float(j, "repetition_penalty")) p.repetition_penalty = *v;
+  if (auto v = get_float(j, "presence_penalty")) p.presence_penalty = *v;
+  if (auto v = get_float(j, "frequency_penalty")) p.frequency_penalty = *v;
+  if (const json* v = field(j, "seed")) {
+    if (!v->is_number_integer() || (v->is_number_integer() && !v->is_number_unsigned() &&
+                                    v->get<int64_t>() < 0)) {
+      bad_field("seed", "must be an integer in [0, 2^64 - 1], got " + shown(*v));
+    }
+    p.seed = v->get<uint64_t>();
+  }
+  if (const json* v = field(j, "stop")) {
+    p.stop.clear();
+    if (v->is_string()) {
+      p.stop.push_back(v->get<std::string>());
+    } else if (v->is_array()) {
+      for (const json& s : *v) {
+        if (!s.is_string()) bad_field("stop", "must be a string or a list of strings, got " + shown(*v));
+        p.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      bad_field("stop", "must be a string or a list of strings, got " + shown(*v));
+    }
+    for (const std::string& s : p.stop) {
+      if (s.empty()) bad_field("stop", "stop strings must not be empty");
+    }
+  }
+  if (const json* v = field(j, "stop_token_ids")) p.stop_token_ids = token_list(*v, "stop_token_ids");
+  if (auto v = get_bool(j, "ignore_eos")) p.ignore_eos = *v;
+  if (auto v = get_bool(j, "skip_special_tokens")) p.skip_special_tokens = *v;
+}
+
+void reject_unsupported(const json& j) {
+  if (const json* v = field(j, "logit_bias"); v && !(v->is_object() && v->empty())) {
+    bad_field("logit_bias", "is not supported; leave it out");
+  }
+  if (const json* v = field(j, "suffix"); v && !(v->is_string() && v->get<std::string>().empty())) {
+    bad_field("suffix", "is not supported; leave it out");
+  }
+  if (const json* v = field(j, "best_of")) {
+    const json* n = field(j, "n");
+    const int64_t want = n && n->is_number_integer() ? n->get<int64_t>() : 1;
+    if (!v->is_number_integer() || v->get<int64_t>() != want) {
+      bad_field("best_of", "is not supported except equal to n; leave it out");
+    }
+  }
+}
+
+void read_common(const json& j, const ProtocolContext& ctx, OpenAiRequest& r) {
+  if (const json* v = field(j, "model")) {
+    if (!v->is_string()) bad_field("model", "must be a string, got " + shown(*v));
+    const std::string name = v->get<std::string>();
+    if (!ctx.model_name.empty() && name != ctx.model_name) {
+      throw HttpError(404, "The model `" + name + "` does not exist; this server serves `" +
+                               ctx.model_name + "` (GET /v1/models)",
+                      "model", "NotFoundError");
+    }
+  }
+  reject_unsupported(j);
+  if (auto v = get_bool(j, "stream")) r.stream = *v;
+  if (const json* v = field(j, "stream_options")) {
+    if (!v->is_object()) bad_field("stream_options", "must be an object, got " + shown(*v));
+    if (!r.stream) bad_field("stream_options", "is only allowed with stream: true");
+    if (auto u = get_bool(*v, "include_usage")) r.include_usage = *u;
+  }
+  if (auto v = get_bool(j, "return_token_ids")) r.return_token_ids = *v;
+}
+
+}  // namespace
+
+std::string error_body(const HttpError& e) {
+  json err = {{"message", e.what()},
+              {"type", e.type},
+              {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+              {"code", status_code_name(e.status)}};
+  return json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+OpenAiRequest parse_completion_request(const std::string& body, const ProtocolContext& ctx) {
+  const json j = parse_object(body);
+  OpenAiRequest r;
+  read_common(j, ctx, r);
+  const json* prompt = field(j, "prompt");
+  if (!prompt) bad_field("prompt", "is required: a string, a list of strings, a list of token ids or a list of lists of token ids");
+  if (prompt->is_string()) {
+    r.prompts.push_back(Prompt::from_text(prompt->get<std::string>()));
+  } else if (prompt->is_array()) {
+    if (prompt->empty()) bad_field("prompt", "must not be an empty list");
+    const json& first = (*prompt)[0];
+    if (first.is_string()) {
+      for (const json& p : *prompt) {
+        if (!p.is_string()) bad_field("prompt", "a list of prompts must hold only strings, got " + shown(p));
+        r.prompts.push_back(Prompt::from_text(p.get<std::string>()));
+      }
+    } else if (first.is_number()) {
+      r.prompts.push_back(Prompt::from_token_ids(token_list(*prompt, "prompt")));
+    } else if (first.is_array()) {
+      for (const json& p : *prompt) r.prompts.push_back(Prompt::from_token_ids(token_list(p, "prompt")));
+    } else {
+      bad_field("prompt", "must be a string, a list of strings, a list of token ids or a list of lists of token ids, got " + shown(*prompt));
+    }
+  } else {
+    bad_field("prompt", "must be a string, a list of strings, a list of token ids or a list of lists of token ids, got " + shown(*prompt));
+  }
+  r.params.max_tokens = 16;  // OpenAI's default for completions
+  read_sampling(j, r.params, {"max_tokens"});
+  if (auto v = get_int(j, "logprobs", 0, SamplingParams::kMaxLogprobs)) {
+    r.logprobs = static_cast<int>(*v);
+    r.params.logprobs = static_cast<int>(*v);
+  }
+  if (auto v = get_bool(j, "echo")) r.echo = *v;
+  if (r.echo && r.logprobs) {
+    bad_field("echo", "with logprobs is not supported (prompt log-probabilities are not computed); use one or the other");
+  }
+  return r;
+}
+
+OpenAiRequest parse_chat_request(const std::string& body, const ProtocolContext& ctx) {
+  const json j = parse_object(body);
+  OpenAiRequest r;
+  r.chat = true;
+  read_common(j, ctx, r);
+  const json* messages = field(j, "messages");
+  if (!messages || !messages->is_array() || messages->empty()) {
+    bad_field("messages", "is required: a non-empty list of {\"role\", \"content\"} objects");
+  }
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) bad_field("messages", where + " must be an object, got " + shown(m));
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) {
+      bad_field("messages", where + ".role must be a string (system, user, assistant, tool)");
+    }
+  }
+  json kwargs = json::object();
+  if (const json* v = field(j, "chat_template_kwargs")) {
+    if (!v->is_object()) bad_field("chat_template_kwargs", "must be an object, got " + shown(*v));
+    kwargs = *v;
+  }
+  std::string messages_json = messages->dump();
+  if (const json* tools = field(j, "tools")) {
+    if (!tools->is_array()) bad_field("tools", "must be a list, got " + shown(*tools));
+    messages_json = json{{"messages", *messages}, {"tools", *tools}}.dump();
+  }
+  r.prompts.push_back(Prompt::from_messages_json(messages_json, kwargs.empty() ? "" : kwargs.dump()));
+  // Unset: until the context is full (the engine ends the sample at max_model_len).
+  r.params.max_tokens = ctx.max_model_len > 0 ? ctx.max_model_len : 16;
+  read_sampling(j, r.params, {"max_completion_tokens", "max_tokens"});
+  const std::optional<bool> logprobs = get_bool(j, "logprobs");
+  const std::optional<int64_t> top = get_int(j, "top_logprobs", 0, SamplingParams::kMaxLogprobs);
+  if (top && !logprobs.value_or(false)) bad_field("top_logprobs", "needs logprobs: true");
+  if (logprobs.value_or(false)) {
+    r.logprobs = static_cast<int>(top.value_or(0));
+    r.params.logprobs = *r.logprobs;
+  }
+  return r;
+}
+
+GenerateRequest parse_generate_request(const std::string& body) {
+  const json j = parse_object(body);
+  GenerateRequest g;
+  const json* ids = field(j, "prompt_token_ids");
+  if (!ids) ids = field(j, "input_ids");
+  if (!ids) bad_field("prompt_token_ids", "is required: a list of token ids");
+  g.prompt_token_ids = token_list(*ids, "prompt_token_ids");
+  if (auto v = get_bool(j, "stream")) g.stream = *v;
+  const json* sp = field(j, "sampling_params");
+  json empty = json::object();
+  if (sp && !sp->is_object()) bad_field("sampling_params", "must be an object, got " + shown(*sp));
+  const json& s = sp ? *sp : empty;
+  try {
+    read_sampling(s, g.params, {"max_tokens", "max_new_tokens"});
+    if (auto v = get_int(s, "logprobs", 0, SamplingParams::kMaxLogprobs)) {
+      g.params.logprobs = static_cast<int>(*v);
+    }
+    if (auto v = get_bool(s, "processed_logprobs")) g.params.processed_logprobs = *v;
+  } catch (const HttpError& e) {
+    throw HttpError(400, std::string("sampling_params.") + e.what(), "sampling_params." + e.param);
+  }
+  return g;
+}
+
+std::optional<std::string> decode_base64(const std::string& text) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  size_t end = text.size();
+  while (end > 0 && text[end - 1] == '=' && text.size() - end < 2) --end;
+  if (end % 4 == 1) return std::nullopt;
+  std::string out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (size_t i = 0; i < end; ++i) {
+    const int v = value(text[i]);
+    if (v < 0) return std::nullopt;
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((acc >> bits) & 0xff));
+    }
+  }
+  return out;
+}
+
+std::vector<IpcTensor> parse_ipc_tensors(const json& list) {
+  if (!list.is_array() || list.empty()) {
+    bad_field("ipc_tensors", "must be a non-empty list of {name, handle, offset, dtype, shape}");
+  }
+  std::vector<IpcTensor> out;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& t = list[i];
+    const std::string at = "ipc_tensors[" + std::to_string(i) + "]";
+    if (!t.is_object()) bad_field(at, "must be an object, got " + shown(t));
+    IpcTensor ipc;
+    auto name = t.find("name");
+    if (name == t.end() || !name->is_string() || name->get<std::string>().empty()) {
+      bad_field(at + ".name", "must be a parameter's name (a non-empty string)");
+    }
+    ipc.name = name->get<std::string>();
+    auto handle = t.find("handle");
+    std::optional<std::string> bytes;
+    if (handle != t.end() && handle->is_string()) bytes = decode_base64(handle->get<std::string>());
+    if (!bytes || bytes->size() != ipc.handle.size()) {
+      bad_field(at + ".handle", "must be the base64 of a 64-byte cudaIpcMemHandle_t");
+    }
+    std::copy(bytes->begin(), bytes->end(), ipc.handle.begin());
+    if (auto v = get_int(t, "offset", 0, std::numeric_limits<int64_t>::max())) {
+      ipc.offset = static_cast<uint64_t>(*v);
+    }
+    auto dtype = t.find("dtype");
+    const std::string d = dtype != t.end() && dtype->is_string() ? dtype->get<std::string>() : "";
+    if (d == "bfloat16") {
+      ipc.dtype = TensorDType::kBFloat16;
+    } else if (d == "float16") {
+      ipc.dtype = TensorDType::kFloat16;
+    } else if (d == "float32") {
+      ipc.dtype = TensorDType::kFloat32;
+    } else {
+      bad_field(at + ".dtype", "must be \"bfloat16\", \"float16\" or \"float32\"");
+    }
+    auto shape = t.find("shape");
+    if (shape == t.end() || !shape->is_array()) bad_field(at + ".shape", "must be a list of sizes");
+    for (const json& dim : *shape) {
+      if (!dim.is_number_integer() || dim.get<int64_t>() < 0) {
+        bad_field(at + ".shape", "must be a list of sizes (integers >= 0), got " + shown(*shape));
+      }
+      ipc.shape.push_back(dim.get<int64_t>());
+    }
+    out.push_back(std::move(ipc));
+  }
+  return out;
+}
+
+json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+namespace {
+
+json finish_json(const CompletionOutput& o) {
+  return o.finished() ? json(finish_reason_openai(o.finish_reason)) : json(nullptr);
+}
+
+std::string token_text(int32_t id, const DecodeFn& decode) { return decode({id}, false); }
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+/// Completions' legacy logprobs object for the tokens of `o`; offset: the text length
+/// before them (for text_offset).
+json completion_logprobs(const CompletionOutput& o, int k, size_t offset, const DecodeFn& decode) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (size_t t = 0; t < o.token_ids.size(); ++t) {
+    const std::string text = token_text(o.token_ids[t], decode);
+    tokens.push_back(text);
+    lps.push_back(t < o.logprobs.size() ? o.logprobs[t] : 0.0f);
+    offsets.push_back(offset);
+    offset += text.size();
+    if (k > 0 && t < o.top_logprobs.size()) {
+      json top = json::object();
+      for (const TokenLogprob& alt : o.top_logprobs[t]) {
+        top[token_text(alt.token_id, decode)] = alt.logprob;
+      }
+      tops.push_back(std::move(top));
+    } else {
+      tops.push_back(nullptr);
+    }
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+json chat_logprobs(const CompletionOutput& o, int k, const DecodeFn& decode) {
+  json content = json::array();
+  for (size_t t = 0; t < o.token_ids.size(); ++t) {
+    const std::string text = token_text(o.token_ids[t], decode);
+    json top = json::array();
+    if (k > 0 && t < o.top_logprobs.size()) {
+      for (const TokenLogprob& alt : o.top_logprobs[t]) {
+        const std::string alt_text = token_text(alt.token_id, decode);
+        top.push_back({{"token", alt_text}, {"logprob", alt.logprob}, {"bytes", bytes_of(alt_text)}});
+      }
+    }
+    content.push_back({{"token", text},
+                       {"logprob", t < o.logprobs.size() ? o.logprobs[t] : 0.0f},
+                       {"bytes", bytes_of(text)},
+                       {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+json choice_json(const OpenAiRequest& r, int index, const CompletionOutput& o,
+                 const std::vector<int32_t>& prompt_ids, const std::string& prompt_text,
+                 bool streamed_first, const DecodeFn& decode) {
+  json c = {{"index", index}, {"finish_reason", finish_json(o)}};
+  if (r.chat) {
+    json message = {{"content", o.text}};
+    if (!r.stream || streamed_first) message["role"] = "assistant";
+    c[r.stream ? "delta" : "message"] = message;
+    c["logprobs"] = r.logprobs ? chat_logprobs(o, *r.logprobs, decode) : json(nullptr);
+  } else {
+    const std::string before = (r.echo && (!r.stream || streamed_first)) ? prompt_text : "";
+    c["text"] = before + o.text;
+    c["logprobs"] = r.logprobs ? completion_logprobs(o, *r.logprobs, before.size(), decode)
+                               : json(nullptr);
+  }
+  if (r.return_token_ids) {
+    if (!r.stream || streamed_first) c["prompt_token_ids"] = prompt_ids;
+    c["token_ids"] = o.token_ids;
+  }
+  if (r.stream && o.finished() && !r.chat) c["stop_reason"] = nullptr;
+  return c;
+}
+
+json envelope(const OpenAiRequest& r, const ResponseMeta& meta, bool chunk) {
+  const char* object = r.chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                              : "text_completion";
+  return {{"id", meta.id}, {"object", object}, {"created", meta.created}, {"model", meta.model}};
+}
+
+}  // namespace
+
+json format_response(const OpenAiRequest& r, const ResponseMeta& meta,
+                     const std::vector<RequestOutput>& outputs, const DecodeFn& decode) {
+  json out = envelope(r, meta, false);
+  json choices = json::array();
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  for (size_t p = 0; p < outputs.size(); ++p) {
+    const RequestOutput& ro = outputs[p];
+    prompt_tokens += static_cast<int64_t>(ro.prompt_token_ids.size());
+    const std::string prompt_text =
+        r.echo ? (ro.prompt.empty() ? decode(ro.prompt_token_ids, true) : ro.prompt) : "";
+    for (const CompletionOutput& o : ro.outputs) {
+      completion_tokens += static_cast<int64_t>(o.token_ids.size());
+      const int index = static_cast<int>(p) * r.params.n + o.index;
+      choices.push_back(choice_json(r, index, o, ro.prompt_token_ids, prompt_text, false, decode));
+    }
+  }
+  // Choices in index order (samples of a request may arrive in any order).
+  std::sort(choices.begin(), choices.end(),
+            [](const json& a, const json& b) { return a["index"] < b["index"]; });
+  out["choices"] = std::move(choices);
+  out["usage"] = usage_json(prompt_tokens, completion_tokens);
+  return out;
+}
+
+json format_chunk(const OpenAiRequest& r, const ResponseMeta& meta, int choice_index,
+                  const CompletionOutput& delta, const std::vector<int32_t>& prompt_token_ids,
+                  bool first, const std::string& prompt_text, const DecodeFn& decode) {
+  json out = envelope(r, meta, true);
+  out["choices"] = json::array(
+      {choice_json(r, choice_index, delta, prompt_token_ids, prompt_text, first, decode)});
+  if (r.include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+json format_usage_chunk(const OpenAiRequest& r, const ResponseMeta& meta, int64_t prompt_tokens,
+                        int64_t completion_tokens) {
+  json out = envelope(r, meta, true);
+  out["choices"] = json::array();
+  out["usage"] = usage_json(prompt_tokens, completion_tokens);
+  return out;
+}
+
+json format_generate(const RequestOutput& output, const SamplingParams& params) {
+  json outs = json::array();
+  for (const CompletionOutput& o : output.outputs) {
+    json j = {{"index", o.index},
+              {"token_ids", o.token_ids},
+              {"logprobs", o.logprobs},
+              {"cumulative_logprob", o.cumulative_logprob},
+              {"weights_versions", o.weights_versions},
+              {"finish_reason", o.finished() ? json(finish_reason_name(o.finish_reason)) : json(nullptr)}};
+    if (params.processed_logprobs) j["processed_logprobs"] = o.processed_logprobs;
+    if (params.logprobs > 0) {
+      auto pairs = [](const std::vector<std::vector<TokenLogprob>>& lists) {
+        json all = json::array();
+        for (const auto& list : lists) {
+          json one = json::array();
+          for (const TokenLogprob& t : list) one.push_back({t.token_id, t.logprob});
+          all.push_back(std::move(one));
+        }
+        return all;
+      };
+      j["top_logprobs"] = pairs(o.top_logprobs);
+      j["logprob_ranks"] = o.logprob_ranks;
+      if (params.processed_logprobs) j["processed_top_logprobs"] = pairs(o.processed_top_logprobs);
+    }
+    if (!o.error.empty()) j["error"] = o.error;
+    outs.push_back(std::move(j));
+  }
+  json j = {{"request_id", output.request_id},
+            {"weights_version", output.weights_version},
+            {"finished", output.finished},
+            {"outputs", outs}};
+  if (!output.prompt_token_ids.empty()) j["prompt_token_ids"] = output.prompt_token_ids;
+  return j;
+}
+
+std::string sse_event(const json& chunk) {
+  return "data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+}  // namespace pagellm::server

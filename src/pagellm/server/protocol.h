@@ -1,0 +1,126 @@
+// The server's wire formats: OpenAI request bodies (completions, chat) and the token-level
+// /generate body parsed into Prompt + SamplingParams, and responses, SSE chunks and error
+// objects formatted as the `openai` Python client reads them. No sockets here: every
+// function is a pure translation, unit-tested in tests/server.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pagellm/outputs.h"
+#include "pagellm/prompt.h"
+#include "pagellm/sampling_params.h"
+#include "pagellm/weight_update.h"
+
+namespace pagellm::server {
+
+/// An error answered as an OpenAI error object:
+///   {"error": {"message", "type", "param", "code"}} with HTTP `status`.
+/// param names the request field that was wrong ("" when none).
+struct HttpError : std::runtime_error {
+  HttpError(int status, std::string message, std::string param = "",
+            std::string type = "invalid_request_error")
+      : std::runtime_error(message), status(status), param(std::move(param)),
+        type(std::move(type)) {}
+  int status;
+  std::string param;
+  std::string type;
+};
+
+/// The error object's JSON text for `e` (param null when empty, code = the status's name).
+std::string error_body(const HttpError& e);
+
+/// What the parsers need to know of the server: its model name (a request naming another
+/// model gets 404) and the engine's max_model_len (chat's default max_tokens).
+struct ProtocolContext {
+  std::string model_name;
+  int32_t max_model_len = 0;
+};
+
+/// A parsed OpenAI request (completions or chat): one engine request per prompt, all with
+/// the same sampling params; the response's choice index is prompt * n + sample.
+struct OpenAiRequest {
+  bool chat = false;
+  std::vector<Prompt> prompts;
+  SamplingParams params;
+  bool stream = false;
+  /// stream_options.include_usage: a last chunk with empty choices and the usage.
+  bool include_usage = false;
+  /// Completions: the prompt's text before each choice's text.
+  bool echo = false;
+  /// vLLM's extension: prompt_token_ids and token_ids in each choice.
+  bool return_token_ids = false;
+  /// Completions' logprobs (k alternatives, 0 = the sampled token's only) or chat's
+  /// logprobs: true; nullopt: no logprobs in the response.
+  std::optional<int> logprobs;
+};
+
+/// Parses a POST /v1/completions body. Throws HttpError 400 naming the bad field (or 404
+/// for an unknown model).
+OpenAiRequest parse_completion_request(const std::string& body, const ProtocolContext& ctx);
+/// Parses a POST /v1/chat/completions body (messages rendered later by the chat template).
+OpenAiRequest parse_chat_request(const std::string& body, const ProtocolContext& ctx);
+
+/// A parsed POST /generate body: token ids in, the engine's own outputs back.
+struct GenerateRequest {
+  std::vector<int32_t> prompt_token_ids;
+  SamplingParams params;
+  bool stream = false;
+};
+GenerateRequest parse_generate_request(const std::string& body);
+
+/// The "ipc_tensors" list of a POST /update_weights body: per tensor {"name", "handle"
+/// (base64 of the 64-byte cudaIpcMemHandle_t), "offset" (bytes into the shared
+/// allocation), "dtype" ("bfloat16", "float16", "float32"), "shape"}. Throws HttpError 400
+/// naming the element and field ("ipc_tensors[3].handle").
+std::vector<IpcTensor> parse_ipc_tensors(const nlohmann::json& list);
+
+/// Standard base64 (RFC 4648, padding optional) to bytes; nullopt for anything else.
+std::optional<std::string> decode_base64(const std::string& text);
+
+/// Detokenization the formatters need: ids -> text, keeping special tokens when asked.
+using DecodeFn = std::function<std::string(const std::vector<int32_t>&, bool skip_special)>;
+
+/// The pieces every response shares.
+struct ResponseMeta {
+  std::string id;       // "cmpl-..." or "chatcmpl-..."
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+};
+
+/// Token counts for "usage".
+nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+
+/// The whole (non-streamed) response: outputs[i] is prompt i's merged RequestOutput.
+nlohmann::json format_response(const OpenAiRequest& request, const ResponseMeta& meta,
+                               const std::vector<RequestOutput>& outputs,
+                               const DecodeFn& decode);
+
+/// The SSE chunk for one sample's delta. choice_index = prompt * n + sample; first: this is
+/// the choice's first chunk (chat sends the assistant role in it; completions with echo
+/// send the prompt text, given as prompt_text). The chunk's text is delta.text, its
+/// finish_reason set when the delta finished the sample.
+nlohmann::json format_chunk(const OpenAiRequest& request, const ResponseMeta& meta,
+                            int choice_index, const CompletionOutput& delta,
+                            const std::vector<int32_t>& prompt_token_ids, bool first,
+                            const std::string& prompt_text, const DecodeFn& decode);
+
+/// The last chunk with stream_options.include_usage: empty choices, the usage.
+nlohmann::json format_usage_chunk(const OpenAiRequest& request, const ResponseMeta& meta,
+                                  int64_t prompt_tokens, int64_t completion_tokens);
+
+/// One /generate result or streamed delta: the engine's token ids, logprobs (raw, processed
+/// with params.processed_logprobs, top-k as [id, logprob] pairs with ranks), per-token
+/// weights versions, finish reasons.
+nlohmann::json format_generate(const RequestOutput& output, const SamplingParams& params);
+
+/// "data: <json>\n\n".
+std::string sse_event(const nlohmann::json& chunk);
+
+}  // namespace pagellm::server

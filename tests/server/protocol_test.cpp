@@ -1,0 +1,321 @@
+// The server's wire formats without sockets: each bad field is named with a 400 (404 for
+// another model), the sampling fields reach SamplingParams, and responses, chunks and error
+// objects have the shapes the openai client parses.
+#include <gtest/gtest.h>
+
+#include "pagellm/server/metrics.h"
+#include "pagellm/server/protocol.h"
+
+namespace pagellm::server {
+namespace {
+
+using nlohmann::json;
+
+const ProtocolContext kCtx{"tiny", 256};
+
+HttpError error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const HttpError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no HttpError thrown";
+  return HttpError(0, "");
+}
+
+HttpError completion_error(const std::string& body) {
+  return error_of([&] { parse_completion_request(body, kCtx); });
+}
+
+TEST(ServerProtocol, CompletionFieldsReachSamplingParams) {
+  const OpenAiRequest r = parse_completion_request(
+      R"({"model": "tiny", "prompt": "hi", "n": 3, "max_tokens": 7, "temperature": 0.5,
+          "top_p": 0.9, "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1,
+          "presence_penalty": 0.2, "frequency_penalty": 0.3, "seed": 18446744073709551615,
+          "stop": ["a", "b"], "stop_token_ids": [5, 6], "logprobs": 3, "stream": true,
+          "stream_options": {"include_usage": true}, "return_token_ids": true, "user": "x"})",
+      kCtx);
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].kind, Prompt::Kind::kText);
+  EXPECT_EQ(r.prompts[0].text, "hi");
+  EXPECT_EQ(r.params.n, 3);
+  EXPECT_EQ(r.params.max_tokens, 7);
+  EXPECT_FLOAT_EQ(r.params.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.params.top_p, 0.9f);
+  EXPECT_EQ(r.params.top_k, 40);
+  EXPECT_FLOAT_EQ(r.params.min_p, 0.05f);
+  EXPECT_FLOAT_EQ(r.params.repetition_penalty, 1.1f);
+  EXPECT_FLOAT_EQ(r.params.presence_penalty, 0.2f);
+  EXPECT_FLOAT_EQ(r.params.frequency_penalty, 0.3f);
+  EXPECT_EQ(r.params.seed, std::optional<uint64_t>(18446744073709551615ull));
+  EXPECT_EQ(r.params.stop, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(r.params.stop_token_ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(r.params.logprobs, 3);
+  EXPECT_EQ(r.logprobs, std::optional<int>(3));
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_TRUE(r.return_token_ids);
+}
+
+TEST(ServerProtocol, EveryPromptShape) {
+  EXPECT_EQ(parse_completion_request(R"({"prompt": ["a", "b"]})", kCtx).prompts.size(), 2u);
+  const OpenAiRequest ids = parse_completion_request(R"({"prompt": [1, 2, 3]})", kCtx);
+  ASSERT_EQ(ids.prompts.size(), 1u);
+  EXPECT_EQ(ids.prompts[0].token_ids, (std::vector<int32_t>{1, 2, 3}));
+  const OpenAiRequest lists = parse_completion_request(R"({"prompt": [[1], [2, 3]]})", kCtx);
+  ASSERT_EQ(lists.prompts.size(), 2u);
+  EXPECT_EQ(lists.prompts[1].token_ids, (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(parse_completion_request(R"({"prompt": "x"})", kCtx).params.max_tokens, 16);
+}
+
+TEST(ServerProtocol, BadFieldsAreNamed) {
+  struct Case {
+    const char* body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {R"({"prompt": "x", "temperature": "hot"})", "temperature"},
+      {R"({"prompt": "x", "n": 0})", "n"},
+      {R"({"prompt": "x", "n": 1.5})", "n"},
+      {R"({"prompt": "x", "max_tokens": 0})", "max_tokens"},
+      {R"({"prompt": "x", "seed": -1})", "seed"},
+      {R"({"prompt": "x", "stop": 3})", "stop"},
+      {R"({"prompt": "x", "stop": [""]})", "stop"},
+      {R"({"prompt": "x", "stop_token_ids": [-2]})", "stop_token_ids"},
+      {R"({"prompt": "x", "logprobs": 21})", "logprobs"},
+      {R"({"prompt": "x", "stream": "yes"})", "stream"},
+      {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options"},
+      {R"({"prompt": "x", "logit_bias": {"1": 2}})", "logit_bias"},
+      {R"({"prompt": "x", "echo": true, "logprobs": 1})", "echo"},
+      {R"({"prompt": []})", "prompt"},
+      {R"({"prompt": [1, "a"]})", "prompt"},
+      {R"({"prompt": {"a": 1}})", "prompt"},
+      {R"({})", "prompt"},
+  };
+  for (const Case& c : cases) {
+    const HttpError e = completion_error(c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body;
+    EXPECT_NE(std::string(e.what()).find(c.param), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(completion_error("not json").status, 400);
+  EXPECT_EQ(completion_error("[1]").status, 400);
+  const HttpError other = completion_error(R"({"model": "gpt-4", "prompt": "x"})");
+  EXPECT_EQ(other.status, 404);
+  EXPECT_EQ(other.param, "model");
+}
+
+TEST(ServerProtocol, ChatRequest) {
+  const OpenAiRequest r = parse_chat_request(
+      R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5,
+          "logprobs": true, "top_logprobs": 2,
+          "chat_template_kwargs": {"enable_thinking": false}})",
+      kCtx);
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].kind, Prompt::Kind::kChat);
+  EXPECT_EQ(json::parse(r.prompts[0].chat_template_kwargs_json)["enable_thinking"], false);
+  EXPECT_EQ(r.params.max_tokens, 5);
+  EXPECT_EQ(r.logprobs, std::optional<int>(2));
+  // Without a limit: up to max_model_len (the engine ends the sample at the context limit).
+  EXPECT_EQ(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}]})", kCtx)
+                .params.max_tokens,
+            256);
+  const auto chat_error = [](const std::string& body) {
+    return error_of([&] { parse_chat_request(body, kCtx); });
+  };
+  EXPECT_EQ(chat_error(R"({"messages": []})").param, "messages");
+  EXPECT_EQ(chat_error(R"({"messages": [{"content": "x"}]})").param, "messages");
+  EXPECT_EQ(chat_error(R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})")
+                .param,
+            "top_logprobs");
+  EXPECT_EQ(chat_error(R"({"messages": [{"role": "user", "content": "x"}],
+                          "chat_template_kwargs": 1})")
+                .param,
+            "chat_template_kwargs");
+}
+
+TEST(ServerProtocol, GenerateRequest) {
+  const GenerateRequest g = parse_generate_request(
+      R"({"prompt_token_ids": [4, 5], "stream": true,
+          "sampling_params": {"max_tokens": 3, "logprobs": 2, "processed_logprobs": true}})");
+  EXPECT_EQ(g.prompt_token_ids, (std::vector<int32_t>{4, 5}));
+  EXPECT_TRUE(g.stream);
+  EXPECT_EQ(g.params.max_tokens, 3);
+  EXPECT_EQ(g.params.logprobs, 2);
+  EXPECT_TRUE(g.params.processed_logprobs);
+  const HttpError e = error_of([] {
+    parse_generate_request(R"({"prompt_token_ids": [1], "sampling_params": {"top_k": "a"}})");
+  });
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "sampling_params.top_k");
+  EXPECT_EQ(error_of([] { parse_generate_request(R"({"prompt_token_ids": "abc"})"); }).param,
+            "prompt_token_ids");
+}
+
+DecodeFn fake_decode() {
+  return [](const std::vector<int32_t>& ids, bool) {
+    std::string s;
+    for (int32_t id : ids) s += "<" + std::to_string(id) + ">";
+    return s;
+  };
+}
+
+RequestOutput sample_output() {
+  RequestOutput o;
+  o.prompt_token_ids = {1, 2};
+  o.prompt = "P";
+  for (int i = 0; i < 2; ++i) {
+    CompletionOutput c;
+    c.index = 1 - i;  // out of order: the response sorts choices by index
+    c.text = i == 0 ? "B" : "A";
+    c.token_ids = {10 + i};
+    c.logprobs = {-0.5f};
+    c.top_logprobs = {{{10 + i, -0.5f}, {7, -1.0f}}};
+    c.finish_reason = FinishReason::kLength;
+    o.outputs.push_back(c);
+  }
+  return o;
+}
+
+TEST(ServerProtocol, CompletionResponseShape) {
+  OpenAiRequest r = parse_completion_request(
+      R"({"prompt": "P", "n": 2, "logprobs": 1, "return_token_ids": true})", kCtx);
+  const json j = format_response(r, {"cmpl-1", 5, "tiny"}, {sample_output()}, fake_decode());
+  EXPECT_EQ(j["object"], "text_completion");
+  ASSERT_EQ(j["choices"].size(), 2u);
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_EQ(j["choices"][0]["text"], "A");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["choices"][0]["prompt_token_ids"], json({1, 2}));
+  EXPECT_EQ(j["choices"][0]["token_ids"], json({11}));
+  EXPECT_EQ(j["choices"][0]["logprobs"]["tokens"], json({"<11>"}));
+  EXPECT_EQ(j["choices"][0]["logprobs"]["top_logprobs"][0]["<7>"], -1.0f);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 2);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 2);
+  EXPECT_EQ(j["usage"]["total_tokens"], 4);
+
+  r.echo = true;
+  r.logprobs.reset();
+  const json echoed = format_response(r, {"cmpl-1", 5, "tiny"}, {sample_output()}, fake_decode());
+  EXPECT_EQ(echoed["choices"][0]["text"], "PA");
+}
+
+TEST(ServerProtocol, ChatChunksAndUsage) {
+  OpenAiRequest r = parse_chat_request(
+      R"({"messages": [{"role": "user", "content": "x"}], "stream": true, "logprobs": true,
+          "stream_options": {"include_usage": true}})",
+      kCtx);
+  CompletionOutput delta = sample_output().outputs[1];
+  delta.finish_reason = FinishReason::kNone;
+  const json first = format_chunk(r, {"chatcmpl-1", 5, "tiny"}, 0, delta, {1, 2}, true, "", fake_decode());
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(first["choices"][0]["delta"]["content"], "A");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  EXPECT_EQ(first["choices"][0]["logprobs"]["content"][0]["token"], "<11>");
+  EXPECT_TRUE(first["usage"].is_null());
+  delta.finish_reason = FinishReason::kStopString;
+  const json later = format_chunk(r, {"chatcmpl-1", 5, "tiny"}, 0, delta, {1, 2}, false, "", fake_decode());
+  EXPECT_FALSE(later["choices"][0]["delta"].contains("role"));
+  EXPECT_EQ(later["choices"][0]["finish_reason"], "stop");
+  const json usage = format_usage_chunk(r, {"chatcmpl-1", 5, "tiny"}, 3, 4);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["total_tokens"], 7);
+  EXPECT_EQ(sse_event(json{{"a", 1}}), "data: {\"a\":1}\n\n");
+}
+
+TEST(ServerProtocol, ErrorBodyIsAnOpenAiErrorObject) {
+  const json j = json::parse(error_body(HttpError(400, "n: bad", "n")));
+  EXPECT_EQ(j["error"]["message"], "n: bad");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "n");
+  EXPECT_TRUE(json::parse(error_body(HttpError(503, "full")))["error"]["param"].is_null());
+}
+
+TEST(ServerProtocol, GenerateOutputCarriesLogprobsAndVersions) {
+  RequestOutput o = sample_output();
+  o.outputs[0].weights_versions = {3};
+  SamplingParams p;
+  p.logprobs = 2;
+  const json j = format_generate(o, p);
+  EXPECT_EQ(j["outputs"][0]["token_ids"], json({10}));
+  EXPECT_EQ(j["outputs"][0]["weights_versions"], json({3}));
+  EXPECT_EQ(j["outputs"][0]["top_logprobs"][0][1], json({7, -1.0f}));
+  EXPECT_EQ(j["outputs"][0]["finish_reason"], "length");
+  EXPECT_FALSE(j["outputs"][0].contains("processed_logprobs"));
+}
+
+TEST(ServerMetrics, PrometheusText) {
+  ServerMetrics m;
+  m.add_prompt_tokens(5);
+  m.add_generation_tokens(7);
+  m.time_to_first_token().observe(0.03);
+  m.time_to_first_token().observe(100.0);
+  m.finish_request("stop");
+  EngineLoad load;
+  load.running = 2;
+  load.free_pages = 90;
+  load.usable_pages = 100;
+  PrefixCacheStats prefix;
+  prefix.queried_tokens = 10;
+  prefix.hit_tokens = 5;
+  const std::string text = m.render(load, prefix, 4);
+  EXPECT_NE(text.find("pagellm_num_requests_running 2\n"), std::string::npos);
+  EXPECT_NE(text.find("pagellm_kv_pages_used 10\n"), std::string::npos);
+  EXPECT_NE(text.find("pagellm_prefix_cache_hit_rate 0.5\n"), std::string::npos);
+  EXPECT_NE(text.find("pagellm_prompt_tokens_total 5\n"), std::string::npos);
+  EXPECT_NE(text.find("pagellm_generation_tokens_total 7\n"), std::string::npos);
+  EXPECT_NE(text.find("pagellm_weights_version 4\n"), std::string::npos);
+  EXPECT_NE(text.find("pagellm_time_to_first_token_seconds_bucket{le=\"0.04\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("pagellm_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("pagellm_request_success_total{finished_reason=\"stop\"} 1\n"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace pagellm::server
+
+namespace pagellm::server {
+namespace {
+
+TEST(ServerProtocol, Base64) {
+  EXPECT_EQ(decode_base64("aGVsbG8="), std::optional<std::string>("hello"));
+  EXPECT_EQ(decode_base64("aGVsbG8"), std::optional<std::string>("hello"));
+  EXPECT_EQ(decode_base64(""), std::optional<std::string>(""));
+  EXPECT_FALSE(decode_base64("a$bc").has_value());
+  EXPECT_FALSE(decode_base64("a").has_value());
+}
+
+TEST(ServerProtocol, IpcTensors) {
+  const std::string handle64 = std::string(86, 'A') + "==";  // 64 zero bytes
+  const json good = json::array({{{"name", "model.norm.weight"}, {"handle", handle64},
+                                  {"offset", 512}, {"dtype", "float16"}, {"shape", {8}}}});
+  const std::vector<IpcTensor> t = parse_ipc_tensors(good);
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_EQ(t[0].name, "model.norm.weight");
+  EXPECT_EQ(t[0].offset, 512u);
+  EXPECT_EQ(t[0].dtype, TensorDType::kFloat16);
+  EXPECT_EQ(t[0].shape, (std::vector<int64_t>{8}));
+  const auto param_of = [&](const char* key, const json& value) {
+    json bad = good;
+    bad[0][key] = value;
+    try {
+      parse_ipc_tensors(bad);
+    } catch (const HttpError& e) {
+      EXPECT_EQ(e.status, 400);
+      return e.param;
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(param_of("handle", "aGVsbG8="), "ipc_tensors[0].handle");  // 5 bytes
+  EXPECT_EQ(param_of("dtype", "int8"), "ipc_tensors[0].dtype");
+  EXPECT_EQ(param_of("shape", json::array({-1})), "ipc_tensors[0].shape");
+  EXPECT_EQ(param_of("name", ""), "ipc_tensors[0].name");
+  EXPECT_EQ(param_of("offset", -4), "offset");
+  EXPECT_THROW(parse_ipc_tensors(json::array()), HttpError);
+}
+
+}  // namespace
+}  // namespace pagellm::server
