@@ -86,7 +86,9 @@ if has python; then
   rm -rf /tmp/pagellm-site
   python3 -m pip install -q --no-index --no-deps --target /tmp/pagellm-site "$BUNDLE"/pagellm-*.whl \
     2>&1 | tee "$LOG/python_install.log" | tail -5
-  (cd /tmp && PYTHONPATH=/tmp/pagellm-site timeout 900 python3 "$OLDPWD/scripts/grpo_loop.py" \
+  # Without the bundle's lib/ on the path: the wheel carries the runtimes it needs.
+  (cd /tmp && PYTHONPATH=/tmp/pagellm-site LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda-13.0/lib64 \
+    timeout 900 python3 "$OLDPWD/scripts/grpo_loop.py" \
     --workdir /tmp/pagellm-grpo) 2>&1 | tee "$LOG/grpo_loop.log" | tail -30
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
