@@ -164,6 +164,24 @@ class PagellmClient:
 
     # ---- weights from a colocated trainer over CUDA IPC ----------------------------------
     @staticmethod
+    def raw_cuda_ipc_handle(handle: bytes) -> bytes:
+        """The 64-byte cudaIpcMemHandle_t inside the handle torch's ``_share_cuda_`` gives.
+        torch >= 2.5 writes a version byte and a type byte before it ('c': a cudaMalloc
+        block, followed by the 64 bytes; 'e': an expandable segment, which has no
+        cudaIpcMemHandle_t); older torch gives the 64 bytes alone."""
+        handle = bytes(handle)
+        if len(handle) == 64:
+            return handle
+        if len(handle) >= 2 and handle[1:2] == b"e":
+            raise ValueError("the tensor lives in an expandable segment, which CUDA IPC handles "
+                             "cannot share: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False "
+                             "in the trainer")
+        if len(handle) == 66 and handle[1:2] == b"c":
+            return handle[2:]
+        raise ValueError(f"unrecognised CUDA IPC handle from torch ({len(handle)} bytes; expected 64, "
+                         "or 66 with a version and a 'c' type byte)")
+
+    @staticmethod
     def ipc_descriptor(name: str, tensor: Any) -> dict:
         """The JSON description of one CUDA tensor for an IPC update: the 64-byte
         cudaIpcMemHandle_t of its storage's allocation (base64), the byte offset of the
@@ -185,7 +203,7 @@ class PagellmClient:
         shared = storage._share_cuda_()
         device, handle, _, storage_offset = shared[0], shared[1], shared[2], shared[3]
         return {"name": name,
-                "handle": base64.b64encode(bytes(handle)).decode(),
+                "handle": base64.b64encode(PagellmClient.raw_cuda_ipc_handle(handle)).decode(),
                 "device": int(device),
                 "offset": int(storage_offset) + tensor.storage_offset() * tensor.element_size(),
                 "dtype": dtypes[tensor.dtype],

@@ -77,3 +77,15 @@ def test_leaving_a_stream_early_frees_its_pages(client, served):
     assert h["free_pages"] == h["usable_pages"]
     metrics = client.metrics()
     assert 'pagellm_request_success_total{finished_reason="abort"}' in metrics
+
+
+def test_torch_ipc_handles_are_unwrapped_to_the_64_cuda_bytes():
+    raw = bytes(range(64))
+    # torch < 2.5: the cudaIpcMemHandle_t alone; torch >= 2.5: version byte, 'c', handle.
+    assert PagellmClient.raw_cuda_ipc_handle(raw) == raw
+    assert PagellmClient.raw_cuda_ipc_handle(b"\x02c" + raw) == raw
+    assert PagellmClient.raw_cuda_ipc_handle(b"\x03c" + raw) == raw
+    with pytest.raises(ValueError, match="expandable segment"):
+        PagellmClient.raw_cuda_ipc_handle(b"\x02e" + raw)
+    with pytest.raises(ValueError, match="65 bytes"):
+        PagellmClient.raw_cuda_ipc_handle(b"c" + raw)
