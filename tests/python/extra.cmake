@@ -15,7 +15,7 @@ if(PAGELLM_PYTHON)
       LABELS python)
   endforeach()
   # The full wheel build (docs/design.md, "Python package": pip install check).
-  option(PAGELLM_TEST_WHEEL "Register python_wheel_full: pip wheel . from scratch" OFF)
+  option(PAGELLM_TEST_WHEEL "Register python_wheel_full: pip wheel . from scratch" ON)
   if(PAGELLM_TEST_WHEEL)
     add_test(NAME python_wheel_full
       COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/wheel_check.sh ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR})
