@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Dict, Iterable, List, Mapping, Optional, 
 from . import _core
 from .llm import (Conversation, PromptType, _chat_prompt, _core_prompt, _engine_options,
                   _named_tensors)
-from .outputs import RequestOutput, convert_completion
+from .outputs import RequestOutput, convert_completion, prompt_logprobs_from_score
 from .sampling_params import SamplingParams
 
 _PAUSE_MODES = ("wait", "abort", "keep")
@@ -91,9 +91,6 @@ class AsyncLLM:
     async def _stream(self, prompt: "_core.Prompt", sampling_params: Optional[SamplingParams],
                       request_id: Optional[str], text: Optional[str]) -> AsyncIterator[RequestOutput]:
         params = sampling_params or SamplingParams()
-        if params.prompt_logprobs is not None:
-            raise ValueError("AsyncLLM: prompt_logprobs is not supported in streams; use "
-                             "score() on the prompt's token ids")
         cparams = params._to_core()
         self._attach()
         rid = request_id if request_id is not None else f"req-py-{next(self._ids)}"
@@ -115,9 +112,21 @@ class AsyncLLM:
             def decode_ids(ids: List[int]) -> str:
                 return self._core.decode(ids, False)
 
+            prompt_logprobs = None
             while not finished:
                 _core.merge_delta(total, await queue.get())
                 finished = bool(total.finished)
+                if params.prompt_logprobs is not None and prompt_logprobs is None:
+                    # The scoring path (between two engine steps) over the prompt, once,
+                    # when the first output has brought its token ids; every later output
+                    # carries the same list, as vLLM's do.
+                    ids = [int(t) for t in total.prompt_token_ids]
+                    scored = None
+                    if len(ids) >= 2:
+                        scored = (await self._call(self._core.score, [ids], [1],
+                                                   params.prompt_logprobs))[0]
+                    prompt_logprobs = prompt_logprobs_from_score(ids, scored,
+                                                                 params.prompt_logprobs, decode)
                 yield RequestOutput(
                     request_id=rid,
                     prompt=text if text is not None else (total.prompt or None),
@@ -125,6 +134,7 @@ class AsyncLLM:
                     outputs=[convert_completion(c, cparams, params.logprobs, decode, decode_ids)
                              for c in total.outputs],
                     finished=finished,
+                    prompt_logprobs=prompt_logprobs,
                     weights_version=int(total.weights_version))
         finally:
             del self._queues[rid]

@@ -10,7 +10,8 @@ from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequ
                     Union)
 
 from . import _core
-from .outputs import Logprob, LogprobDict, RequestOutput, convert_completion
+from .outputs import (Logprob, LogprobDict, RequestOutput, convert_completion,
+                      prompt_logprobs_from_score)
 from .sampling_params import SamplingParams
 
 #: A prompt: text, token ids, or vLLM's ``{"prompt": text}`` / ``{"prompt_token_ids": ids}``.
@@ -318,20 +319,11 @@ class LLM:
         decode = self._token_decoder()
         for i, k in wanted:
             ids = outputs[i].prompt_token_ids
-            result: List[Optional[LogprobDict]] = [None]
+            scored = None
             if len(ids) >= 2:
                 with self._lock:
                     scored = self._core.score([ids], [1], k)[0]
-                for pos, token in enumerate(ids[1:]):
-                    entry: LogprobDict = {}
-                    if k > 0:
-                        for rank, alt in enumerate(scored.top_logprobs[pos], start=1):
-                            entry[int(alt.token_id)] = Logprob(float(alt.logprob), rank,
-                                                               decode(alt.token_id))
-                    entry[int(token)] = Logprob(float(scored.logprobs[pos]),
-                                                int(scored.ranks[pos]), decode(token))
-                    result.append(entry)
-            outputs[i].prompt_logprobs = result
+            outputs[i].prompt_logprobs = prompt_logprobs_from_score(ids, scored, k, decode)
 
     # ---- scoring ----------------------------------------------------------------------
 

@@ -65,6 +65,25 @@ class RequestOutput:
     weights_version: int = 0
 
 
+def prompt_logprobs_from_score(ids: List[int], scored: Optional["_core.ScoreOutput"], k: int,
+                               decode: Callable[[int], str]) -> List[Optional[LogprobDict]]:
+    """vLLM's ``prompt_logprobs`` from a score of the prompt (prompt length 1): None for the
+    first token (nothing precedes it), then per token its own Logprob plus, with k > 0,
+    the k most likely tokens of that position. ``scored`` is None for a one-token prompt."""
+    result: List[Optional[LogprobDict]] = [None]
+    if scored is None:
+        return result
+    for pos, token in enumerate(ids[1:]):
+        entry: LogprobDict = {}
+        if k > 0:
+            for rank, alt in enumerate(scored.top_logprobs[pos], start=1):
+                entry[int(alt.token_id)] = Logprob(float(alt.logprob), rank, decode(alt.token_id))
+        entry[int(token)] = Logprob(float(scored.logprobs[pos]), int(scored.ranks[pos]),
+                                    decode(token))
+        result.append(entry)
+    return result
+
+
 def _stop_reason(core: "_core.CompletionOutput", params: "_core.SamplingParams",
                  decode_ids: Callable[[List[int]], str]) -> Optional[object]:
     detail = core.finish_reason

@@ -40,6 +40,27 @@ def test_stream_is_cumulative_and_equals_llm_generate(engine, llm):
     assert final.finish_reason == "length" and outs[-1].request_id == "s1"
 
 
+def test_prompt_logprobs_in_a_stream_equal_llm_generate(engine, llm):
+    prompt = [3, 9, 27, 81, 243]
+    params = SamplingParams(max_tokens=3, seed=4, prompt_logprobs=2)
+
+    async def main():
+        return [out async for out in engine.generate(prompt, params)]
+
+    outs = run(main())
+    ref = llm.generate([prompt], params, use_tqdm=False)[0].prompt_logprobs
+    assert ref is not None and len(ref) == len(prompt)
+    for out in outs:  # every output carries the list, from the first on
+        assert out.prompt_logprobs == ref
+    one = run(_single_token(engine))
+    assert one == [None]
+
+
+async def _single_token(engine):
+    outs = [out async for out in engine.generate([7], SamplingParams(max_tokens=1, prompt_logprobs=0))]
+    return outs[-1].prompt_logprobs
+
+
 def test_hundreds_of_coroutines_with_random_aborts(engine, llm):
     rng = random.Random(1234)
     n = 300
