@@ -19,7 +19,8 @@ pagellm server on the same machine. Each step:
      later prompt reuses KV computed with the old weights (the prefix cache's hashes carry
      the weights version already, so this mostly frees memory).
 
-Run (one GPU, the server started first):
+Run (one GPU, the server started first; a model folder with its tokenizer and chat
+template, e.g. a downloaded Qwen3 or `pagellm make-model --preset qwen3-0.6b --out DIR`):
   ./build/pagellm serve --model /models/Qwen3-0.6B --backend cuda --kv-cache-gb 20 &
   python3 examples/grpo_trainer_http.py --model /models/Qwen3-0.6B --steps 20
 """
