@@ -2,7 +2,9 @@
 // library's HTTP server (src/pagellm/server) until SIGINT or SIGTERM.
 #include <csignal>
 #include <cstdio>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <unistd.h>
 
@@ -10,6 +12,7 @@
 #include "cli/common.h"
 #include "pagellm/async_engine.h"
 #include "pagellm/common/check.h"
+#include "pagellm/error.h"
 
 namespace pagellm::cli {
 
@@ -36,7 +39,30 @@ struct ServeArgs {
   server::ServerOptions server;
   double max_body_mb = 32.0;
   EngineSettings engine;
+  /// --lora NAME=PATH (repeatable): adapters loaded before the server starts.
+  std::vector<std::string> loras;
 };
+
+/// Loads each --lora NAME=PATH into the engine; the library's message names a bad folder.
+void load_serve_loras(AsyncEngine& engine, const std::vector<std::string>& specs) {
+  int64_t id = 0;
+  for (const std::string& spec : specs) {
+    const size_t eq = spec.find('=');
+    PAGELLM_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < spec.size())
+        << "--lora: '" << spec << "' is not NAME=PATH (a name, '=', then a PEFT adapter folder)";
+    LoraRequest r{spec.substr(0, eq), ++id, spec.substr(eq + 1)};
+    for (const LoraAdapterInfo& loaded : engine.list_lora_adapters()) {
+      PAGELLM_CHECK(loaded.name != r.name) << "--lora: the name '" << r.name << "' is given twice";
+    }
+    try {
+      engine.load_lora_adapter(r);
+    } catch (const Error& e) {
+      PAGELLM_FAIL() << "--lora " << r.name << ": " << e.what();
+    }
+    std::fprintf(stderr, "pagellm: LoRA adapter %s loaded from %s\n", r.name.c_str(),
+                 r.path.c_str());
+  }
+}
 
 void run_serve(ServeArgs args) {
   PAGELLM_CHECK(args.max_body_mb > 0) << "--max-body-mb must be > 0, got " << args.max_body_mb;
@@ -57,6 +83,7 @@ void run_serve(ServeArgs args) {
 
   std::fprintf(stderr, "pagellm: loading %s\n", model_dir.c_str());
   AsyncEngine engine(model_dir, engine_options(args.engine));
+  load_serve_loras(engine, args.loras);
   server::Server http(engine, args.server, model_dir);
   const int port = http.bind();
   std::fprintf(stderr, "pagellm: serving %s on http://%s:%d (max_model_len %d, %lld KV pages)\n",
@@ -98,6 +125,9 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--http-threads", sa->server.http_threads,
                   "HTTP worker threads: the most connections (streams) served at once")
       ->capture_default_str();
+  cmd->add_option("--lora", sa->loras,
+                  "NAME=PATH: a PEFT LoRA adapter folder to load at start, served as model NAME "
+                  "(repeatable; POST /v1/load_lora_adapter loads more)");
   add_engine_options(cmd, sa->engine);
   cmd->callback([sa] { run_serve(*sa); });
 }

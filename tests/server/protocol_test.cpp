@@ -11,7 +11,7 @@ namespace {
 
 using nlohmann::json;
 
-const ProtocolContext kCtx{"tiny", 256};
+const ProtocolContext kCtx{"tiny", 256, {}};
 
 HttpError error_of(const std::function<void()>& fn) {
   try {
@@ -175,6 +175,55 @@ RequestOutput sample_output() {
     o.outputs.push_back(c);
   }
   return o;
+}
+
+TEST(ServerProtocol, ModelSelectsALoadedAdapter) {
+  ProtocolContext ctx = kCtx;
+  ctx.has_adapter = [](const std::string& name) { return name == "sql"; };
+  EXPECT_EQ(parse_completion_request(R"({"model": "sql", "prompt": "hi"})", ctx).lora, "sql");
+  EXPECT_EQ(parse_chat_request(R"({"model": "sql", "messages": [{"role": "user", "content": "x"}]})",
+                               ctx).lora,
+            "sql");
+  EXPECT_EQ(parse_completion_request(R"({"model": "tiny", "prompt": "hi"})", ctx).lora, "");
+  EXPECT_EQ(parse_completion_request(R"({"prompt": "hi"})", ctx).lora, "");
+  const HttpError e =
+      error_of([&] { parse_completion_request(R"({"model": "math", "prompt": "hi"})", ctx); });
+  EXPECT_EQ(e.status, 404);
+  EXPECT_EQ(e.param, "model");
+  EXPECT_NE(std::string(e.what()).find("`math`"), std::string::npos) << e.what();
+}
+
+TEST(ServerProtocol, LoraControlBodies) {
+  const LoadLoraRequest r =
+      parse_load_lora_request(R"({"lora_name": "sql", "lora_path": "/a/b", "lora_int_id": 7})");
+  EXPECT_EQ(r.name, "sql");
+  EXPECT_EQ(r.path, "/a/b");
+  EXPECT_EQ(r.id, 7);
+  EXPECT_EQ(parse_unload_lora_request(R"({"lora_name": "sql"})"), "sql");
+  struct Case {
+    std::string body, param;
+  };
+  for (const Case& c : std::vector<Case>{{R"({"lora_path": "/a"})", "lora_name"},
+                                         {R"({"lora_name": "", "lora_path": "/a"})", "lora_name"},
+                                         {R"({"lora_name": 3, "lora_path": "/a"})", "lora_name"},
+                                         {R"({"lora_name": "x"})", "lora_path"},
+                                         {R"({"lora_name": "x", "lora_path": "/a", "lora_int_id": "1"})",
+                                          "lora_int_id"}}) {
+    const HttpError e = error_of([&] { parse_load_lora_request(c.body); });
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body;
+    EXPECT_NE(std::string(e.what()).find(c.param), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(error_of([] { parse_unload_lora_request("{}"); }).param, "lora_name");
+  EXPECT_EQ(error_of([] { parse_unload_lora_request("[1]"); }).status, 400);
+}
+
+TEST(ServerProtocol, GenerateLoraName) {
+  EXPECT_EQ(parse_generate_request(R"({"prompt_token_ids": [1], "lora_name": "sql"})").lora_name, "sql");
+  EXPECT_EQ(parse_generate_request(R"({"prompt_token_ids": [1], "lora_name": null})").lora_name, "");
+  EXPECT_EQ(error_of([] { parse_generate_request(R"({"prompt_token_ids": [1], "lora_name": 2})"); })
+                .param,
+            "lora_name");
 }
 
 TEST(ServerProtocol, CompletionResponseShape) {

@@ -174,9 +174,12 @@ void read_common(const json& j, const ProtocolContext& ctx, OpenAiRequest& r) {
   if (const json* v = field(j, "model")) {
     if (!v->is_string()) bad_field("model", "must be a string, got " + shown(*v));
     const std::string name = v->get<std::string>();
-    if (!ctx.model_name.empty() && name != ctx.model_name) {
+    if (ctx.has_adapter && name != ctx.model_name && ctx.has_adapter(name)) {
+      r.lora = name;
+    } else if (!ctx.model_name.empty() && name != ctx.model_name) {
       throw HttpError(404, "The model `" + name + "` does not exist; this server serves `" +
-                               ctx.model_name + "` (GET /v1/models)",
+                               ctx.model_name +
+                               "` and the LoRA adapters it has loaded (GET /v1/models)",
                       "model", "NotFoundError");
     }
   }
@@ -289,6 +292,12 @@ GenerateRequest parse_generate_request(const std::string& body) {
   if (!ids) bad_field("prompt_token_ids", "is required: a list of token ids");
   g.prompt_token_ids = token_list(*ids, "prompt_token_ids");
   if (auto v = get_bool(j, "stream")) g.stream = *v;
+  if (const json* v = field(j, "lora_name")) {
+    if (!v->is_null()) {
+      if (!v->is_string()) bad_field("lora_name", "must be a string (a loaded adapter's name) or null, got " + shown(*v));
+      g.lora_name = v->get<std::string>();
+    }
+  }
   const json* sp = field(j, "sampling_params");
   json empty = json::object();
   if (sp && !sp->is_object()) bad_field("sampling_params", "must be an object, got " + shown(*sp));
@@ -303,6 +312,36 @@ GenerateRequest parse_generate_request(const std::string& body) {
     throw HttpError(400, std::string("sampling_params.") + e.what(), "sampling_params." + e.param);
   }
   return g;
+}
+
+namespace {
+
+/// The non-empty string field `name` of a LoRA control body.
+std::string required_name(const json& j, const char* name, const char* what) {
+  const json* v = field(j, name);
+  if (!v || v->is_null()) bad_field(name, std::string("is required: ") + what);
+  if (!v->is_string() || v->get<std::string>().empty()) {
+    bad_field(name, std::string("must be a non-empty string (") + what + "), got " + shown(*v));
+  }
+  return v->get<std::string>();
+}
+
+}  // namespace
+
+LoadLoraRequest parse_load_lora_request(const std::string& body) {
+  const json j = parse_object(body);
+  LoadLoraRequest r;
+  r.name = required_name(j, "lora_name", "the adapter's name, used as \"model\" in requests");
+  r.path = required_name(j, "lora_path", "a PEFT adapter folder on the server's machine");
+  if (const json* v = field(j, "lora_int_id"); v && !v->is_null()) {
+    if (!v->is_number_integer()) bad_field("lora_int_id", "must be an integer, got " + shown(*v));
+    r.id = v->get<int64_t>();
+  }
+  return r;
+}
+
+std::string parse_unload_lora_request(const std::string& body) {
+  return required_name(parse_object(body), "lora_name", "the name of a loaded adapter");
 }
 
 std::optional<std::string> decode_base64(const std::string& text) {

@@ -36,11 +36,15 @@ struct HttpError : std::runtime_error {
 /// The error object's JSON text for `e` (param null when empty, code = the status's name).
 std::string error_body(const HttpError& e);
 
-/// What the parsers need to know of the server: its model name (a request naming another
-/// model gets 404) and the engine's max_model_len (chat's default max_tokens).
+/// What the parsers need to know of the server: its model name, the engine's max_model_len
+/// (chat's default max_tokens) and which LoRA adapters are loaded. A request's "model" is
+/// the base model (or absent: no adapter), a loaded adapter's name (run with it, as vLLM
+/// does), or anything else: 404.
 struct ProtocolContext {
   std::string model_name;
   int32_t max_model_len = 0;
+  /// True when a LoRA adapter of this name is loaded; unset: none are.
+  std::function<bool(const std::string&)> has_adapter;
 };
 
 /// A parsed OpenAI request (completions or chat): one engine request per prompt, all with
@@ -59,6 +63,8 @@ struct OpenAiRequest {
   /// Completions' logprobs (k alternatives, 0 = the sampled token's only) or chat's
   /// logprobs: true; nullopt: no logprobs in the response.
   std::optional<int> logprobs;
+  /// The LoRA adapter the request's "model" named; "" for the base model.
+  std::string lora;
 };
 
 /// Parses a POST /v1/completions body. Throws HttpError 400 naming the bad field (or 404
@@ -72,6 +78,8 @@ struct GenerateRequest {
   std::vector<int32_t> prompt_token_ids;
   SamplingParams params;
   bool stream = false;
+  /// "lora_name": a loaded LoRA adapter to run with; "" (or absent, or null) none.
+  std::string lora_name;
 };
 GenerateRequest parse_generate_request(const std::string& body);
 
@@ -80,6 +88,17 @@ GenerateRequest parse_generate_request(const std::string& body);
 /// allocation), "dtype" ("bfloat16", "float16", "float32"), "shape"}. Throws HttpError 400
 /// naming the element and field ("ipc_tensors[3].handle").
 std::vector<IpcTensor> parse_ipc_tensors(const nlohmann::json& list);
+
+/// A POST /v1/load_lora_adapter body, {"lora_name", "lora_path"} (vLLM's); "lora_int_id"
+/// is accepted as the caller's own number. Throws HttpError 400 naming the missing field.
+struct LoadLoraRequest {
+  std::string name;
+  std::string path;
+  int64_t id = 0;
+};
+LoadLoraRequest parse_load_lora_request(const std::string& body);
+/// A POST /v1/unload_lora_adapter body, {"lora_name"}; returns the name.
+std::string parse_unload_lora_request(const std::string& body);
 
 /// Standard base64 (RFC 4648, padding optional) to bytes; nullopt for anything else.
 std::optional<std::string> decode_base64(const std::string& text);

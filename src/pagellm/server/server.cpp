@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "pagellm/async_engine.h"
 #include "pagellm/common/check.h"
@@ -102,6 +103,11 @@ struct Server::Impl {
   std::atomic<int64_t> unfinished_requests{0};
   std::atomic<uint64_t> counter{0};
   int port = -1;
+  // The names of the loaded LoRA adapters, so that parsing a request's "model" does not
+  // wait on the engine loop. Kept by the load/unload routes; a request naming an adapter
+  // unloaded after this check ends with the engine's error.
+  std::mutex adapters_mu;
+  std::set<std::string> adapter_names;
 
   Impl(AsyncEngine& e, ServerOptions o, std::string dir)
       : engine(e), options(std::move(o)), model_dir(std::move(dir)) {}
@@ -134,7 +140,7 @@ struct Server::Impl {
   /// (503 when the queue is full or the engine sleeps, 400 for a prompt the engine rejects;
   /// requests already submitted are aborted).
   std::shared_ptr<Inflight> submit(const std::vector<Prompt>& prompts, const SamplingParams& params,
-                                   const std::string& id) {
+                                   const std::string& id, const std::string& lora = "") {
     const int64_t count = static_cast<int64_t>(prompts.size());
     const int64_t before = unfinished_requests.fetch_add(count);
     if (options.max_queued_requests > 0 && before + count > options.max_queued_requests) {
@@ -164,7 +170,7 @@ struct Server::Impl {
         inflight->cv.notify_all();
       };
       try {
-        engine.submit(prompts[static_cast<size_t>(p)], params, callback, engine_id);
+        engine.submit(prompts[static_cast<size_t>(p)], params, callback, engine_id, lora);
         std::lock_guard<std::mutex> lock(inflight->mu);
         inflight->ids.push_back(engine_id);
       } catch (...) {
@@ -236,8 +242,8 @@ struct Server::Impl {
   void openai(const httplib::Request& req, httplib::Response& res, bool chat) {
     OpenAiRequest r = chat ? parse_chat_request(req.body, ctx) : parse_completion_request(req.body, ctx);
     ResponseMeta meta{next_id(chat ? "chatcmpl-" : "cmpl-"), static_cast<int64_t>(std::time(nullptr)),
-                      ctx.model_name};
-    std::shared_ptr<Inflight> inflight = submit(r.prompts, r.params, meta.id);
+                      r.lora.empty() ? ctx.model_name : r.lora};
+    std::shared_ptr<Inflight> inflight = submit(r.prompts, r.params, meta.id, r.lora);
     if (!r.stream) {
       std::vector<RequestOutput> outputs(r.prompts.size());
       for (;;) {
@@ -325,9 +331,15 @@ struct Server::Impl {
   // ---- token-level generation --------------------------------------------------------
   void generate(const httplib::Request& req, httplib::Response& res) {
     GenerateRequest g = parse_generate_request(req.body);
+    if (!g.lora_name.empty() && !has_adapter(g.lora_name)) {
+      throw HttpError(404, "lora_name: no LoRA adapter `" + g.lora_name +
+                               "` is loaded (GET /v1/models lists them; POST "
+                               "/v1/load_lora_adapter loads one)",
+                      "lora_name", "NotFoundError");
+    }
     const std::string id = next_id("gen-");
     std::shared_ptr<Inflight> inflight =
-        submit({Prompt::from_token_ids(g.prompt_token_ids)}, g.params, id);
+        submit({Prompt::from_token_ids(g.prompt_token_ids)}, g.params, id, g.lora_name);
     if (!g.stream) {
       RequestOutput total;
       for (;;) {
@@ -368,6 +380,54 @@ struct Server::Impl {
           return true;
         },
         [this, inflight](bool) { abort_all(*inflight); });
+  }
+
+  // ---- LoRA adapters ------------------------------------------------------------------
+  bool has_adapter(const std::string& name) {
+    std::lock_guard<std::mutex> lock(adapters_mu);
+    return adapter_names.count(name) > 0;
+  }
+
+  void refresh_adapters() {
+    std::set<std::string> names;
+    for (const LoraAdapterInfo& a : engine.list_lora_adapters()) names.insert(a.name);
+    std::lock_guard<std::mutex> lock(adapters_mu);
+    adapter_names.swap(names);
+  }
+
+  static json adapter_json(const LoraAdapterInfo& a) {
+    return {{"lora_name", a.name}, {"lora_int_id", a.id}, {"lora_path", a.path},
+            {"rank", a.rank},      {"scale", a.scale},    {"slot", a.slot},
+            {"version", a.version}};
+  }
+
+  /// vLLM's load_lora_adapter; a loaded name is replaced in place (its version goes up).
+  json load_lora(const std::string& body) {
+    const LoadLoraRequest r = parse_load_lora_request(body);
+    if (r.name == ctx.model_name) {
+      throw HttpError(400, "lora_name: `" + r.name + "` is the base model's name; pick another",
+                      "lora_name");
+    }
+    LoraAdapterInfo info;
+    try {
+      info = engine.load_lora_adapter(LoraRequest{r.name, r.id, r.path});
+    } catch (const Error& e) {
+      throw HttpError(400, std::string("lora_path: ") + e.what(), "lora_path");
+    }
+    refresh_adapters();
+    return adapter_json(info);
+  }
+
+  json unload_lora(const std::string& body) {
+    const std::string name = parse_unload_lora_request(body);
+    if (!has_adapter(name)) refresh_adapters();  // loaded by another front end meanwhile
+    if (!has_adapter(name)) {
+      throw HttpError(404, "lora_name: no LoRA adapter `" + name + "` is loaded", "lora_name",
+                      "NotFoundError");
+    }
+    engine.unload_lora_adapter(name);
+    refresh_adapters();
+    return {{"lora_name", name}, {"unloaded", true}};
   }
 
   // ---- control ----------------------------------------------------------------------
@@ -441,7 +501,8 @@ struct Server::Impl {
         fail(res, HttpError(404,
                             "no route " + req.method + " " + req.path +
                                 "; the routes are GET /v1/models, POST /v1/completions, POST "
-                                "/v1/chat/completions, POST /generate, GET /health, GET /metrics and "
+                                "/v1/chat/completions, POST /generate, POST "
+                                "/v1/load_lora_adapter, /v1/unload_lora_adapter, GET /health, GET /metrics and "
                                 "POST /pause, /resume, /update_weights, /reset_prefix_cache, /sleep, "
                                 "/wake_up",
                             "", "NotFoundError"));
@@ -451,11 +512,27 @@ struct Server::Impl {
     });
 
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      json model = {{"id", ctx.model_name},      {"object", "model"},
-                    {"created", static_cast<int64_t>(std::time(nullptr))},
-                    {"owned_by", "pagellm"},     {"root", model_dir},
-                    {"max_model_len", ctx.max_model_len}};
-      reply_json(res, {{"object", "list"}, {"data", json::array({model})}});
+      guarded(res, [&] {
+        const int64_t created = static_cast<int64_t>(std::time(nullptr));
+        json data = json::array();
+        data.push_back({{"id", ctx.model_name}, {"object", "model"}, {"created", created},
+                        {"owned_by", "pagellm"}, {"root", model_dir}, {"parent", nullptr},
+                        {"max_model_len", ctx.max_model_len}});
+        // Adapters as vLLM lists them: root = the adapter folder, parent = the base model.
+        for (const LoraAdapterInfo& a : engine.list_lora_adapters()) {
+          data.push_back({{"id", a.name}, {"object", "model"}, {"created", created},
+                          {"owned_by", "pagellm"}, {"root", a.path},
+                          {"parent", ctx.model_name}, {"max_model_len", ctx.max_model_len},
+                          {"lora", adapter_json(a)}});
+        }
+        reply_json(res, {{"object", "list"}, {"data", data}});
+      });
+    });
+    http.Post("/v1/load_lora_adapter", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(res, [&] { reply_json(res, load_lora(req.body)); });
+    });
+    http.Post("/v1/unload_lora_adapter", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(res, [&] { reply_json(res, unload_lora(req.body)); });
     });
     http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
       guarded(res, [&] { openai(req, res, false); });
@@ -536,6 +613,8 @@ Server::Server(AsyncEngine& engine, ServerOptions options, std::string model_dir
                          : s.options.model_name;
   if (s.ctx.model_name.empty()) s.ctx.model_name = s.model_dir;
   s.ctx.max_model_len = engine.max_model_len();
+  s.ctx.has_adapter = [&s](const std::string& name) { return s.has_adapter(name); };
+  s.refresh_adapters();
   s.install_routes();
 }
 
