@@ -9,6 +9,7 @@ ValueError and RuntimeError) carrying the core's message.
 """
 from ._core import PagellmError, has_cuda
 from .async_llm import AsyncLLM
+from .lora_request import LoRARequest
 from .llm import LLM, Tokenizer, make_model, model_presets
 from .outputs import CompletionOutput, Logprob, RequestOutput
 from .sampling_params import SamplingParams
@@ -16,6 +17,6 @@ from . import _core
 
 __version__: str = _core.version()
 
-__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob",
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "LoRARequest", "RequestOutput", "CompletionOutput", "Logprob",
            "Tokenizer", "PagellmError", "make_model", "model_presets", "has_cuda",
            "__version__"]

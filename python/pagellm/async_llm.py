@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from typing import Any, AsyncIterator, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (Any, AsyncIterator, Dict, Iterable, List, Mapping, Optional, Sequence, Set,
+                    Tuple, Union)
 
 from . import _core
 from .llm import (Conversation, PromptType, _chat_prompt, _core_prompt, _engine_options,
                   _named_tensors)
+from .lora_request import LoRARequest
 from .outputs import RequestOutput, convert_completion, prompt_logprobs_from_score
 from .sampling_params import SamplingParams
 
@@ -70,28 +72,34 @@ class AsyncLLM:
 
     async def generate(self, prompt: PromptType,
                        sampling_params: Optional[SamplingParams] = None,
-                       request_id: Optional[str] = None) -> AsyncIterator[RequestOutput]:
+                       request_id: Optional[str] = None,
+                       lora_request: Optional[LoRARequest] = None) -> AsyncIterator[RequestOutput]:
         """Streams one prompt's outputs (see the class doc). Bad params or prompt raise
         PagellmError before the first output; a duplicate live request_id raises
-        ValueError."""
+        ValueError. ``lora_request``: the adapter to run with (loaded from its path first
+        when its name is not loaded)."""
         async for out in self._stream(_core_prompt(prompt, 0), sampling_params, request_id,
-                                      prompt if isinstance(prompt, str) else None):
+                                      prompt if isinstance(prompt, str) else None,
+                                      lora_request):
             yield out
 
     async def chat(self, messages: Conversation,
                    sampling_params: Optional[SamplingParams] = None,
                    request_id: Optional[str] = None,
-                   chat_template_kwargs: Optional[Mapping[str, Any]] = None
+                   chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+                   lora_request: Optional[LoRARequest] = None
                    ) -> AsyncIterator[RequestOutput]:
         """``generate`` for one conversation through the chat template."""
         async for out in self._stream(_chat_prompt(messages, chat_template_kwargs),
-                                      sampling_params, request_id, None):
+                                      sampling_params, request_id, None, lora_request):
             yield out
 
     async def _stream(self, prompt: "_core.Prompt", sampling_params: Optional[SamplingParams],
-                      request_id: Optional[str], text: Optional[str]) -> AsyncIterator[RequestOutput]:
+                      request_id: Optional[str], text: Optional[str],
+                      lora_request: Optional[LoRARequest] = None) -> AsyncIterator[RequestOutput]:
         params = sampling_params or SamplingParams()
         cparams = params._to_core()
+        lora = await self._ensure_lora(lora_request)
         self._attach()
         rid = request_id if request_id is not None else f"req-py-{next(self._ids)}"
         if rid in self._queues:
@@ -100,7 +108,7 @@ class AsyncLLM:
         self._queues[rid] = queue
         finished = False
         try:
-            self._core.submit(prompt, cparams, rid)
+            self._core.submit(prompt, cparams, rid, lora)
             total = _core.RequestOutput()
             decode_cache: Dict[int, str] = {}
 
@@ -147,6 +155,58 @@ class AsyncLLM:
         self._core.abort(request_id)
 
     # ---- RL: weights, memory, cache (run off the event loop; the GIL is released) -------
+
+    async def _ensure_lora(self, lora_request: Optional[LoRARequest]) -> str:
+        """The adapter name to submit with, loading it first when it is not loaded (the
+        same rule as LLM.generate: a loaded name's path must be empty or the loaded one)."""
+        if lora_request is None:
+            return ""
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request: expected LoRARequest or None, "
+                             f"got {type(lora_request).__name__}")
+        core = lora_request._to_core()
+        loaded = {a.name: a for a in await self._call(self._core.list_lora_adapters)}
+        if core.name in loaded:
+            if core.path and os.path.abspath(core.path) != os.path.abspath(loaded[core.name].path):
+                raise ValueError(f"lora_request: the adapter {core.name!r} is loaded from "
+                                 f"{loaded[core.name].path!r}, not {core.path!r}; load_lora_adapter "
+                                 f"replaces it")
+        else:
+            await self._call(self._core.load_lora_adapter, core)
+        return core.name
+
+    async def load_lora_adapter(self, lora_request: LoRARequest) -> "_core.LoraAdapterInfo":
+        """LLM.load_lora_adapter, run between engine steps."""
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"load_lora_adapter: expected LoRARequest, "
+                             f"got {type(lora_request).__name__}")
+        return await self._call(self._core.load_lora_adapter, lora_request._to_core())
+
+    async def unload_lora_adapter(self, lora_name: str) -> None:
+        """Unloads an adapter; PagellmError for a name not loaded."""
+        await self._call(self._core.unload_lora_adapter, str(lora_name))
+
+    async def list_lora_adapters(self) -> List["_core.LoraAdapterInfo"]:
+        """The loaded adapters, by name."""
+        return list(await self._call(self._core.list_lora_adapters))
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """vLLM's name for :meth:`load_lora_adapter`; True once loaded."""
+        await self.load_lora_adapter(lora_request)
+        return True
+
+    async def remove_lora(self, lora_id: Union[int, str]) -> bool:
+        """vLLM's remove_lora: unloads the adapter of that ``lora_int_id`` (or name);
+        False when none is loaded."""
+        for a in await self.list_lora_adapters():
+            if (a.name == lora_id) if isinstance(lora_id, str) else (a.id == int(lora_id)):
+                await self.unload_lora_adapter(a.name)
+                return True
+        return False
+
+    async def list_loras(self) -> Set[int]:
+        """vLLM's list_loras: the ``lora_int_id`` of every loaded adapter."""
+        return {int(a.id) for a in await self.list_lora_adapters()}
 
     async def _call(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)

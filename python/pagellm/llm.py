@@ -6,10 +6,11 @@ import numbers
 import os
 import sys
 import threading
-from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
-                    Union)
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set,
+                    Tuple, Union)
 
 from . import _core
+from .lora_request import LoRARequest, LoRARequestArg, core_lora_requests
 from .outputs import (Logprob, LogprobDict, RequestOutput, convert_completion,
                       prompt_logprobs_from_score)
 from .sampling_params import SamplingParams
@@ -205,37 +206,43 @@ class LLM:
 
     def generate(self, prompts: Union[PromptType, Sequence[PromptType]],
                  sampling_params: Union[None, SamplingParams, Sequence[SamplingParams]] = None,
-                 use_tqdm: Union[bool, Callable[..., Any]] = True) -> List[RequestOutput]:
+                 use_tqdm: Union[bool, Callable[..., Any]] = True,
+                 lora_request: LoRARequestArg = None) -> List[RequestOutput]:
         """Generates for every prompt (text, token ids, or a mix) and returns one
         RequestOutput per prompt, in input order. ``sampling_params``: one for all, one
         per prompt, or None (defaults). ``use_tqdm``: a progress bar over finished prompts
-        (True, or a tqdm-like factory, as vLLM)."""
+        (True, or a tqdm-like factory, as vLLM). ``lora_request``: a LoRARequest for all
+        prompts, a list with one per prompt (None: the base model), or None."""
         if _is_single_prompt(prompts):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)  # type: ignore[arg-type]
         core_prompts = [_core_prompt(p, i) for i, p in enumerate(prompts)]
         return self._run(core_prompts, sampling_params, use_tqdm, [
             p if isinstance(p, str) else (p.get("prompt") if isinstance(p, Mapping) else None)
-            for p in prompts])
+            for p in prompts], lora_request)
 
     def chat(self, messages: Union[Conversation, Sequence[Conversation]],
              sampling_params: Union[None, SamplingParams, Sequence[SamplingParams]] = None,
              use_tqdm: Union[bool, Callable[..., Any]] = True,
-             chat_template_kwargs: Optional[Mapping[str, Any]] = None) -> List[RequestOutput]:
+             chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+             lora_request: LoRARequestArg = None) -> List[RequestOutput]:
         """Generates for one conversation (a list of message dicts) or a list of them,
         through the model's chat template (assistant turn opened). ``chat_template_kwargs``:
-        extra template variables, e.g. ``{"enable_thinking": False}``."""
+        extra template variables, e.g. ``{"enable_thinking": False}``. ``lora_request``: as
+        in generate."""
         if len(messages) > 0 and isinstance(messages[0], Mapping):
             conversations = [messages]
         else:
             conversations = list(messages)  # type: ignore[arg-type]
         core_prompts = [_chat_prompt(c, chat_template_kwargs) for c in conversations]
-        return self._run(core_prompts, sampling_params, use_tqdm, None)
+        return self._run(core_prompts, sampling_params, use_tqdm, None, lora_request)
 
     def _run(self, core_prompts: List["_core.Prompt"],
              sampling_params: Union[None, SamplingParams, Sequence[SamplingParams]],
              use_tqdm: Union[bool, Callable[..., Any]],
-             texts: Optional[List[Optional[str]]]) -> List[RequestOutput]:
+             texts: Optional[List[Optional[str]]],
+             lora_request: LoRARequestArg = None) -> List[RequestOutput]:
+        core_loras = core_lora_requests(lora_request, len(core_prompts))
         if self._paused:
             raise PagellmError("generate: the LLM is paused; call resume() first")
         if sampling_params is None:
@@ -269,7 +276,7 @@ class LLM:
 
         try:
             with self._lock:
-                results = self._core.generate(core_prompts, core_params, on_step)
+                results = self._core.generate(core_prompts, core_params, core_loras, on_step)
         finally:
             if bar is not None:
                 bar.close()
@@ -409,6 +416,47 @@ class LLM:
     def prefix_cache_stats(self) -> "_core.PrefixCacheStats":
         """Prefix cache counters since loading."""
         return self._core.prefix_cache_stats()
+
+    # ---- LoRA adapters (docs/design.md, "LoRA") ------------------------------------------
+
+    def load_lora_adapter(self, lora_request: LoRARequest) -> "_core.LoraAdapterInfo":
+        """Loads the PEFT folder ``lora_request.lora_path`` under its name into a free
+        adapter slot (``max_loras``), or replaces the loaded adapter of that name in place
+        (its version goes up). A bad folder raises PagellmError (a ValueError) with the
+        core's message, and changes nothing."""
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"load_lora_adapter: expected LoRARequest, "
+                             f"got {type(lora_request).__name__}")
+        core = lora_request._to_core()
+        with self._lock:
+            return self._core.load_lora_adapter(core)
+
+    def unload_lora_adapter(self, lora_name: str) -> None:
+        """Unloads an adapter; PagellmError for a name not loaded."""
+        with self._lock:
+            self._core.unload_lora_adapter(str(lora_name))
+
+    def list_lora_adapters(self) -> List["_core.LoraAdapterInfo"]:
+        """The loaded adapters, by name."""
+        return list(self._core.list_lora_adapters())
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """vLLM's name for :meth:`load_lora_adapter`; True once loaded."""
+        self.load_lora_adapter(lora_request)
+        return True
+
+    def remove_lora(self, lora_id: Union[int, str]) -> bool:
+        """vLLM's remove_lora: unloads the adapter of that ``lora_int_id`` (or name);
+        False when none is loaded."""
+        for a in self.list_lora_adapters():
+            if (a.name == lora_id) if isinstance(lora_id, str) else (a.id == int(lora_id)):
+                self.unload_lora_adapter(a.name)
+                return True
+        return False
+
+    def list_loras(self) -> Set[int]:
+        """vLLM's list_loras: the ``lora_int_id`` of every loaded adapter."""
+        return {int(a.id) for a in self.list_lora_adapters()}
 
     # ---- introspection ----------------------------------------------------------------
 

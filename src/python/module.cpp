@@ -136,7 +136,7 @@ class DeltaQueue {
   }
 
   std::string submit(const Prompt& prompt, const SamplingParams& params,
-                     const std::string& request_id) {
+                     const std::string& request_id, const std::string& lora) {
     return engine_.submit(
         prompt, params,
         [this](const RequestOutput& delta) {
@@ -148,7 +148,7 @@ class DeltaQueue {
           // A full counter (2^64 - 2 unread writes) cannot happen; EAGAIN is harmless.
           [[maybe_unused]] ssize_t n = write(fd_, &one, sizeof(one));
         },
-        request_id);
+        request_id, lora);
   }
 
   /// Every delta queued since the last call, oldest first; resets the eventfd.
@@ -344,6 +344,20 @@ NB_MODULE(_core, m) {
   using Guard = nb::call_guard<nb::gil_scoped_release>;
   using Tensors = std::vector<std::pair<std::string, nb::ndarray<>>>;
 
+  nb::class_<LoraRequest>(m, "LoraRequest", "A LoRA adapter by name, the caller's id and a PEFT folder (pagellm/lora_request.h); pagellm.LoRARequest builds it.")
+      .def(nb::init<>())
+      .def_rw("name", &LoraRequest::name)
+      .def_rw("id", &LoraRequest::id)
+      .def_rw("path", &LoraRequest::path);
+  nb::class_<LoraAdapterInfo>(m, "LoraAdapterInfo", "A loaded LoRA adapter: name, id, path, rank, scale (alpha / r), slot and version (1, then +1 per replace in place).")
+      .def_ro("name", &LoraAdapterInfo::name)
+      .def_ro("id", &LoraAdapterInfo::id)
+      .def_ro("path", &LoraAdapterInfo::path)
+      .def_ro("rank", &LoraAdapterInfo::rank)
+      .def_ro("scale", &LoraAdapterInfo::scale)
+      .def_ro("slot", &LoraAdapterInfo::slot)
+      .def_ro("version", &LoraAdapterInfo::version);
+
   nb::class_<LLM>(m, "LLM", "The C++ LLM (pagellm/llm.h); pagellm.LLM wraps it.")
       .def(nb::init<const std::string&, const EngineOptions&>(), "model_dir"_a, "options"_a,
            Guard())
@@ -351,7 +365,8 @@ NB_MODULE(_core, m) {
       .def(
           "generate",
           [](LLM& llm, const std::vector<Prompt>& prompts,
-             const std::vector<SamplingParams>& params, nb::object on_step) {
+             const std::vector<SamplingParams>& params, const std::vector<LoraRequest>& loras,
+             nb::object on_step) {
             LLM::StepCallback callback;
             std::optional<nb::python_error> raised;
             if (!on_step.is_none()) {
@@ -370,12 +385,15 @@ NB_MODULE(_core, m) {
             std::vector<RequestOutput> out;
             {
               nb::gil_scoped_release release;
-              out = llm.generate(prompts, params, callback);
+              out = llm.generate(prompts, params, loras, callback);
             }
             if (raised) throw std::move(*raised);
             return out;
           },
-          "prompts"_a, "params"_a, "on_step"_a = nb::none())
+          "prompts"_a, "params"_a, "lora_requests"_a, "on_step"_a = nb::none())
+      .def("load_lora_adapter", &LLM::load_lora_adapter, "request"_a, Guard())
+      .def("unload_lora_adapter", &LLM::unload_lora_adapter, "name"_a, Guard())
+      .def("list_lora_adapters", &LLM::list_lora_adapters, Guard())
       .def("score", &LLM::score, "sequences"_a, "prompt_lengths"_a, "top_k"_a, Guard())
       .def("encode", &LLM::encode, Guard())
       .def("decode", &LLM::decode, "ids"_a, "skip_special_tokens"_a = true, Guard())
@@ -411,7 +429,16 @@ NB_MODULE(_core, m) {
       .def(nb::init<const std::string&, const EngineOptions&>(), "model_dir"_a, "options"_a,
            Guard())
       .def("fileno", &DeltaQueue::fd)
-      .def("submit", &DeltaQueue::submit, "prompt"_a, "params"_a, "request_id"_a, Guard())
+      .def("submit", &DeltaQueue::submit, "prompt"_a, "params"_a, "request_id"_a, "lora"_a,
+           Guard())
+      .def("load_lora_adapter",
+           [](DeltaQueue& q, const LoraRequest& r) { return q.engine().load_lora_adapter(r); },
+           "request"_a, Guard())
+      .def("unload_lora_adapter",
+           [](DeltaQueue& q, const std::string& name) { q.engine().unload_lora_adapter(name); },
+           "name"_a, Guard())
+      .def("list_lora_adapters", [](DeltaQueue& q) { return q.engine().list_lora_adapters(); },
+           Guard())
       .def("drain", &DeltaQueue::drain, Guard())
       .def("abort", [](DeltaQueue& q, const std::string& id) { q.engine().abort(id); }, Guard())
       .def("shutdown", [](DeltaQueue& q) { q.engine().shutdown(); }, Guard())
