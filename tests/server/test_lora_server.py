@@ -143,3 +143,15 @@ def test_serve_rejects_a_bad_lora_flag(model_dir, tmp_path):
         Served(model_dir, "--lora", "x=" + str(tmp_path / "absent"))
     with pytest.raises(RuntimeError, match="is not NAME=PATH"):
         Served(model_dir, "--lora", "justaname")
+
+
+def test_unload_while_in_use_is_refused(server, client):
+    stream = client.completions.create(model="sql", prompt=PROMPT_IDS, max_tokens=200,
+                                       temperature=0, stream=True)
+    next(iter(stream))  # the request is running
+    status, body = server.call("POST", "/v1/unload_lora_adapter", {"lora_name": "sql"})
+    stream.close()
+    assert status == 400, body
+    assert "sql" in body["error"]["message"], body
+    server.wait_idle()
+    assert "sql" in {m.id for m in client.models.list().data}
