@@ -155,3 +155,12 @@ def test_unload_while_in_use_is_refused(server, client):
     assert "sql" in body["error"]["message"], body
     server.wait_idle()
     assert "sql" in {m.id for m in client.models.list().data}
+
+
+def test_models_answers_while_paused(server):
+    assert server.call("POST", "/pause", {"mode": "wait"})[0] == 200
+    try:
+        status, body = server.call("GET", "/v1/models", timeout=5)
+        assert status == 200 and {m["id"] for m in body["data"]} == {MODEL, "sql"}, body
+    finally:
+        assert server.call("POST", "/resume")[0] == 200

@@ -17,8 +17,8 @@
 #include <deque>
 #include <filesystem>
 #include <map>
+#include <vector>
 #include <mutex>
-#include <set>
 
 #include "pagellm/async_engine.h"
 #include "pagellm/common/check.h"
@@ -103,11 +103,12 @@ struct Server::Impl {
   std::atomic<int64_t> unfinished_requests{0};
   std::atomic<uint64_t> counter{0};
   int port = -1;
-  // The names of the loaded LoRA adapters, so that parsing a request's "model" does not
-  // wait on the engine loop. Kept by the load/unload routes; a request naming an adapter
-  // unloaded after this check ends with the engine's error.
+  // The loaded LoRA adapters by name, so that parsing a request's "model" and GET
+  // /v1/models never wait on the engine loop (which a paused or busy engine holds). Kept by
+  // the load/unload routes; a request naming an adapter unloaded after this check ends
+  // with the engine's error.
   std::mutex adapters_mu;
-  std::set<std::string> adapter_names;
+  std::map<std::string, LoraAdapterInfo> adapters;
 
   Impl(AsyncEngine& e, ServerOptions o, std::string dir)
       : engine(e), options(std::move(o)), model_dir(std::move(dir)) {}
@@ -385,14 +386,14 @@ struct Server::Impl {
   // ---- LoRA adapters ------------------------------------------------------------------
   bool has_adapter(const std::string& name) {
     std::lock_guard<std::mutex> lock(adapters_mu);
-    return adapter_names.count(name) > 0;
+    return adapters.count(name) > 0;
   }
 
   void refresh_adapters() {
-    std::set<std::string> names;
-    for (const LoraAdapterInfo& a : engine.list_lora_adapters()) names.insert(a.name);
+    std::map<std::string, LoraAdapterInfo> loaded;
+    for (const LoraAdapterInfo& a : engine.list_lora_adapters()) loaded.emplace(a.name, a);
     std::lock_guard<std::mutex> lock(adapters_mu);
-    adapter_names.swap(names);
+    adapters.swap(loaded);
   }
 
   static json adapter_json(const LoraAdapterInfo& a) {
@@ -519,7 +520,12 @@ struct Server::Impl {
                         {"owned_by", "pagellm"}, {"root", model_dir}, {"parent", nullptr},
                         {"max_model_len", ctx.max_model_len}});
         // Adapters as vLLM lists them: root = the adapter folder, parent = the base model.
-        for (const LoraAdapterInfo& a : engine.list_lora_adapters()) {
+        std::vector<LoraAdapterInfo> loaded;
+        {
+          std::lock_guard<std::mutex> lock(adapters_mu);
+          for (const auto& entry : adapters) loaded.push_back(entry.second);
+        }
+        for (const LoraAdapterInfo& a : loaded) {
           data.push_back({{"id", a.name}, {"object", "model"}, {"created", created},
                           {"owned_by", "pagellm"}, {"root", a.path},
                           {"parent", ctx.model_name}, {"max_model_len", ctx.max_model_len},
