@@ -100,6 +100,12 @@ class EngineOptions:
     @enable_prefix_caching.setter
     def enable_prefix_caching(self, arg: bool, /) -> None: ...
 
+    @property
+    def max_loras(self) -> int: ...
+
+    @max_loras.setter
+    def max_loras(self, arg: int, /) -> None: ...
+
 class SamplingParams:
     """
     The C++ SamplingParams (pagellm/sampling_params.h); pagellm.SamplingParams builds it.

@@ -38,18 +38,22 @@ class AsyncLLM:
                  batch_invariant: bool = False, page_size: int = 16,
                  num_pages: Optional[int] = None, max_num_batched_tokens: int = 2048,
                  enforce_eager: bool = False, float32_head: bool = False,
-                 enable_prefix_caching: bool = True) -> None:
+                 enable_prefix_caching: bool = True, max_loras: int = 8) -> None:
         options = _engine_options(
             backend, kv_cache_gb=kv_cache_gb, max_num_seqs=max_num_seqs,
             max_model_len=max_model_len, attention_backend=attention_backend,
             batch_invariant=batch_invariant, page_size=page_size, num_pages=num_pages,
             max_num_batched_tokens=max_num_batched_tokens, use_graphs=not enforce_eager,
-            float32_head=float32_head, enable_prefix_caching=enable_prefix_caching)
+            float32_head=float32_head, enable_prefix_caching=enable_prefix_caching,
+            max_loras=max_loras)
         self.backend: str = options.backend
         self._core = _core.AsyncEngine(os.fspath(model), options)
         self._queues: Dict[str, "asyncio.Queue[Any]"] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._ids = itertools.count()
+        # Serialises _ensure_lora's check-then-load, so that two streams naming one new
+        # adapter load it once (a second load would replace it in place).
+        self._lora_lock = asyncio.Lock()
 
     # ---- the fd reader ----------------------------------------------------------------
 
@@ -165,14 +169,15 @@ class AsyncLLM:
             raise ValueError(f"lora_request: expected LoRARequest or None, "
                              f"got {type(lora_request).__name__}")
         core = lora_request._to_core()
-        loaded = {a.name: a for a in await self._call(self._core.list_lora_adapters)}
-        if core.name in loaded:
-            if core.path and os.path.abspath(core.path) != os.path.abspath(loaded[core.name].path):
-                raise ValueError(f"lora_request: the adapter {core.name!r} is loaded from "
-                                 f"{loaded[core.name].path!r}, not {core.path!r}; load_lora_adapter "
-                                 f"replaces it")
-        else:
-            await self._call(self._core.load_lora_adapter, core)
+        async with self._lora_lock:
+            loaded = {a.name: a for a in await self._call(self._core.list_lora_adapters)}
+            if core.name not in loaded:
+                await self._call(self._core.load_lora_adapter, core)
+                return core.name
+        path = loaded[core.name].path
+        if core.path and os.path.abspath(core.path) != os.path.abspath(path):
+            raise ValueError(f"lora_request: the adapter {core.name!r} is loaded from {path!r}, "
+                             f"not {core.path!r}; load_lora_adapter replaces it")
         return core.name
 
     async def load_lora_adapter(self, lora_request: LoRARequest) -> "_core.LoraAdapterInfo":

@@ -172,6 +172,7 @@ class LLM:
             deterministic per-request seeds.
         page_size, num_pages, max_num_batched_tokens, enforce_eager (no graphs),
         float32_head, enable_prefix_caching: the engine's options (EngineOptions).
+        max_loras: LoRA adapters loaded at once (adapter slots).
 
     The GIL is released while the engine runs; calls from several threads take turns (a
     lock), as the engine steps on the caller's thread. Ctrl-C during ``generate`` aborts it
@@ -186,13 +187,15 @@ class LLM:
                  batch_invariant: bool = False, seed: Optional[int] = None,
                  page_size: int = 16, num_pages: Optional[int] = None,
                  max_num_batched_tokens: int = 2048, enforce_eager: bool = False,
-                 float32_head: bool = False, enable_prefix_caching: bool = True) -> None:
+                 float32_head: bool = False, enable_prefix_caching: bool = True,
+                 max_loras: int = 8) -> None:
         options = _engine_options(
             backend, kv_cache_gb=kv_cache_gb, max_num_seqs=max_num_seqs,
             max_model_len=max_model_len, attention_backend=attention_backend,
             batch_invariant=batch_invariant, page_size=page_size, num_pages=num_pages,
             max_num_batched_tokens=max_num_batched_tokens, use_graphs=not enforce_eager,
-            float32_head=float32_head, enable_prefix_caching=enable_prefix_caching)
+            float32_head=float32_head, enable_prefix_caching=enable_prefix_caching,
+            max_loras=max_loras)
         self.backend: str = options.backend
         self._core = _core.LLM(os.fspath(model), options)
         # The core runs on the calling thread and is not reentrant; it releases the GIL, so

@@ -245,7 +245,8 @@ NB_MODULE(_core, m) {
       .def_rw("attention_backend", &EngineOptions::attention_backend)
       .def_rw("float32_head", &EngineOptions::float32_head)
       .def_rw("batch_invariant", &EngineOptions::batch_invariant)
-      .def_rw("enable_prefix_caching", &EngineOptions::enable_prefix_caching);
+      .def_rw("enable_prefix_caching", &EngineOptions::enable_prefix_caching)
+      .def_rw("max_loras", &EngineOptions::max_loras);
 
   nb::class_<SamplingParams>(m, "SamplingParams", "The C++ SamplingParams (pagellm/sampling_params.h); pagellm.SamplingParams builds it.")
       .def(nb::init<>())

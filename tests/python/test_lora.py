@@ -137,3 +137,28 @@ def test_async_llm_with_adapter(tiny_model, loras):
     with_lora, base = asyncio.run(run())
     assert with_lora == cli_tokens(tiny_model, "--lora", "a=" + loras["a"])
     assert base == cli_tokens(tiny_model)
+
+
+def test_max_loras_bounds_the_slots(tiny_model, loras):
+    llm = pagellm.LLM(tiny_model, backend="cpu", kv_cache_gb=0.05, max_loras=1)
+    llm.load_lora_adapter(LoRARequest("a", 1, loras["a"]))
+    with pytest.raises(ValueError) as e:
+        llm.load_lora_adapter(LoRARequest("b", 2, loras["b"]))
+    assert "max_loras" in str(e.value) or "slot" in str(e.value), str(e.value)
+    assert [a.name for a in llm.list_lora_adapters()] == ["a"]
+
+
+def test_async_streams_naming_one_new_adapter_load_it_once(tiny_model, loras):
+    async def one(llm):
+        async for out in llm.generate(PROMPT, GREEDY, lora_request=LoRARequest("a", 1, loras["a"])):
+            last = out
+        return last.outputs[0].token_ids
+
+    async def run():
+        async with pagellm.AsyncLLM(tiny_model, backend="cpu", kv_cache_gb=0.05) as llm:
+            outs = await asyncio.gather(*(one(llm) for _ in range(4)))
+            return outs, await llm.list_lora_adapters()
+
+    outs, adapters = asyncio.run(run())
+    assert all(o == outs[0] for o in outs)
+    assert [(a.name, a.version) for a in adapters] == [("a", 1)]
