@@ -13,8 +13,8 @@ from typing import (Any, AsyncIterator, Dict, Iterable, List, Mapping, Optional,
                     Tuple, Union)
 
 from . import _core
-from .llm import (Conversation, PromptType, _chat_prompt, _core_prompt, _engine_options,
-                  _named_tensors)
+from .llm import (Conversation, PromptType, TextCodec, _chat_prompt, _core_prompt,
+                  _engine_options, _named_tensors)
 from .lora_request import LoRARequest
 from .outputs import RequestOutput, convert_completion, prompt_logprobs_from_score
 from .sampling_params import SamplingParams
@@ -268,9 +268,9 @@ class AsyncLLM:
         """Forgets every cached KV page."""
         await self._call(self._core.reset_prefix_cache)
 
-    def get_tokenizer(self) -> "_AsyncTokenizer":
+    def get_tokenizer(self) -> TextCodec:
         """encode and decode with the model's tokenizer (thread-safe)."""
-        return _AsyncTokenizer(self._core)
+        return TextCodec(self._core)
 
     def check_invariants_and_count_free_pages(self) -> int:
         """Checks KV page ownership on the loop thread and returns the free pages (equal
@@ -295,18 +295,3 @@ class AsyncLLM:
 
     async def __aexit__(self, *exc: Any) -> None:
         self.shutdown()
-
-
-class _AsyncTokenizer:
-    """encode/decode of an AsyncLLM's model."""
-
-    def __init__(self, core: Any) -> None:
-        self._core = core
-
-    def encode(self, text: str) -> List[int]:
-        """Token ids of ``text``."""
-        return list(self._core.encode(text))
-
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        """Text of ``token_ids``."""
-        return self._core.decode([int(t) for t in token_ids], skip_special_tokens)

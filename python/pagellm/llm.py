@@ -49,9 +49,9 @@ def model_presets() -> List[str]:
     return list(_core.model_presets())
 
 
-class Tokenizer:
-    """The model's tokenizer (what ``LLM.get_tokenizer()`` returns): Qwen3's byte-level BPE
-    and chat template, computed by the C++ core."""
+class TextCodec:
+    """encode/decode with the model's tokenizer (Qwen3's byte-level BPE), computed by the
+    C++ core; what ``AsyncLLM.get_tokenizer()`` returns."""
 
     def __init__(self, core: Any) -> None:
         self._core = core
@@ -63,6 +63,11 @@ class Tokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``token_ids``."""
         return self._core.decode([int(t) for t in token_ids], skip_special_tokens)
+
+
+class Tokenizer(TextCodec):
+    """The model's tokenizer (what ``LLM.get_tokenizer()`` returns): encode/decode and the
+    chat template, computed by the C++ core."""
 
     def apply_chat_template(self, messages: Conversation, tokenize: bool = False,
                             add_generation_prompt: bool = True,
