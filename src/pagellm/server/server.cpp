@@ -206,6 +206,19 @@ struct Server::Impl {
     for (const std::string& id : ids) engine.abort(id);
   }
 
+  /// One turn of a streaming response: what the engine delivered within 50 ms. When nothing
+  /// came and the request still runs, it is the moment to notice a client that went away:
+  /// its request is aborted and `gone` set (the provider then returns false).
+  std::deque<Inflight::Item> next_items(Inflight& inflight, httplib::DataSink& sink, bool& gone) {
+    std::deque<Inflight::Item> items = inflight.take(std::chrono::milliseconds(50));
+    gone = false;
+    if (items.empty() && !inflight.done() && !sink.is_writable()) {
+      abort_all(inflight);
+      gone = true;
+    }
+    return items;
+  }
+
   /// Latency and token metrics of one delta (on the loop thread).
   void record(Inflight& inflight, int prompt, const RequestOutput& delta) {
     const Clock::time_point now = Clock::now();
@@ -282,15 +295,10 @@ struct Server::Impl {
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, r, meta, inflight, state, decode](size_t, httplib::DataSink& sink) {
-          std::deque<Inflight::Item> items = inflight->take(std::chrono::milliseconds(50));
-          if (items.empty() && !inflight->done()) {
-            // Nothing new: the moment to notice a client that went away.
-            if (!sink.is_writable()) {
-              abort_all(*inflight);
-              return false;
-            }
-            return true;
-          }
+          bool gone = false;
+          std::deque<Inflight::Item> items = next_items(*inflight, sink, gone);
+          if (gone) return false;
+          if (items.empty() && !inflight->done()) return true;
           std::string out;
           for (Inflight::Item& item : items) {
             const size_t p = static_cast<size_t>(item.prompt);
@@ -358,14 +366,10 @@ struct Server::Impl {
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, inflight, params, id](size_t, httplib::DataSink& sink) {
-          std::deque<Inflight::Item> items = inflight->take(std::chrono::milliseconds(50));
-          if (items.empty() && !inflight->done()) {
-            if (!sink.is_writable()) {
-              abort_all(*inflight);
-              return false;
-            }
-            return true;
-          }
+          bool gone = false;
+          std::deque<Inflight::Item> items = next_items(*inflight, sink, gone);
+          if (gone) return false;
+          if (items.empty() && !inflight->done()) return true;
           std::string out;
           for (Inflight::Item& item : items) {
             item.delta.request_id = id;
