@@ -33,6 +33,15 @@ void add_engine_options(CLI::App* cmd, EngineSettings& s) {
   cmd->add_flag("--batch-invariant", s.config.batch_invariant,
                 "a request's tokens and log-probabilities do not depend on the rest of the "
                 "batch, the chunk size or the decode bucket (slower; native attention)");
+  cmd->add_option("--max-loras", s.config.max_loras,
+                  "LoRA adapter slots (adapters loaded at once; each LoRA decode graph covers "
+                  "them all)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            return !v.empty() && v[0] == '-' ? "must be >= 0 (adapter slots), got " + v : "";
+          },
+          "N >= 0"))
+      ->capture_default_str();
   cmd->add_flag("!--no-prefix-caching", s.config.enable_prefix_caching,
                 "do not keep KV pages by their tokens for later requests to reuse (outputs "
                 "are the same; every prompt is prefilled in full)");

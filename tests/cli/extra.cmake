@@ -203,3 +203,12 @@ add_test(NAME cli_make_lora_bad_rank COMMAND ${_expect}
   "^pagellm: error: make-lora flags: rank r = 65 is outside the supported 1..64" ${_pl}
   make-lora --model ${_dir} --out ${_lora}-bad --rank 65)
 set_tests_properties(cli_make_lora_bad_rank PROPERTIES FIXTURES_REQUIRED cli_model)
+add_test(NAME cli_generate_lora_max_loras COMMAND ${_expect}
+  "^pagellm: error: load_lora_adapter 'b': all 1 adapter slots are in use \\(max_loras\\)"
+  ${_pl} generate --model ${_dir} --prompt-ids 1 --max-loras 1 --lora a=${_lora}
+  --lora b=${_lora} --lora-name a)
+set_tests_properties(cli_generate_lora_max_loras PROPERTIES FIXTURES_REQUIRED "cli_model;cli_lora")
+add_test(NAME cli_generate_max_loras_negative COMMAND ${_pl} generate --model ${_dir}
+  --prompt-ids 1 --max-loras -1)
+set_tests_properties(cli_generate_max_loras_negative PROPERTIES FIXTURES_REQUIRED cli_model
+  PASS_REGULAR_EXPRESSION "--max-loras: must be >= 0 \\(adapter slots\\), got -1")

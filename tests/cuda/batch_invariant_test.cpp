@@ -19,9 +19,11 @@
 
 #include "common/reference_qwen3.h"
 #include "cuda/cuda_test_util.h"
+#include "model/model_test_util.h"
 #include "pagellm/cpu/cpu_backend.h"
 #include "pagellm/cuda/cuda_backend.h"
 #include "pagellm/engine/engine.h"
+#include "pagellm/model/lora.h"
 
 namespace pagellm {
 namespace {
@@ -212,8 +214,11 @@ std::vector<int32_t> random_prompt(std::mt19937_64& rng, int len, int vocab) {
   return p;
 }
 
+// With adapter_dirs, adapters a0, a1, ... are loaded; the observed request runs with a0 and
+// the others with a0, a1 or none in turn.
 Observed generate(const std::string& backend_name, Scenario scenario, int32_t chunk,
-                  const Qwen3Config& c, const testing::HostWeights& w) {
+                  const Qwen3Config& c, const testing::HostWeights& w,
+                  const std::vector<std::string>& adapter_dirs = {}) {
   auto backend = create_backend(backend_name);
   auto model = std::make_unique<Qwen3Model>(*backend, c, w.lookup());
   EngineConfig ec;
@@ -225,6 +230,14 @@ Observed generate(const std::string& backend_name, Scenario scenario, int32_t ch
   ec.max_model_len = 512;
   ec.batch_invariant = true;
   Engine engine(std::move(backend), std::move(model), ec);
+  for (size_t i = 0; i < adapter_dirs.size(); ++i) {
+    engine.load_lora_adapter({"a" + std::to_string(i), static_cast<int64_t>(i + 1), adapter_dirs[i]});
+  }
+  const std::string lora = adapter_dirs.empty() ? "" : "a0";
+  auto other_lora = [&](int i) -> std::string {
+    if (adapter_dirs.empty() || i % 3 == 0) return "";
+    return i % 3 == 1 ? "a0" : "a" + std::to_string(adapter_dirs.size() - 1);
+  };
   std::mt19937_64 rng(99);
   const std::vector<int32_t> prompt = random_prompt(rng, 150, static_cast<int>(c.vocab_size));
   SamplingParams sp;
@@ -249,18 +262,18 @@ Observed generate(const std::string& backend_name, Scenario scenario, int32_t ch
   });
   switch (scenario) {
     case Scenario::kAlone:
-      id = engine.add_request(prompt, sp);
+      id = engine.add_request(prompt, sp, lora);
       break;
     case Scenario::kCrowd:
       for (int i = 0; i < 63; ++i) {
-        if (i == 20) id = engine.add_request(prompt, sp);
-        engine.add_request(others[i].first, others[i].second);
+        if (i == 20) id = engine.add_request(prompt, sp, lora);
+        engine.add_request(others[i].first, others[i].second, other_lora(i));
       }
       break;
     case Scenario::kMidRun:
-      for (const auto& [p, o] : others) engine.add_request(p, o);
+      for (int i = 0; i < 63; ++i) engine.add_request(others[i].first, others[i].second, other_lora(i));
       for (int s = 0; s < 8; ++s) engine.step();
-      id = engine.add_request(prompt, sp);
+      id = engine.add_request(prompt, sp, lora);
       break;
   }
   while (engine.has_unfinished()) engine.step();
@@ -308,6 +321,41 @@ TEST(BatchInvariantEngine, RequestBitsDoNotDependOnTheBatchWithGraphs) {
   ASSERT_TRUE(cpu.logits.count(0) && alone.logits.count(0));
   EXPECT_TRUE(relative_close(alone.logits.at(0), cpu.logits.at(0), 3e-2, "first logits vs cpu",
                              "fixed weights seed 17"));
+}
+
+// The same promise with LoRA: the observed request runs with an adapter among requests of
+// another adapter and of none, through LoRA decode graphs and prefill chunks.
+TEST(BatchInvariantEngine, LoraRequestBitsDoNotDependOnTheBatch) {
+  if (test::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  const Qwen3Config c = testing::small_gpu_config();
+  const testing::HostWeights w = testing::random_weights(c, 23);
+  testing::TempDir d0, d1;
+  LoraConfig cfg;
+  cfg.rank = 16;
+  cfg.alpha = 32;
+  cfg.target_modules = {LoraModule::kQ,    LoraModule::kK,  LoraModule::kV,   LoraModule::kO,
+                        LoraModule::kGate, LoraModule::kUp, LoraModule::kDown};
+  make_lora_adapter(d0.path(), c, cfg, 31, DType::BF16, 0.05f);
+  cfg.rank = 8;
+  cfg.target_modules = {LoraModule::kQ, LoraModule::kV, LoraModule::kDown};
+  make_lora_adapter(d1.path(), c, cfg, 32, DType::BF16, 0.05f);
+  const std::vector<std::string> dirs = {d0.path(), d1.path()};
+  const Observed alone = generate("cuda", Scenario::kAlone, 2048, c, w, dirs);
+  EXPECT_GT(alone.graph_steps, 30);  // LoRA decode graphs
+  {
+    SCOPED_TRACE("with 63 others (two adapters and none)");
+    const Observed crowd = generate("cuda", Scenario::kCrowd, 2048, c, w, dirs);
+    EXPECT_GT(crowd.graph_steps, 30);
+    expect_identical(alone, crowd);
+  }
+  {
+    SCOPED_TRACE("arriving mid-run, chunks of 64 beside decode rows");
+    expect_identical(alone, generate("cuda", Scenario::kMidRun, 64, c, w, dirs));
+  }
+  // The adapter matters: without it the request's first logits differ.
+  const Observed base = generate("cuda", Scenario::kAlone, 2048, c, w);
+  ASSERT_TRUE(base.logits.count(0) && alone.logits.count(0));
+  EXPECT_FALSE(same_bits(base.logits.at(0), alone.logits.at(0)));
 }
 
 }  // namespace

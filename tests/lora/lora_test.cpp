@@ -477,8 +477,15 @@ TEST(LoraBatch, SlotsAreCheckedByTheBatchAndTheModel) {
   expect_error([&] { model.set_lora(0, LoraAdapter{}); }, "slot 0 is not a LoRA slot");
   TempDir dir;
   make_lora_adapter(dir.path(), mc, lora_config(2, 4, {LoraModule::kUp}), 5);
+  expect_error([&] { model.set_lora(3, read_lora_adapter(dir.path(), mc)); },
+               "outside the model's 0 LoRA slots");
+  model.enable_lora(4);
+  expect_error([&] { model.enable_lora(5); }, "has 4 LoRA slots already");
+  expect_error([&] { model.set_lora(5, read_lora_adapter(dir.path(), mc)); },
+               "slot 5 is outside the model's 4 LoRA slots");
   model.set_lora(3, read_lora_adapter(dir.path(), mc));
   EXPECT_TRUE(model.has_lora(3));
+  EXPECT_GT(model.lora_bytes(3), 0u);
   model.forward(tensors, kv);
   model.clear_lora(3);
   EXPECT_FALSE(model.has_lora(3));

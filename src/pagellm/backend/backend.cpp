@@ -92,15 +92,15 @@ void Backend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& 
   silu_mul(gate_up, out);
 }
 
-void Backend::lora_add(const Tensor& x, const std::vector<LoraSegment>& segments,
-                       Tensor& shrunk, Tensor& out, int64_t col_offset) {
+void Backend::lora_add(const Tensor& x, const LoraGroup& group, const BatchTensors& batch,
+                       Tensor& out) {
   (void)x;
-  (void)shrunk;
+  (void)group;
+  (void)batch;
   (void)out;
-  (void)col_offset;
-  PAGELLM_CHECK(segments.empty()) << "the " << name()
-                                  << " backend has no LoRA kernels yet; serve LoRA adapters "
-                                     "with the cpu backend";
+  PAGELLM_FAIL() << "the " << name()
+                 << " backend has no LoRA kernels; serve LoRA adapters with the cpu or cuda "
+                    "backend";
 }
 
 void Backend::matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv, Tensor& qkv,

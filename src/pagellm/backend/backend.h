@@ -46,14 +46,40 @@ struct AttentionShape {
 
 struct AttentionPlan;
 
-/// One run of consecutive token rows that share a LoRA adapter, for Backend::lora_add:
-/// rows [row_begin, row_end) of the step get scale · (x·aᵀ)·bᵀ added to their output.
-struct LoraSegment {
-  int64_t row_begin = 0;
-  int64_t row_end = 0;
-  Tensor a;  // [r, in], weight dtype
-  Tensor b;  // [out, r], weight dtype
+/// One adapter slot's factors for one layer and LoRA group, as Backend::lora_add reads them
+/// (docs/design.md "LoRA"). Tables of these live in backend memory (the model writes them
+/// with copy_to_device), so that a captured graph reads whatever adapter a slot holds when
+/// it replays. `a == nullptr`: the slot holds no adapter for this group.
+struct LoraSlotFactors {
+  /// [modules · rank, in], weight dtype: module 0's A rows, then module 1's, ...
+  const void* a = nullptr;
+  /// [rank, width_total], weight dtype: row i holds column i of each module's B side by
+  /// side (Bᵀ of module 0, then module 1, ...), so that an expand reads rows i < rank.
+  const void* bt = nullptr;
+  int32_t rank = 0;
   float scale = 0.0f;
+};
+
+/// A layer's LoRA modules that read the same input and write side by side into one output
+/// (q/k/v into the fused qkv, gate/up into gate_up; o and down alone), for
+/// Backend::lora_add. Module m's delta goes to columns [col_offset + Σ_{m'<m} width[m'],
+/// + width[m]) of the output.
+struct LoraGroup {
+  static constexpr int kMaxModules = 3;
+  /// The largest rank the kernels take (model/lora.h's kMaxLoraRank).
+  static constexpr int kMaxRank = 64;
+  /// Backend memory: LoraSlotFactors[num_slots], indexed by slot (entry 0 is never read).
+  const LoraSlotFactors* slots = nullptr;
+  int32_t num_slots = 0;
+  int32_t num_modules = 0;
+  int64_t in = 0;  // the input width every module reads
+  std::array<int64_t, kMaxModules> width{};
+  int64_t col_offset = 0;
+  int64_t width_total() const {
+    int64_t w = 0;
+    for (int m = 0; m < num_modules; ++m) w += width[static_cast<size_t>(m)];
+    return w;
+  }
 };
 
 /// One forward's attention plan (plan/run, as FlashInfer splits it): made once per forward
@@ -191,16 +217,18 @@ class Backend {
   /// silu_mul; a backend may fuse the two (the CUDA one does for decode batches).
   virtual void matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up,
                                Tensor& out);
-  /// LoRA, batched by adapter segment (Punica / S-LoRA's shrink then expand; docs/design.md
-  /// "LoRA"): for each segment and each of its rows t,
-  ///   shrunk[t, :r] = x[t, :] · aᵀ                            (shrink, [n, in] -> [n, r])
-  ///   out[t, col_offset + j] += scale · Σ_i shrunk[t, i] · b[j, i]   (expand, j < out_dim)
-  /// x [T, in] and out [T, N] in the activation dtype, col_offset + out_dim <= N (so a
-  /// delta lands in its slice of a fused q/k/v or gate/up output); shrunk [T, >= r] is
-  /// scratch. Rows outside every segment are left alone. Segments must not overlap. The
-  /// default throws Error (a backend without LoRA kernels).
-  virtual void lora_add(const Tensor& x, const std::vector<LoraSegment>& segments,
-                        Tensor& shrunk, Tensor& out, int64_t col_offset);
+  /// LoRA for one group of modules (docs/design.md "LoRA"): for every token row t whose
+  /// slot q = batch.lora_slots[t] is not 0 and whose group.slots[q].a is set, with
+  /// f = group.slots[q], r = f.rank and module m's A rows A_m = f.a[m·r, (m+1)·r):
+  ///   s_m[t, i] = Σ_k x[t, k] · A_m[i, k]                              (shrink, float32)
+  ///   out[t, col_offset + off_m + j] += f.scale · Σ_i s_m[t, i] · f.bt[i, off_m + j]  (expand)
+  /// x [T, in] and out [T, N] in the activation dtype; other rows and columns are left
+  /// alone. Each row's sums run in an order that depends only on the group's shapes, so a
+  /// row's result does not depend on the batch around it. Reads the slot tables and
+  /// batch.lora_slots from backend memory at run time (works inside a captured graph).
+  /// The default throws Error (a backend without LoRA kernels).
+  virtual void lora_add(const Tensor& x, const LoraGroup& group, const BatchTensors& batch,
+                        Tensor& out);
   /// Whether lora_add works on this backend (the engine refuses to load adapters otherwise).
   virtual bool supports_lora() const { return false; }
   /// out[r, :] = x[indices[r], :]

@@ -249,6 +249,9 @@ BatchTensors CpuBackend::upload_batch(const ForwardBatch& batch) {
   }
   bt.logits_indices = view_of(batch.logits_indices,
                               {static_cast<int64_t>(batch.logits_indices.size())});
+  const std::vector<int32_t> lora_rows = batch.lora_token_slots();
+  lora_rows_.assign(lora_rows.begin(), lora_rows.end());
+  if (!lora_rows_.empty()) bt.lora_slots = view_of(lora_rows_, {T});
   return bt;
 }
 
@@ -307,52 +310,60 @@ void CpuBackend::matmul(const Tensor& x, const Tensor& w, Tensor& out) {
               out.ptr<float>(), static_cast<int>(N));
 }
 
-void CpuBackend::lora_add(const Tensor& x, const std::vector<LoraSegment>& segments,
-                          Tensor& shrunk, Tensor& out, int64_t col_offset) {
-  if (segments.empty()) return;
+void CpuBackend::lora_add(const Tensor& x, const LoraGroup& group, const BatchTensors& batch,
+                          Tensor& out) {
   expect_f32(x, "lora_add input");
-  expect_f32(shrunk, "lora_add scratch");
   expect_f32(out, "lora_add output");
   const int64_t T = x.size(0), K = x.row_elems(), N = out.row_elems();
-  PAGELLM_CHECK(out.size(0) == T && shrunk.size(0) >= T)
-      << "lora_add: input " << x.shape_string() << ", output " << out.shape_string()
-      << " and scratch " << shrunk.shape_string() << " disagree on the row count";
-  int64_t previous_end = 0;
-  for (const LoraSegment& s : segments) {
-    expect_f32(s.a, "lora_add A");
-    expect_f32(s.b, "lora_add B");
-    const int64_t r = s.a.size(0), n_out = s.b.size(0);
-    PAGELLM_CHECK(s.a.row_elems() == K && s.b.row_elems() == r && r <= shrunk.row_elems() &&
-                  col_offset >= 0 && col_offset + n_out <= N)
-        << "lora_add: A " << s.a.shape_string() << " and B " << s.b.shape_string()
-        << " do not fit input " << x.shape_string() << ", output " << out.shape_string()
-        << " at column " << col_offset << " and scratch " << shrunk.shape_string();
-    PAGELLM_CHECK(s.row_begin >= previous_end && s.row_begin <= s.row_end && s.row_end <= T)
-        << "lora_add: segment rows [" << s.row_begin << ", " << s.row_end
-        << ") overlap an earlier segment or leave the step's " << T << " rows";
-    previous_end = s.row_end;
-    const float* a = s.a.ptr<float>();
-    const float* b = s.b.ptr<float>();
-    const int64_t ld_shrunk = shrunk.row_elems();
-    // Threads only when the segment has work for them: a small one (a decode row of a tiny
-    // test model) costs less alone than a parallel region's start.
-    const int64_t work = (s.row_end - s.row_begin) * r * (K + n_out);
+  const int64_t W = group.width_total();
+  PAGELLM_CHECK(out.size(0) == T && K == group.in && group.num_modules >= 1 &&
+                group.num_modules <= LoraGroup::kMaxModules && group.col_offset >= 0 &&
+                group.col_offset + W <= N)
+      << "lora_add: input " << x.shape_string() << " and output " << out.shape_string()
+      << " do not fit a group of " << group.num_modules << " modules reading " << group.in
+      << " and writing " << W << " columns at " << group.col_offset;
+  if (batch.lora_slots.data == nullptr) return;
+  PAGELLM_CHECK(batch.lora_slots.numel() == T)
+      << "lora_add: " << batch.lora_slots.numel() << " row slots for " << T << " rows";
+  const int32_t* row_slot = batch.lora_slots.ptr<int32_t>();
+  // Module of each output column of the group, and where its columns start.
+  std::array<int64_t, LoraGroup::kMaxModules + 1> start{};
+  for (int m = 0; m < group.num_modules; ++m) start[m + 1] = start[m] + group.width[m];
+  // Checked before the parallel loop (nothing may throw inside it).
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t q = row_slot[t];
+    PAGELLM_CHECK(q >= 0 && q < group.num_slots)
+        << "lora_add: row " << t << " names slot " << q << " of " << group.num_slots;
+    const LoraSlotFactors& f = group.slots[q];
+    PAGELLM_CHECK(q == 0 || f.a == nullptr || (f.rank >= 1 && f.rank <= LoraGroup::kMaxRank))
+        << "lora_add: slot " << q << " has rank " << f.rank << ", outside 1.."
+        << LoraGroup::kMaxRank;
+  }
+  // Threads over rows when there is work enough; each row's sums run in one fixed order.
+  const int64_t work = T * K * 8;
 #pragma omp parallel for schedule(static) if (work >= (int64_t{1} << 18))
-    for (int64_t t = s.row_begin; t < s.row_end; ++t) {
-      const float* xr = x.ptr<float>() + t * K;
-      float* sr = shrunk.ptr<float>() + t * ld_shrunk;
-      for (int64_t i = 0; i < r; ++i) {
-        const float* ar = a + i * K;
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t q = row_slot[t];
+    if (q == 0) continue;
+    const LoraSlotFactors& f = group.slots[q];
+    if (f.a == nullptr) continue;
+    const int64_t r = f.rank;
+    const float* a = static_cast<const float*>(f.a);
+    const float* bt = static_cast<const float*>(f.bt);
+    const float* xr = x.ptr<float>() + t * K;
+    float* orow = out.ptr<float>() + t * N + group.col_offset;
+    std::array<float, LoraGroup::kMaxModules * LoraGroup::kMaxRank> s{};
+    for (int64_t i = 0; i < group.num_modules * r; ++i) {
+      const float* ar = a + i * K;
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc += xr[k] * ar[k];
+      s[static_cast<size_t>(i)] = acc;
+    }
+    for (int m = 0; m < group.num_modules; ++m) {
+      for (int64_t j = start[m]; j < start[m + 1]; ++j) {
         float acc = 0.0f;
-        for (int64_t k = 0; k < K; ++k) acc += xr[k] * ar[k];
-        sr[i] = acc;
-      }
-      float* orow = out.ptr<float>() + t * N + col_offset;
-      for (int64_t j = 0; j < n_out; ++j) {
-        const float* br = b + j * r;
-        float acc = 0.0f;
-        for (int64_t i = 0; i < r; ++i) acc += sr[i] * br[i];
-        orow[j] += s.scale * acc;
+        for (int64_t i = 0; i < r; ++i) acc += s[static_cast<size_t>(m * r + i)] * bt[i * W + j];
+        orow[j] += f.scale * acc;
       }
     }
   }

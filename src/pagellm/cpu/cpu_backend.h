@@ -71,8 +71,8 @@ class CpuBackend : public Backend {
   void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) override;
   /// Each row's shrink and expand are fixed-order dot products (the reference: a row's
   /// result does not depend on the other rows or the segment sizes).
-  void lora_add(const Tensor& x, const std::vector<LoraSegment>& segments, Tensor& shrunk,
-                Tensor& out, int64_t col_offset) override;
+  void lora_add(const Tensor& x, const LoraGroup& group, const BatchTensors& batch,
+                Tensor& out) override;
   bool supports_lora() const override { return true; }
 
  private:
@@ -89,6 +89,8 @@ class CpuBackend : public Backend {
   // Rows seq_slots[b] of table_ for the current batch, [B, table_width_]. Its capacity is
   // reserved by reserve_batch() so that its address stays fixed for recorded graphs.
   std::vector<int32_t> batch_rows_;
+  // Each token row's LoRA slot for the current batch (BatchTensors::lora_slots).
+  std::vector<int32_t> lora_rows_;
   // kKvCache mappings: address -> mapped bytes (a multiple of the page size).
   std::unordered_map<void*, size_t> kv_mappings_;
   bool asleep_ = false;

@@ -68,6 +68,7 @@ BatchStaging::Layout BatchStaging::layout() const {
   l.query_start = region(cap_seqs_ + 1);
   l.kv_lens = region(cap_seqs_);
   l.logits_indices = region(cap_rows_);
+  l.lora_slots = region(cap_tokens_);
   // The persistent page table's inputs (sized only once a persistent batch has come, so
   // that the dense path's copy stays as small as before), then the page table last: the
   // dense path copies up to its used part, the persistent path up to the used values.
@@ -234,6 +235,8 @@ BatchTensors BatchStaging::upload(const ForwardBatch& batch) {
   put(l.query_start, batch.query_start);
   put(l.kv_lens, batch.kv_lens);
   put(l.logits_indices, batch.logits_indices);
+  const bool lora = !batch.lora_slots.empty();
+  if (lora) put(l.lora_slots, batch.lora_token_slots());
   size_t used = 0;
   bool runs_overlap = false;
   if (persistent) {
@@ -286,6 +289,7 @@ BatchTensors BatchStaging::upload(const ForwardBatch& batch) {
   bt.kv_lens = Tensor(device_ + l.kv_lens, DType::I32, {B});
   bt.page_table = Tensor(device_ + l.page_table, DType::I32, {B, batch.max_pages_per_seq});
   bt.logits_indices = Tensor(device_ + l.logits_indices, DType::I32, {R});
+  if (lora) bt.lora_slots = Tensor(device_ + l.lora_slots, DType::I32, {T});
   return bt;
 }
 

@@ -39,7 +39,7 @@ class BatchStaging {
   // Element offsets of the batch regions for the current capacities.
   struct Layout {
     size_t token_ids, positions, slot_mapping, query_start, kv_lens, logits_indices,
-        seq_slots, page_runs, page_values, page_table, total;
+        lora_slots, seq_slots, page_runs, page_values, page_table, total;
   };
   // What the batch regions must hold (elements; runs of the persistent page table).
   struct Capacity {

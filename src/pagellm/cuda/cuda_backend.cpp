@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstring>
 
 #include <utility>
@@ -87,6 +88,9 @@ void CudaBackend::release_all() noexcept {
   matmul_.reset();
   if (memory_) memory_->deallocate(matmul_workspace_);
   matmul_workspace_ = nullptr;
+  if (memory_) memory_->deallocate(lora_work_);
+  lora_work_ = nullptr;
+  lora_work_floats_ = 0;
   memory_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   stream_ = nullptr;
@@ -386,33 +390,55 @@ void CudaBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
   launch_silu_mul(gate_up.data, out.data, rows, inter, as_stream(stream_));
 }
 
-void CudaBackend::lora_add(const Tensor& x, const std::vector<LoraSegment>& segments,
-                           Tensor& shrunk, Tensor& out, int64_t col_offset) {
-  (void)shrunk;  // the kernel keeps x·Aᵀ in shared memory, in float32
-  if (segments.empty()) return;
+static_assert(sizeof(LoraSlotRef) == sizeof(LoraSlotFactors) &&
+                  offsetof(LoraSlotRef, a) == offsetof(LoraSlotFactors, a) &&
+                  offsetof(LoraSlotRef, bt) == offsetof(LoraSlotFactors, bt) &&
+                  offsetof(LoraSlotRef, rank) == offsetof(LoraSlotFactors, rank) &&
+                  offsetof(LoraSlotRef, scale) == offsetof(LoraSlotFactors, scale),
+              "the kernels' slot entries must read the model's tables");
+
+void CudaBackend::lora_add(const Tensor& x, const LoraGroup& group, const BatchTensors& batch,
+                           Tensor& out) {
   expect_dtype(x, DType::BF16, "lora_add", "input");
   expect_dtype(out, DType::BF16, "lora_add", "output");
   const int64_t T = x.ndim == 0 ? 0 : x.size(0), in = x.row_elems(), N = out.row_elems();
-  PAGELLM_CHECK(out.ndim >= 1 && out.size(0) == T)
+  const int64_t W = group.width_total();
+  PAGELLM_CHECK(out.ndim >= 1 && out.size(0) == T && in == group.in &&
+                group.num_modules >= 1 && group.num_modules <= LoraGroup::kMaxModules &&
+                group.col_offset >= 0 && group.col_offset + W <= N)
       << "cuda backend: lora_add: input " << x.shape_string() << " and output "
-      << out.shape_string() << " differ in rows";
-  int64_t previous_end = 0;
-  for (const LoraSegment& s : segments) {
-    expect_dtype(s.a, DType::BF16, "lora_add", "A");
-    expect_dtype(s.b, DType::BF16, "lora_add", "B");
-    const int64_t r = s.a.size(0), n_out = s.b.size(0);
-    PAGELLM_CHECK(s.a.row_elems() == in && s.b.row_elems() == r && col_offset >= 0 &&
-                  col_offset + n_out <= N)
-        << "cuda backend: lora_add: A " << s.a.shape_string() << " and B "
-        << s.b.shape_string() << " do not fit input " << x.shape_string() << " and output "
-        << out.shape_string() << " at column " << col_offset;
-    PAGELLM_CHECK(s.row_begin >= previous_end && s.row_begin <= s.row_end && s.row_end <= T)
-        << "cuda backend: lora_add: segment rows [" << s.row_begin << ", " << s.row_end
-        << ") overlap an earlier segment or leave the step's " << T << " rows";
-    previous_end = s.row_end;
-    launch_lora_add(x.data, in, s.a.data, s.b.data, r, n_out, s.scale, out.data, N, col_offset,
-                    s.row_begin, s.row_end, as_stream(stream_));
+      << out.shape_string() << " do not fit a group of " << group.num_modules
+      << " modules reading " << group.in << " and writing " << W << " columns at "
+      << group.col_offset;
+  if (batch.lora_slots.data == nullptr || T == 0) return;
+  PAGELLM_CHECK(batch.lora_slots.numel() == T)
+      << "cuda backend: lora_add: " << batch.lora_slots.numel() << " row slots for " << T
+      << " rows";
+  // Scratch for the shrink's partial sums: made once, outside any capture (the forward
+  // before a capture makes it), and never moved, since graphs keep its address; larger
+  // steps run in windows of rows.
+  if (lora_work_ == nullptr) {
+    PAGELLM_CHECK(!capturing()) << "cuda backend: lora_add's scratch must be made before a "
+                                   "graph captures it (run one forward first)";
+    constexpr int64_t kWorkFloats = int64_t{16} << 20;  // 64 MB
+    lora_work_ = memory_->allocate(static_cast<size_t>(kWorkFloats) * sizeof(float));
+    lora_work_floats_ = kWorkFloats;
   }
+  LoraAddArgs args;
+  args.x = x.data;
+  args.in = in;
+  args.slots = reinterpret_cast<const LoraSlotRef*>(group.slots);
+  args.num_slots = group.num_slots;
+  args.row_slots = batch.lora_slots.ptr<int32_t>();
+  args.rows = T;
+  args.num_modules = group.num_modules;
+  for (int m = 0; m < group.num_modules; ++m) args.width[m] = group.width[static_cast<size_t>(m)];
+  args.out = out.data;
+  args.ld_out = N;
+  args.col_offset = group.col_offset;
+  args.work = static_cast<float*>(lora_work_);
+  args.work_floats = lora_work_floats_;
+  launch_lora_add(args, as_stream(stream_));
 }
 
 void CudaBackend::matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv, Tensor& qkv,

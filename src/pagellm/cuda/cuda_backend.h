@@ -151,10 +151,10 @@ class CudaBackend final : public Backend {
   void set_batch_invariant(bool on) override;
   bool batch_invariant() const override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
-  /// One launch per segment of the per-row fused shrink-and-expand kernel (cuda/lora):
-  /// correct first; the segments are host metadata, so a step with LoRA runs eagerly.
-  void lora_add(const Tensor& x, const std::vector<LoraSegment>& segments, Tensor& shrunk,
-                Tensor& out, int64_t col_offset) override;
+  /// The shrink and expand kernels of cuda/lora: graph-capturable (row slots and slot
+  /// tables are read on the device); scratch of 64 MB made by the first call.
+  void lora_add(const Tensor& x, const LoraGroup& group, const BatchTensors& batch,
+                Tensor& out) override;
   bool supports_lora() const override { return true; }
   void matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv, Tensor& qkv,
                                     const Tensor& q_norm, const Tensor& k_norm, float eps,
@@ -266,6 +266,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<AttentionDispatch> attention_;
   std::unique_ptr<BatchStaging> batch_;
   std::unique_ptr<GpuSampler> sampler_;
+  void* lora_work_ = nullptr;  // lora_add's float32 scratch, lora_work_floats_ floats
+  int64_t lora_work_floats_ = 0;
 };
 
 }  // namespace cuda

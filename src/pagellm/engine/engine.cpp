@@ -45,6 +45,8 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
         << " backend: its float32 head runs on cuBLASLt, whose per-row results depend on the "
            "row count; choose one (on the float32 cpu backend both work)";
     if (config_.float32_head) model->enable_float32_head();
+    // LoRA's slot tables, before graphs that read them are captured.
+    if (config_.max_loras > 0 && backend->supports_lora()) model->enable_lora(config_.max_loras);
   } catch (...) {
     model.reset();  // its buffers belong to the backend: free them while it exists
     throw;
@@ -256,7 +258,7 @@ LoraAdapterInfo Engine::load_lora_adapter(const LoraRequest& request) {
   PAGELLM_CHECK(!asleep_) << "load_lora_adapter: the engine is asleep; call wake_up() first";
   PAGELLM_CHECK(runner_->backend().supports_lora())
       << "load_lora_adapter: the " << runner_->backend().name()
-      << " backend cannot run LoRA adapters yet (the cpu backend can)";
+      << " backend has no LoRA kernels (the cpu and cuda backends have)";
   Qwen3Model& model = runner_->model();
   // Read and check everything before a slot changes.
   const LoraAdapter adapter = read_lora_adapter(request.path, model.config());

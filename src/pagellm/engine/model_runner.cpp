@@ -77,6 +77,7 @@ std::vector<int32_t> ModelRunner::graph_buckets() const {
 size_t ModelRunner::recapture_graphs() {
   if (graphs_.empty()) return 0;
   graphs_.clear();
+  lora_graphs_.clear();
   capture_graphs();
   return graphs_.size();
 }
@@ -110,32 +111,47 @@ void ModelRunner::capture_graphs() {
   for (int32_t bucket : buckets) {
     if (bucket > config_.max_num_seqs) bucket = config_.max_num_seqs;
     if (bucket <= 0 || graphs_.count(bucket)) continue;
-    // Padding rows only: on the persistent path this first upload also makes the
-    // backend's table (all zeros, like the engine's), before any capture.
-    ForwardBatch batch;
-    batch.page_size = config_.page_size;
-    batch.max_pages_per_seq = config_.max_pages_per_seq;
-    if (persistent_) batch.page_table_rows = config_.page_table_rows;
-    batch.query_start.push_back(0);
-    append_padding_rows(batch, bucket);
-    batch.kv_len_capacity = config_.max_model_len;
-    BatchTensors tensors = backend_->upload_batch(batch);
-    model_->forward(tensors, kv_);  // warm-up: plans, workspaces, library handles
-    backend_->synchronize();
-    backend_->begin_capture();
-    DecodeGraph g;
-    g.logits = model_->forward(tensors, kv_);
-    g.graph = backend_->end_capture();
-    graphs_[bucket] = std::move(g);
+    capture_graph(bucket, /*lora=*/false);
   }
   backend_->synchronize();
 }
 
+void ModelRunner::capture_graph(int32_t bucket, bool lora) {
+  // Padding rows only: on the persistent path the first upload also makes the backend's
+  // table (all zeros, like the engine's), before any capture.
+  ForwardBatch batch;
+  batch.page_size = config_.page_size;
+  batch.max_pages_per_seq = config_.max_pages_per_seq;
+  if (persistent_) batch.page_table_rows = config_.page_table_rows;
+  batch.query_start.push_back(0);
+  append_padding_rows(batch, bucket);
+  if (lora) batch.lora_slots.assign(static_cast<size_t>(bucket), 0);
+  batch.kv_len_capacity = config_.max_model_len;
+  BatchTensors tensors = backend_->upload_batch(batch);
+  model_->forward(tensors, kv_);  // warm-up: plans, workspaces, library handles
+  backend_->synchronize();
+  backend_->begin_capture();
+  DecodeGraph g;
+  g.logits = model_->forward(tensors, kv_);
+  g.graph = backend_->end_capture();
+  (lora ? lora_graphs_ : graphs_)[bucket] = std::move(g);
+}
+
 Tensor ModelRunner::forward(ForwardBatch& batch, bool pure_decode, StepResult* result) {
   const int32_t rows = batch.num_seqs();
-  auto graph = graphs_.end();
-  if (pure_decode) graph = graphs_.lower_bound(rows);
-  if (graph != graphs_.end()) {
+  // Steps with an adapter replay the LoRA graph of their bucket (the same buckets),
+  // captured here the first time one is needed.
+  const bool lora = !batch.lora_slots.empty();
+  std::map<int32_t, DecodeGraph>& graphs = lora ? lora_graphs_ : graphs_;
+  auto graph = graphs.end();
+  if (pure_decode) {
+    const auto bucket = graphs_.lower_bound(rows);
+    if (bucket != graphs_.end()) {
+      if (lora && !lora_graphs_.count(bucket->first)) capture_graph(bucket->first, true);
+      graph = graphs.find(bucket->first);
+    }
+  }
+  if (graph != graphs.end()) {
     append_padding_rows(batch, graph->first - rows);
     batch.kv_len_capacity = config_.max_model_len;
   }
@@ -143,7 +159,7 @@ Tensor ModelRunner::forward(ForwardBatch& batch, bool pure_decode, StepResult* r
       persistent_ ? batch.page_table_values.size() : batch.page_table.size());
   BatchTensors tensors = backend_->upload_batch(batch);
   result->launched = std::chrono::steady_clock::now();
-  if (graph == graphs_.end()) return model_->forward(tensors, kv_);
+  if (graph == graphs.end()) return model_->forward(tensors, kv_);
   graph->second.graph->replay();
   result->replayed_graph = true;
   return graph->second.logits.rows(0, rows);
@@ -155,9 +171,7 @@ ModelRunner::StepResult ModelRunner::run(const SchedulerOutput& out, PageTable& 
   ForwardBatch batch = persistent_
                            ? build_persistent_forward_batch(out, page_table, config_.page_size)
                            : build_forward_batch(out, page_table, config_.page_size);
-  // Decode graphs are captured without LoRA (the segments are host metadata the model
-  // reads when it issues the products): a step with an adapter runs eagerly.
-  bool pure_decode = !batch.has_lora();
+  bool pure_decode = true;
   for (const ScheduledSeq& s : out.scheduled) {
     pure_decode = pure_decode && s.num_new_tokens == 1 && s.samples && s.fan_out.empty();
   }

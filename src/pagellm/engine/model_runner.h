@@ -96,8 +96,9 @@ class ModelRunner {
   /// The captured decode buckets (empty without graphs).
   std::vector<int32_t> graph_buckets() const;
   /// Drops every decode graph and captures them again (what keeping graphs valid across
-  /// sleep would cost without fixed addresses; the sleep-wake benchmark times it). Only
-  /// between steps. Returns the number of graphs captured.
+  /// sleep would cost without fixed addresses; the sleep-wake benchmark times it); LoRA
+  /// graphs are captured again as steps need them. Only between steps. Returns the number
+  /// of graphs captured.
   size_t recapture_graphs();
   Qwen3Model& model() { return *model_; }
   Backend& backend() { return *backend_; }
@@ -106,6 +107,9 @@ class ModelRunner {
   int64_t size_kv_cache() const;
   void allocate_kv(int64_t num_pages);
   void capture_graphs();
+  /// Captures the decode graph of `bucket` rows: the LoRA forward (lora_slots all zeros
+  /// at capture; the replays read each step's slots) when `lora`, the plain one otherwise.
+  void capture_graph(int32_t bucket, bool lora);
   /// Pads `batch` to a bucket and replays its graph when it is a pure decode batch and a
   /// bucket fits; otherwise runs the forward eagerly. Returns the logits rows.
   Tensor forward(ForwardBatch& batch, bool pure_decode, StepResult* result);
@@ -133,6 +137,9 @@ class ModelRunner {
     Tensor logits;  // [bucket, V] in the model's workspace
   };
   std::map<int32_t, DecodeGraph> graphs_;  // by bucket size
+  /// Decode graphs of steps with LoRA adapters, by bucket size: captured the first time a
+  /// step of that bucket has an adapter (docs/design.md "LoRA").
+  std::map<int32_t, DecodeGraph> lora_graphs_;
 };
 
 }  // namespace pagellm

@@ -82,6 +82,19 @@ bool ForwardBatch::has_lora() const {
   return false;
 }
 
+std::vector<int32_t> ForwardBatch::lora_token_slots() const {
+  std::vector<int32_t> rows;
+  if (lora_slots.empty()) return rows;
+  PAGELLM_CHECK(lora_slots.size() == kv_lens.size())
+      << "forward batch: " << lora_slots.size() << " LoRA slots for " << kv_lens.size()
+      << " sequences";
+  rows.resize(token_ids.size(), 0);
+  for (int32_t b = 0; b < num_seqs(); ++b) {
+    std::fill(rows.begin() + query_start[b], rows.begin() + query_start[b + 1], lora_slots[b]);
+  }
+  return rows;
+}
+
 void ForwardBatch::validate() const {
   const int32_t T = num_tokens(), B = num_seqs();
   PAGELLM_CHECK(page_size > 0) << "forward batch: page_size must be positive";

@@ -49,8 +49,9 @@ struct ForwardBatch {
   std::vector<PageTableUpdate> page_table_updates;   // in order; later runs overwrite earlier
   std::vector<int32_t> page_table_values;            // concatenated values of the updates
   std::vector<int32_t> logits_indices;  // [R] token rows whose logits are wanted
-  /// LoRA: the adapter slot of each sequence (0: none; docs/design.md "LoRA"), [B]; empty
-  /// when no sequence of the step has an adapter.
+  /// LoRA: the adapter slot of each sequence (0: none; docs/design.md "LoRA"), [B]. Empty:
+  /// the forward runs without LoRA's kernels; non-empty (even all zeros, as a graph captured
+  /// for LoRA steps is): the forward runs them, and rows of slot 0 skip them.
   std::vector<int32_t> lora_slots;
   /// 0, or an upper bound of kv_lens over every replay of a graph captured with this batch:
   /// kernels then size their grids from it rather than from max_kv_len().
@@ -64,6 +65,9 @@ struct ForwardBatch {
   bool persistent_page_table() const { return !seq_slots.empty(); }
   /// Whether any sequence runs with a LoRA adapter.
   bool has_lora() const;
+  /// The adapter slot of every token row ([T]: lora_slots[b] for the rows of sequence b);
+  /// empty when lora_slots is.
+  std::vector<int32_t> lora_token_slots() const;
   /// Throws Error if the arrays disagree with each other (sizes, offsets, 0 < q <= kv,
   /// positions, slots inside the pages the table gives, logits rows in range). With a
   /// persistent page table it checks the slots and updates (rows 1..page_table_rows-1,
@@ -88,6 +92,9 @@ struct BatchTensors {
   Tensor kv_lens;         // [B]
   Tensor page_table;      // [B, max_pages_per_seq]
   Tensor logits_indices;  // [R]
+  /// [T] int32, each token row's LoRA slot (ForwardBatch::lora_token_slots); no data when
+  /// the batch has no lora_slots.
+  Tensor lora_slots;
 };
 
 }  // namespace pagellm

@@ -1,5 +1,7 @@
 #include "pagellm/model/qwen3.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <utility>
 
@@ -161,7 +163,6 @@ void Qwen3Model::reserve(int32_t max_tokens, int32_t max_rows) {
   ws_.gate_up = make(act, {T, 2 * c.intermediate_size});
   ws_.act = make(act, {T, c.intermediate_size});
   ws_.rows = make(act, {max_rows, c.hidden_size});
-  ws_.lora_shrunk = make(act, {T, kMaxLoraRank});
   ws_.logits = make(DType::F32, {max_rows, c.vocab_size});
   if (float32_head_) ws_.rows_f32 = make(DType::F32, {max_rows, c.hidden_size});
   max_tokens_ = max_tokens;
@@ -189,13 +190,17 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
   backend_.embedding(embed_, batch.token_ids, residual);
   // One attention plan for the forward (every layer has the same shape and pool extent).
   const AttentionPlanRef attention_plan = backend_.plan_attention(batch, shape, kv[0]);
-  // LoRA: with any adapter in the step, the products the backend would fuse with what
-  // follows them (q/k/v with norm and RoPE, gate/up with SiLU) run apart, so that each
-  // module's delta lands in its slice of the fused output before it is read.
-  const bool lora = batch.host != nullptr && batch.host->has_lora();
-  LoraLayerSegments segs;
-  Tensor shrunk = ws_.lora_shrunk.rows(0, T);
-  const int64_t I = c.intermediate_size;
+  // LoRA (a batch with lora_slots, even all zeros: a graph captured for LoRA steps): the
+  // products the backend would fuse with what follows them (q/k/v with norm and RoPE,
+  // gate/up with SiLU) run apart, so that each group's delta lands in its slice of the
+  // product before it is read. Which rows use which adapter is read on the device.
+  const bool lora = batch.host != nullptr && !batch.host->lora_slots.empty();
+  if (lora) {
+    for (int32_t slot : batch.host->lora_slots) {
+      PAGELLM_CHECK(slot == 0 || has_lora(slot))
+          << "forward: LoRA slot " << slot << " holds no adapter";
+    }
+  }
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Qwen3LayerWeights& w = layers_[l];
     if (l == 0) {
@@ -203,26 +208,22 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
     } else {
       backend_.add_rms_norm(residual, proj, w.input_norm, eps, hidden);
     }
-    if (lora) {
-      lora_segments(*batch.host, l, segs);
-      auto add = [&](const Tensor& x, LoraModule m, Tensor& out, int64_t col_offset) {
-        backend_.lora_add(x, segs[static_cast<int>(m)], shrunk, out, col_offset);
+    if (lora && lora_num_slots_ > 0) {
+      auto add = [&](const Tensor& x, int group, Tensor& out) {
+        backend_.lora_add(x, lora_group(l, group), batch, out);
       };
       backend_.matmul(hidden, w.qkv, qkv);
-      add(hidden, LoraModule::kQ, qkv, 0);
-      add(hidden, LoraModule::kK, qkv, c.q_size());
-      add(hidden, LoraModule::kV, qkv, c.q_size() + c.kv_size());
+      add(hidden, kLoraQkv, qkv);
       backend_.qk_norm_rope_store_kv(qkv, w.q_norm, w.k_norm, eps, rope, shape, batch, q, kv[l]);
       backend_.attention(q, kv[l], shape, batch, attention_plan, attn);
       backend_.matmul(attn, w.o_proj, proj);
-      add(attn, LoraModule::kO, proj, 0);
+      add(attn, kLoraO, proj);
       backend_.add_rms_norm(residual, proj, w.post_norm, eps, hidden);
       backend_.matmul(hidden, w.gate_up, gate_up);
-      add(hidden, LoraModule::kGate, gate_up, 0);
-      add(hidden, LoraModule::kUp, gate_up, I);
+      add(hidden, kLoraGateUp, gate_up);
       backend_.silu_mul(gate_up, act);
       backend_.matmul(act, w.down, proj);
-      add(act, LoraModule::kDown, proj, 0);
+      add(act, kLoraDown, proj);
       continue;
     }
     backend_.matmul_qk_norm_rope_store_kv(hidden, w.qkv, qkv, w.q_norm, w.k_norm, eps, rope, shape,
@@ -247,14 +248,69 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
   return logits;
 }
 
+namespace {
+
+// The modules of each LoRA group, in the order their outputs sit side by side.
+const std::vector<LoraModule>& lora_group_modules(int group) {
+  static const std::vector<LoraModule> groups[4] = {
+      {LoraModule::kQ, LoraModule::kK, LoraModule::kV},
+      {LoraModule::kO},
+      {LoraModule::kGate, LoraModule::kUp},
+      {LoraModule::kDown}};
+  return groups[group];
+}
+
+// Elements of padding that keep every factor block 256-byte aligned in either dtype.
+int64_t lora_align(int64_t elements) { return (elements + 127) / 128 * 128; }
+
+}  // namespace
+
+void Qwen3Model::enable_lora(int32_t max_slots) {
+  PAGELLM_CHECK(max_slots >= 1) << "enable_lora: max_slots must be >= 1, got " << max_slots;
+  PAGELLM_CHECK(backend_.supports_lora())
+      << "enable_lora: the " << backend_.name() << " backend has no LoRA kernels";
+  if (lora_num_slots_ != 0) {
+    PAGELLM_CHECK(lora_num_slots_ == max_slots + 1)
+        << "enable_lora: the model has " << lora_num_slots_ - 1 << " LoRA slots already; "
+        << max_slots << " asked";
+    return;
+  }
+  const size_t entries = layers_.size() * kNumLoraGroups * static_cast<size_t>(max_slots + 1);
+  lora_table_host_.assign(entries, LoraSlotFactors{});
+  lora_table_ = DeviceBuffer(&backend_, entries * sizeof(LoraSlotFactors));
+  backend_.copy_to_device(lora_table_.get(), lora_table_host_.data(),
+                          entries * sizeof(LoraSlotFactors));
+  lora_slots_.clear();
+  lora_slots_.resize(static_cast<size_t>(max_slots + 1));
+  lora_num_slots_ = max_slots + 1;
+}
+
+LoraGroup Qwen3Model::lora_group(size_t layer, int group) const {
+  const Qwen3Config& c = config_;
+  LoraGroup g;
+  g.slots = static_cast<const LoraSlotFactors*>(lora_table_.get()) +
+            (layer * kNumLoraGroups + static_cast<size_t>(group)) * lora_num_slots_;
+  g.num_slots = lora_num_slots_;
+  const std::vector<LoraModule>& modules = lora_group_modules(group);
+  g.num_modules = static_cast<int32_t>(modules.size());
+  g.in = lora_module_shape(c, modules[0])[1];
+  for (size_t m = 0; m < modules.size(); ++m) g.width[m] = lora_module_shape(c, modules[m])[0];
+  g.col_offset = 0;  // every group's modules fill their output from its first column
+  return g;
+}
+
 void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
   const Qwen3Config& c = config_;
   PAGELLM_CHECK(slot >= 1) << "set_lora: slot " << slot
                            << " is not a LoRA slot (slots are 1, 2, ...; 0 means no adapter)";
+  PAGELLM_CHECK(slot <= max_lora_slots())
+      << "set_lora: slot " << slot << " is outside the model's " << max_lora_slots()
+      << " LoRA slots (enable_lora makes them)";
   PAGELLM_CHECK(adapter.layers.size() == layers_.size())
       << "LoRA adapter " << adapter.path << " has " << adapter.layers.size()
       << " layers; the model has " << layers_.size();
   const int64_t r = adapter.config.rank;
+  static_assert(kMaxLoraRank == LoraGroup::kMaxRank, "the kernels' rank limit is the reader's");
   PAGELLM_CHECK(r >= 1 && r <= kMaxLoraRank)
       << "LoRA adapter " << adapter.path << ": rank " << r << " is outside 1.." << kMaxLoraRank;
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -269,35 +325,93 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
           << ", " << in << "] and [" << out << ", " << r << "]";
     }
   }
-  if (lora_slots_.size() <= static_cast<size_t>(slot)) lora_slots_.resize(slot + 1);
-  LoraSlot fresh;
-  fresh.scale = adapter.config.scale();
-  fresh.layers.resize(layers_.size());
-  const DType dt = backend_.weight_dtype();
+  // Where each (layer, group) block goes in the slot's one allocation: A [M·r, in], then
+  // Bᵀ [r, width]; a group none of whose modules the adapter targets takes no room.
+  struct Block {
+    int64_t a = -1, bt = -1;  // element offsets; -1: not targeted
+  };
+  std::vector<std::array<Block, kNumLoraGroups>> blocks(layers_.size());
+  int64_t total = 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
-    for (int m = 0; m < kNumLoraModules; ++m) {
-      const LoraFactors& f = adapter.layers[l][m];
-      if (f.empty()) continue;
-      const auto [out, in] = lora_module_shape(c, static_cast<LoraModule>(m));
-      auto upload = [&](const std::vector<float>& host, int64_t rows, int64_t cols) {
-        Tensor probe(nullptr, dt, {rows, cols});
-        fresh.storage.emplace_back(&backend_, probe.nbytes(), MemoryRole::kWeights);
-        Tensor t = fresh.storage.back().tensor(dt, {rows, cols});
-        backend_.upload(t, 0, host.data(), DType::F32, rows * cols);
-        return t;
-      };
-      fresh.layers[l][m] = {upload(f.a, r, in), upload(f.b, out, r)};
+    for (int g = 0; g < kNumLoraGroups; ++g) {
+      bool targeted = false;
+      for (LoraModule m : lora_group_modules(g)) {
+        targeted = targeted || !adapter.layers[l][static_cast<int>(m)].empty();
+      }
+      if (!targeted) continue;
+      const LoraGroup group = lora_group(l, g);
+      blocks[l][g].a = total;
+      total += lora_align(group.num_modules * r * group.in);
+      blocks[l][g].bt = total;
+      total += lora_align(r * group.width_total());
     }
   }
-  backend_.synchronize();
+  // The host image, float32 (untargeted modules of a targeted group stay zero), uploaded
+  // in one piece into the backend's weight dtype.
+  std::vector<float> image(static_cast<size_t>(total), 0.0f);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    for (int g = 0; g < kNumLoraGroups; ++g) {
+      if (blocks[l][g].a < 0) continue;
+      const LoraGroup group = lora_group(l, g);
+      const int64_t W = group.width_total();
+      float* a = image.data() + blocks[l][g].a;
+      float* bt = image.data() + blocks[l][g].bt;
+      int64_t col = 0;
+      const std::vector<LoraModule>& modules = lora_group_modules(g);
+      for (size_t mi = 0; mi < modules.size(); ++mi) {
+        const LoraFactors& f = adapter.layers[l][static_cast<int>(modules[mi])];
+        const int64_t out = group.width[mi];
+        if (!f.empty()) {
+          std::copy(f.a.begin(), f.a.end(), a + static_cast<int64_t>(mi) * r * group.in);
+          for (int64_t j = 0; j < out; ++j) {
+            for (int64_t i = 0; i < r; ++i) bt[i * W + col + j] = f.b[static_cast<size_t>(j * r + i)];
+          }
+        }
+        col += out;
+      }
+    }
+  }
+  const DType dt = backend_.weight_dtype();
+  LoraSlot fresh;
+  fresh.storage = DeviceBuffer(&backend_, static_cast<size_t>(total) * dtype_size(dt),
+                               MemoryRole::kWeights);
+  Tensor flat = fresh.storage.tensor(dt, {total});
+  backend_.upload(flat, 0, image.data(), DType::F32, total);
   fresh.loaded = true;
-  // The old factors go only now, after the new ones are complete.
+  // No forward in flight may read the old factors or table; then the table points at the
+  // new ones (a copy that completes before it returns), and only then the old ones go.
+  backend_.synchronize();
+  const size_t elem = dtype_size(dt);
+  const char* base = static_cast<const char*>(fresh.storage.get());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    for (int g = 0; g < kNumLoraGroups; ++g) {
+      LoraSlotFactors& e =
+          lora_table_host_[(l * kNumLoraGroups + static_cast<size_t>(g)) * lora_num_slots_ +
+                           static_cast<size_t>(slot)];
+      e = LoraSlotFactors{};
+      if (blocks[l][g].a < 0) continue;
+      e.a = base + blocks[l][g].a * static_cast<int64_t>(elem);
+      e.bt = base + blocks[l][g].bt * static_cast<int64_t>(elem);
+      e.rank = static_cast<int32_t>(r);
+      e.scale = adapter.config.scale();
+    }
+  }
+  backend_.copy_to_device(lora_table_.get(), lora_table_host_.data(),
+                          lora_table_host_.size() * sizeof(LoraSlotFactors));
   lora_slots_[static_cast<size_t>(slot)] = std::move(fresh);
 }
 
 void Qwen3Model::clear_lora(int32_t slot) {
   if (!has_lora(slot)) return;
   backend_.synchronize();  // no forward in flight may still read the factors
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    for (int g = 0; g < kNumLoraGroups; ++g) {
+      lora_table_host_[(l * kNumLoraGroups + static_cast<size_t>(g)) * lora_num_slots_ +
+                       static_cast<size_t>(slot)] = LoraSlotFactors{};
+    }
+  }
+  backend_.copy_to_device(lora_table_.get(), lora_table_host_.data(),
+                          lora_table_host_.size() * sizeof(LoraSlotFactors));
   lora_slots_[static_cast<size_t>(slot)] = LoraSlot{};
 }
 
@@ -306,26 +420,8 @@ bool Qwen3Model::has_lora(int32_t slot) const {
          lora_slots_[static_cast<size_t>(slot)].loaded;
 }
 
-void Qwen3Model::lora_segments(const ForwardBatch& batch, size_t layer,
-                               LoraLayerSegments& out) const {
-  for (std::vector<LoraSegment>& v : out) v.clear();
-  const int32_t B = batch.num_seqs();
-  for (int32_t b = 0; b < B;) {
-    const int32_t slot = batch.lora_slots[static_cast<size_t>(b)];
-    int32_t end = b + 1;  // consecutive sequences with one adapter make one segment
-    while (end < B && batch.lora_slots[static_cast<size_t>(end)] == slot) ++end;
-    if (slot != 0) {
-      PAGELLM_CHECK(has_lora(slot)) << "forward: LoRA slot " << slot << " holds no adapter";
-      const LoraSlot& s = lora_slots_[static_cast<size_t>(slot)];
-      for (int m = 0; m < kNumLoraModules; ++m) {
-        const auto& [a, bmat] = s.layers[layer][static_cast<size_t>(m)];
-        if (a.data == nullptr) continue;
-        out[static_cast<size_t>(m)].push_back(
-            LoraSegment{batch.query_start[b], batch.query_start[end], a, bmat, s.scale});
-      }
-    }
-    b = end;
-  }
+size_t Qwen3Model::lora_bytes(int32_t slot) const {
+  return has_lora(slot) ? lora_slots_[static_cast<size_t>(slot)].storage.size() : 0;
 }
 
 }  // namespace pagellm

@@ -102,15 +102,25 @@ class Qwen3Model {
   bool float32_head() const { return float32_head_; }
 
   // ---- LoRA (docs/design.md "LoRA") ----------------------------------------------------
-  /// Puts `adapter` (read for this model's config) into slot `slot` (>= 1; 0 means "no
-  /// adapter" in ForwardBatch::lora_slots), replacing the adapter it held: its factors are
-  /// uploaded in the backend's weight dtype. Between forwards. Throws Error for slot 0 or
-  /// an adapter whose layers or shapes do not match the model (nothing changes then).
+  /// Makes the slot tables for adapter slots 1..max_slots (the engine's max_loras), in
+  /// backend memory the forward (and graphs captured over it) read. Once, before the first
+  /// set_lora; throws Error when called again with another count or on a backend without
+  /// LoRA kernels.
+  void enable_lora(int32_t max_slots);
+  /// The slots enable_lora made (0 before it).
+  int32_t max_lora_slots() const { return lora_num_slots_ == 0 ? 0 : lora_num_slots_ - 1; }
+  /// Puts `adapter` (read for this model's config) into slot `slot` (1..max_lora_slots();
+  /// 0 means "no adapter" in ForwardBatch::lora_slots), replacing the adapter it held: its
+  /// factors are uploaded in the backend's weight dtype, then the slot's table entries
+  /// point at them. Between forwards. Throws Error for a slot outside 1..max_lora_slots()
+  /// or an adapter whose layers or shapes do not match the model (nothing changes then).
   void set_lora(int32_t slot, const LoraAdapter& adapter);
   /// Empties a slot (its memory goes back to the backend); a no-op for an empty one.
   void clear_lora(int32_t slot);
   /// Whether slot `slot` holds an adapter.
   bool has_lora(int32_t slot) const;
+  /// Bytes of backend memory slot `slot`'s factors take (0 for an empty slot).
+  size_t lora_bytes(int32_t slot) const;
 
   /// Allocates activations for steps of up to max_tokens tokens and max_rows logits rows.
   /// forward() never allocates; views into this workspace are stable (CUDA graphs).
@@ -161,23 +171,24 @@ class Qwen3Model {
   Tensor final_norm_f32_;
   Tensor lm_head_f32_;
 
-  /// One slot's factors on the backend: per layer and LoraModule, A [r, in] and B [out, r]
-  /// (null tensors for modules the adapter does not target).
+  /// LoRA's groups: the modules of a layer that read one input and write side by side.
+  enum LoraGroupId : int { kLoraQkv, kLoraO, kLoraGateUp, kLoraDown };
+  static constexpr int kNumLoraGroups = 4;
+  /// Group g of layer l as Backend::lora_add takes it (slots from the device table).
+  LoraGroup lora_group(size_t layer, int group) const;
+  /// One slot's factors: one backend allocation holding, per layer and group, the
+  /// modules' A rows stacked and their Bᵀ side by side (LoraSlotFactors' layout).
   struct LoraSlot {
     bool loaded = false;
-    float scale = 0.0f;
-    std::vector<DeviceBuffer> storage;
-    std::vector<std::array<std::pair<Tensor, Tensor>, kNumLoraModules>> layers;
+    DeviceBuffer storage;
   };
   std::vector<LoraSlot> lora_slots_;  // by slot number; [0] is never used
-  /// The forward's LoRA segments of one layer, by module: runs of consecutive token rows
-  /// whose sequences use the same adapter (docs/design.md "LoRA").
-  using LoraLayerSegments = std::array<std::vector<LoraSegment>, kNumLoraModules>;
-  /// Fills `out` for layer `layer` from the batch's per-sequence slots.
-  void lora_segments(const ForwardBatch& batch, size_t layer, LoraLayerSegments& out) const;
+  int32_t lora_num_slots_ = 0;        // max_slots + 1 once enable_lora ran
+  /// [layers][group][slot] entries, on the host and (lora_table_) in backend memory.
+  std::vector<LoraSlotFactors> lora_table_host_;
+  DeviceBuffer lora_table_;
 
   struct Workspace {
-    Tensor lora_shrunk;  // [T, kMaxLoraRank]: lora_add's shrink output
     Tensor residual, hidden, qkv, q, attn, proj, gate_up, act, rows, logits;
     Tensor rows_f32;  // [max_rows, H] float32: the float32 head's normalised rows
   };
