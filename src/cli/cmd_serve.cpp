@@ -129,6 +129,10 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--http-thread-idle-seconds", sa->server.http_thread_idle_seconds,
                   "an HTTP worker thread idle this long ends")
       ->capture_default_str();
+  cmd->add_option("--http-thread-max-connections", sa->server.http_thread_max_connections,
+                  "an HTTP worker thread ends after serving this many connections; a fresh one "
+                  "takes its place (0: never)")
+      ->capture_default_str();
   cmd->add_option("--lora", sa->loras,
                   "NAME=PATH: a PEFT LoRA adapter folder to load at start, served as model NAME "
                   "(repeatable; POST /v1/load_lora_adapter loads more)");

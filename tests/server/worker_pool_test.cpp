@@ -108,6 +108,32 @@ TEST(WorkerPool, EndsIdleThreadsAndStartsNewOnesLater) {
   EXPECT_EQ(pool.counts().started, 7u);
 }
 
+TEST(WorkerPool, EndsAThreadAfterItsJobCount) {
+  WorkerPool pool(4, 10s, 5);
+  // How many jobs the running thread has run, itself included (fresh in a new thread;
+  // thread ids cannot tell threads apart, as the system reuses them).
+  static thread_local int jobs_on_this_thread = 0;
+  std::mutex mu;
+  std::vector<int> seen;
+  for (int i = 0; i < 12; ++i) {
+    std::atomic<bool> done{false};
+    pool.enqueue([&] {
+      std::lock_guard<std::mutex> lock(mu);
+      seen.push_back(++jobs_on_this_thread);
+      done = true;
+    });
+    // Wait until the worker is idle again or has ended, so each job finds the pool settled.
+    ASSERT_TRUE(eventually([&] {
+      const WorkerPool::Counts c = pool.counts();
+      return done && c.idle == c.live;
+    }));
+  }
+  // One job at a time: a thread runs five, then ends and a fresh one takes over.
+  EXPECT_EQ(seen, (std::vector<int>{1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2}));
+  EXPECT_EQ(pool.counts().started, 3u);
+  EXPECT_EQ(pool.counts().live, 1u);
+}
+
 TEST(WorkerPool, ShutdownRunsQueuedJobsThenRefusesWork) {
   WorkerPool pool(1, 10s);
   std::atomic<int> ran{0};

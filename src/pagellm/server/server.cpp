@@ -67,8 +67,8 @@ struct Inflight {
 /// cpp-httplib's task queue over WorkerPool: each accepted connection is one job.
 class HttpWorkers : public httplib::TaskQueue {
  public:
-  HttpWorkers(size_t max_threads, std::chrono::milliseconds idle_timeout)
-      : pool_(max_threads, idle_timeout) {}
+  HttpWorkers(size_t max_threads, std::chrono::milliseconds idle_timeout, size_t max_jobs)
+      : pool_(max_threads, idle_timeout, max_jobs) {}
   void enqueue(std::function<void()> job) override {
     try {
       pool_.enqueue(job);
@@ -499,9 +499,11 @@ struct Server::Impl {
   }
 
   void install_routes() {
-    http.new_task_queue = [n = options.http_threads, idle = options.http_thread_idle_seconds] {
+    http.new_task_queue = [n = options.http_threads, idle = options.http_thread_idle_seconds,
+                           jobs = options.http_thread_max_connections] {
       return new HttpWorkers(static_cast<size_t>(n),
-                             std::chrono::milliseconds(static_cast<int64_t>(idle * 1000)));
+                             std::chrono::milliseconds(static_cast<int64_t>(idle * 1000)),
+                             static_cast<size_t>(jobs));
     };
     http.set_payload_max_length(options.max_body_bytes);
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
@@ -640,6 +642,9 @@ Server::Server(AsyncEngine& engine, ServerOptions options, std::string model_dir
       << "--http-threads must be >= 1, got " << s.options.http_threads;
   PAGELLM_CHECK(s.options.http_thread_idle_seconds >= 0.001)
       << "--http-thread-idle-seconds must be >= 0.001, got " << s.options.http_thread_idle_seconds;
+  PAGELLM_CHECK(s.options.http_thread_max_connections >= 0)
+      << "--http-thread-max-connections must be >= 0 (0: no limit), got "
+      << s.options.http_thread_max_connections;
   PAGELLM_CHECK(s.options.max_queued_requests >= 0)
       << "--max-queued-requests must be >= 0 (0: no limit), got " << s.options.max_queued_requests;
   s.ctx.model_name = s.options.model_name.empty()

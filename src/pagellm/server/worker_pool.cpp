@@ -17,8 +17,9 @@ struct WorkerPool::Worker {
   std::list<std::unique_ptr<Worker>>::iterator self;  // where live_ holds it
 };
 
-WorkerPool::WorkerPool(size_t max_threads, std::chrono::milliseconds idle_timeout)
-    : max_threads_(max_threads), idle_timeout_(idle_timeout) {
+WorkerPool::WorkerPool(size_t max_threads, std::chrono::milliseconds idle_timeout,
+                       size_t max_jobs)
+    : max_threads_(max_threads), idle_timeout_(idle_timeout), max_jobs_(max_jobs) {
   PAGELLM_CHECK(max_threads >= 1) << "worker pool: max_threads must be >= 1, got " << max_threads;
   PAGELLM_CHECK(idle_timeout.count() > 0)
       << "worker pool: the idle timeout must be > 0 ms, got " << idle_timeout.count();
@@ -66,9 +67,11 @@ void WorkerPool::enqueue(std::function<void()> job) {
 void WorkerPool::work(Worker& self) {
   std::function<void()> job = std::move(self.job);
   self.job = nullptr;
+  size_t jobs_run = 0;
   for (;;) {
     job();
     job = nullptr;  // the job's captures (a socket's state) go before the worker waits
+    ++jobs_run;
     std::unique_lock<std::mutex> lock(mu_);
     if (!queue_.empty()) {
       job = std::move(queue_.front());
@@ -76,6 +79,10 @@ void WorkerPool::work(Worker& self) {
       continue;
     }
     if (shutting_down_) return;  // shutdown() joins it
+    if (max_jobs_ > 0 && jobs_run >= max_jobs_) {
+      retire(self);  // a fresh thread takes its place on the next enqueue()
+      return;
+    }
     idle_.push_back(&self);
     self.cv.wait_for(lock, idle_timeout_, [&] { return self.job || shutting_down_; });
     if (self.job) {  // enqueue() took it off idle_
@@ -85,12 +92,15 @@ void WorkerPool::work(Worker& self) {
     }
     idle_.erase(std::find(idle_.begin(), idle_.end(), &self));
     if (shutting_down_) return;
-    // Idle too long: end. The thread cannot join itself, so it hands its ownership to
-    // retired_, which the next enqueue() or shutdown() joins.
-    retired_.push_back(std::move(*self.self));
-    live_.erase(self.self);
+    retire(self);  // idle too long
     return;
   }
+}
+
+void WorkerPool::retire(Worker& self) {
+  // The next enqueue() or shutdown() joins it.
+  retired_.push_back(std::move(*self.self));
+  live_.erase(self.self);
 }
 
 void WorkerPool::join_retired() {

@@ -1,5 +1,5 @@
 // The HTTP server's worker threads: made on demand up to a cap, reused most recently idle
-// first, and ended after an idle timeout. docs/design.md, "Server", says why (resident
+// first, and ended after an idle timeout or a number of jobs. docs/design.md, "Server", says why (resident
 // memory stays flat under a long soak instead of growing with every thread ever woken).
 #pragma once
 
@@ -20,8 +20,10 @@ namespace pagellm::server {
 /// (so a steady load keeps using the same few warm threads, and the rest stay cold and end);
 /// with none idle a new worker starts if fewer than `max_threads` live, otherwise the job
 /// waits in a FIFO queue for the next worker to finish. A worker idle for `idle_timeout`
-/// ends, which gives its stack and its allocator caches back. Thread-safe; enqueue() after
-/// shutdown() is refused.
+/// ends, and so does one that has run `max_jobs` jobs (when no job is queued): an ended
+/// thread gives back its stack pages and its allocator cache (glibc's tcache, which a
+/// long-lived thread fills a little more with every new allocation size it meets).
+/// Thread-safe; enqueue() after shutdown() is refused.
 class WorkerPool {
  public:
   /// What a pool holds at one moment, for tests and metrics.
@@ -33,8 +35,8 @@ class WorkerPool {
     size_t peak_live = 0;   // most live at once
   };
 
-  /// `max_threads` >= 1; `idle_timeout` > 0.
-  WorkerPool(size_t max_threads, std::chrono::milliseconds idle_timeout);
+  /// `max_threads` >= 1; `idle_timeout` > 0; `max_jobs` 0: no limit.
+  WorkerPool(size_t max_threads, std::chrono::milliseconds idle_timeout, size_t max_jobs = 0);
   /// Calls shutdown().
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;
@@ -50,11 +52,14 @@ class WorkerPool {
  private:
   struct Worker;
   void work(Worker& self);
-  /// Joins the workers that ended on their idle timeout. Called without the lock held.
+  /// Moves `self` to retired_ (under mu_): a thread cannot join itself.
+  void retire(Worker& self);
+  /// Joins the workers that ended (idle timeout or job count). Called without the lock held.
   void join_retired();
 
   const size_t max_threads_;
   const std::chrono::milliseconds idle_timeout_;
+  const size_t max_jobs_;
   mutable std::mutex mu_;
   std::list<std::unique_ptr<Worker>> live_;     // owns every live worker
   std::vector<Worker*> idle_;                   // the most recently idle at the back
