@@ -640,8 +640,10 @@ Server::Server(AsyncEngine& engine, ServerOptions options, std::string model_dir
   Impl& s = *impl_;
   PAGELLM_CHECK(s.options.http_threads >= 1)
       << "--http-threads must be >= 1, got " << s.options.http_threads;
-  PAGELLM_CHECK(s.options.http_thread_idle_seconds >= 0.001)
-      << "--http-thread-idle-seconds must be >= 0.001, got " << s.options.http_thread_idle_seconds;
+  PAGELLM_CHECK(s.options.http_thread_idle_seconds >= 0.001 &&
+                s.options.http_thread_idle_seconds <= 86400)
+      << "--http-thread-idle-seconds must be in [0.001, 86400], got "
+      << s.options.http_thread_idle_seconds;
   PAGELLM_CHECK(s.options.http_thread_max_connections >= 0)
       << "--http-thread-max-connections must be >= 0 (0: no limit), got "
       << s.options.http_thread_max_connections;
