@@ -3,7 +3,7 @@
 # compiler or package needed there beyond the CUDA toolkit, python3 with torch and
 # transformers). Usage: scripts/gpu_suite.sh BUNDLE_DIR LOG_DIR [steps...]
 # BUNDLE_DIR holds bundle.tar.xz (bin/ and lib/) as scripts/build_gpu.sh leaves it.
-# Steps (default: all but ablate): tests e2e logprobs bench rl python serve trace ablate attn gemm stream calib hf
+# Steps (default: all but ablate and soak): tests e2e logprobs bench rl python serve trace ablate attn gemm stream calib hf soak
 # "python" installs the bundle's wheel (pagellm-*-cp312-*.whl) into /tmp/pagellm-site and
 # runs scripts/grpo_loop.py: 20 GRPO steps with torch, weights pushed by update_weights,
 # pagellm's score() checked against torch after each push.
@@ -12,6 +12,10 @@
 # the log-probabilities checked after it (SERVE_PRESET, default qwen3-0.6b).
 # "logprobs" compares sampled tokens' logprobs (bf16 and float32 heads, and score()) with
 # transformers in float32 (LOGPROB_PRESETS, default qwen3-0.6b; add qwen3-4b when wanted).
+# "soak" runs scripts/soak.sh for SOAK_MINUTES (default 10) against the bundle's `pagellm
+# serve --backend cuda` on random weights of SOAK_PRESET (default qwen3-0.6b; the tiny
+# preset's head_dim 32 has no CUDA attention kernel): 64 clients, malformed requests,
+# disconnects; pages back, RSS flat (issue 21). Not in the default steps (it takes minutes).
 # "trace" records 8 mid-decode W1 steps' kernels (CUPTI) and prints where the time goes.
 # "ablate" re-runs W1 with one optimisation off at a time (ABLATIONS: VAR=VALUE items).
 set -uo pipefail
@@ -140,6 +144,16 @@ if has serve; then
     --preset "$preset" --out "$dir" --seed 0 --dtype bf16 > "$LOG/save_$preset.log" 2>&1
   python3 scripts/serve_bench.py --pagellm "$B/bin/pagellm" --model "$dir" \
     --out "$LOG/serve.jsonl" 2>&1 | tee "$LOG/serve.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if has soak; then
+  preset=${SOAK_PRESET:-qwen3-0.6b}
+  step "soak: pagellm serve --backend cuda for ${SOAK_MINUTES:-10} min ($preset, random weights)"
+  dir=/tmp/soak-$preset
+  [ -f "$dir/config.json" ] || "$B/bin/pagellm" make-model --preset "$preset" --out "$dir" \
+    > "$LOG/soak_make_model.log" 2>&1
+  PAGELLM_BIN="$B/bin/pagellm" scripts/soak.sh --minutes "${SOAK_MINUTES:-10}" --model "$dir" \
+    --samples "$LOG/soak_samples.csv" -- --backend cuda 2>&1 | tee "$LOG/soak.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 echo

@@ -123,7 +123,15 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--max-body-mb", sa->max_body_mb, "largest request body; larger get 413")
       ->capture_default_str();
   cmd->add_option("--http-threads", sa->server.http_threads,
-                  "HTTP worker threads: the most connections (streams) served at once")
+                  "most HTTP worker threads (started on demand): the most connections "
+                  "(streams) served at once")
+      ->capture_default_str();
+  cmd->add_option("--http-thread-idle-seconds", sa->server.http_thread_idle_seconds,
+                  "an HTTP worker thread idle this long ends")
+      ->capture_default_str();
+  cmd->add_option("--http-thread-max-connections", sa->server.http_thread_max_connections,
+                  "an HTTP worker thread ends after serving this many connections; a fresh one "
+                  "takes its place (0: never)")
       ->capture_default_str();
   cmd->add_option("--lora", sa->loras,
                   "NAME=PATH: a PEFT LoRA adapter folder to load at start, served as model NAME "

@@ -12,7 +12,7 @@ if(PAGELLM_TSAN_TEST AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
     COMMAND ${CMAKE_COMMAND} -DSOURCE=${PROJECT_SOURCE_DIR} -DBUILD=${CMAKE_BINARY_DIR}/tsan
       -DCXX=${CMAKE_CXX_COMPILER} -DC=${CMAKE_C_COMPILER} -DGENERATOR=${CMAKE_GENERATOR}
       -P ${CMAKE_CURRENT_LIST_DIR}/tsan.cmake)
-  set_tests_properties(api_threadsanitizer PROPERTIES TIMEOUT 900)
+  set_tests_properties(api_threadsanitizer PROPERTIES TIMEOUT 900 RESOURCE_LOCK tsan_tree)
 endif()
 
 # The installed package from another project: install this build into a fresh prefix,

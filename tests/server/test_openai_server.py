@@ -313,3 +313,47 @@ def test_load_with_disconnects(server):
     health = server.wait_idle()
     assert health["free_pages"] == health["usable_pages"]
     print(f"load: 256 requests in {time.time() - t0:.1f} s")
+
+
+@pytest.mark.parametrize("option,value,accepted", [
+    ("--http-thread-idle-seconds", "0", "[0.001, 86400]"),
+    ("--http-thread-max-connections", "-1", ">= 0 (0: no limit)"),
+    ("--http-threads", "0", ">= 1"),
+])
+def test_http_thread_options_refused(model_dir, option, value, accepted):
+    out = subprocess.run([PAGELLM, "serve", "--model", model_dir, "--port", "0", option, value],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert f"{option} must be" in out.stderr and accepted in out.stderr, out.stderr
+
+
+def test_http_workers_recycled(model_dir):
+    """Three workers that end after 2 connections or 50 ms idle, 8 streaming clients (so
+    connections also wait in the pool's queue): all 80 requests end with [DONE] and every
+    page comes back. (The cap and the queue are unit-tested in worker_pool_test.cpp.)"""
+    s = Served(model_dir, "--http-threads", "3", "--http-thread-max-connections", "2",
+               "--http-thread-idle-seconds", "0.05")
+    try:
+        errors = []
+        lock = threading.Lock()
+
+        def worker(k):
+            for i in range(10):
+                try:
+                    status, events, done = stream_raw(s.url, {"model": MODEL, "prompt": f"w{k} {i}",
+                                                              "max_tokens": 4, "stream": True}, None)
+                    assert status == 200 and done and events > 0, (status, events, done)
+                except Exception as e:  # noqa: BLE001 - reported below
+                    with lock:
+                        errors.append(repr(e))
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        health = s.wait_idle()
+        assert health["free_pages"] == health["usable_pages"]
+    finally:
+        assert s.stop() == 0, s.output()

@@ -25,6 +25,7 @@
 #include "pagellm/error.h"
 #include "pagellm/server/metrics.h"
 #include "pagellm/server/protocol.h"
+#include "pagellm/server/worker_pool.h"
 
 namespace pagellm::server {
 
@@ -61,6 +62,26 @@ struct Inflight {
     std::lock_guard<std::mutex> lock(mu);
     return unfinished == 0 && deltas.empty();
   }
+};
+
+/// cpp-httplib's task queue over WorkerPool: each accepted connection is one job.
+class HttpWorkers : public httplib::TaskQueue {
+ public:
+  HttpWorkers(size_t max_threads, std::chrono::milliseconds idle_timeout, size_t max_jobs)
+      : pool_(max_threads, idle_timeout, max_jobs) {}
+  void enqueue(std::function<void()> job) override {
+    try {
+      pool_.enqueue(job);
+    } catch (const Error&) {
+      // No thread could be started and none runs: serve the connection on the accepting
+      // thread rather than leak its socket (the job closes it).
+      job();
+    }
+  }
+  void shutdown() override { pool_.shutdown(); }
+
+ private:
+  WorkerPool pool_;
 };
 
 HttpError engine_error(const Error& e) { return HttpError(400, e.what()); }
@@ -478,8 +499,11 @@ struct Server::Impl {
   }
 
   void install_routes() {
-    http.new_task_queue = [n = options.http_threads] {
-      return new httplib::ThreadPool(static_cast<size_t>(n));
+    http.new_task_queue = [n = options.http_threads, idle = options.http_thread_idle_seconds,
+                           jobs = options.http_thread_max_connections] {
+      return new HttpWorkers(static_cast<size_t>(n),
+                             std::chrono::milliseconds(static_cast<int64_t>(idle * 1000)),
+                             static_cast<size_t>(jobs));
     };
     http.set_payload_max_length(options.max_body_bytes);
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
@@ -616,6 +640,13 @@ Server::Server(AsyncEngine& engine, ServerOptions options, std::string model_dir
   Impl& s = *impl_;
   PAGELLM_CHECK(s.options.http_threads >= 1)
       << "--http-threads must be >= 1, got " << s.options.http_threads;
+  PAGELLM_CHECK(s.options.http_thread_idle_seconds >= 0.001 &&
+                s.options.http_thread_idle_seconds <= 86400)
+      << "--http-thread-idle-seconds must be in [0.001, 86400], got "
+      << s.options.http_thread_idle_seconds;
+  PAGELLM_CHECK(s.options.http_thread_max_connections >= 0)
+      << "--http-thread-max-connections must be >= 0 (0: no limit), got "
+      << s.options.http_thread_max_connections;
   PAGELLM_CHECK(s.options.max_queued_requests >= 0)
       << "--max-queued-requests must be >= 0 (0: no limit), got " << s.options.max_queued_requests;
   s.ctx.model_name = s.options.model_name.empty()

@@ -27,9 +27,15 @@ struct ServerOptions {
   /// Most engine requests (prompts) unfinished at once; a request that would exceed it
   /// gets 503. 0: no limit.
   int64_t max_queued_requests = 4096;
-  /// HTTP worker threads: each open connection (an SSE stream holds one for its whole
-  /// life) occupies one, so this bounds the concurrent streams.
+  /// Most HTTP worker threads: each open connection (an SSE stream holds one for its whole
+  /// life) occupies one, so this bounds the concurrent streams. Threads start on demand.
   int http_threads = 512;
+  /// A worker thread idle this long ends (its stack and allocator caches go back), in s.
+  double http_thread_idle_seconds = 10.0;
+  /// A worker thread ends after serving this many connections (a fresh one takes its
+  /// place), so that per-thread allocator caches do not grow for the server's whole life.
+  /// 0: no limit.
+  int64_t http_thread_max_connections = 100;
 };
 
 /// The HTTP server. Handlers run on cpp-httplib's worker threads; engine work runs on the

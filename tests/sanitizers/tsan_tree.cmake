@@ -1,0 +1,21 @@
+# include()d by the ThreadSanitizer test scripts (tests/api/tsan.cmake,
+# tests/server/tsan.cmake) with SOURCE, BUILD, CXX, C, GENERATOR and TSAN_TARGETS set:
+# configures the one TSan tree (CPU only, every library instrumented; both scripts share it,
+# so the libraries are compiled once) and builds TSAN_TARGETS in it. Sets tsan_build_s.
+string(TIMESTAMP _tsan_t0 "%s")
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE} -B ${BUILD} -G ${GENERATOR}
+    -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_C_COMPILER=${C} -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    -DPAGELLM_CUDA=OFF -DPAGELLM_BENCH=OFF -DPAGELLM_TSAN_TEST=OFF -DPAGELLM_INSTALL_TEST=OFF
+    "-DCMAKE_CXX_FLAGS=-fsanitize=thread" "-DCMAKE_C_FLAGS=-fsanitize=thread"
+    "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread"
+  RESULT_VARIABLE _tsan_rc)
+if(NOT _tsan_rc EQUAL 0)
+  message(FATAL_ERROR "configuring the ThreadSanitizer tree failed")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD} --target ${TSAN_TARGETS} -j 2
+  RESULT_VARIABLE _tsan_rc)
+if(NOT _tsan_rc EQUAL 0)
+  message(FATAL_ERROR "building ${TSAN_TARGETS} with -fsanitize=thread failed")
+endif()
+string(TIMESTAMP _tsan_t1 "%s")
+math(EXPR tsan_build_s "${_tsan_t1} - ${_tsan_t0}")
