@@ -190,13 +190,16 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
           std::vector<int32_t>(static_cast<size_t>(workload.prompt_len), 1), warm, lora_of(b)));
     }
     while (engine.has_unfinished()) engine.step();
+    std::string failed;  // the first request that did not end by its length
     for (int64_t id : warm_ids) {
       const Sequence& s = engine.request(id);
-      PAGELLM_CHECK(s.finish_reason == FinishReason::kLength)
-          << "benchmark warm-up request " << id << " ended with "
-          << finish_reason_name(s.finish_reason) << (s.error.empty() ? "" : ": ") << s.error;
+      if (failed.empty() && s.finish_reason != FinishReason::kLength) {
+        failed = "benchmark warm-up request " + std::to_string(id) + " ended with " +
+                 finish_reason_name(s.finish_reason) + (s.error.empty() ? "" : ": ") + s.error;
+      }
       engine.release(id);
     }
+    PAGELLM_CHECK(failed.empty()) << failed;
     engine.reset_prefix_cache();  // the timed requests must not find the warm-up's pages
   }
   const PrefixCacheStats prefix_before = engine.prefix_cache_stats();
