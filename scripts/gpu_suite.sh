@@ -100,16 +100,19 @@ fi
 
 if has lora; then
   step "LoRA: transformers + PEFT against pagellm (scripts/lora_peft_check.py)"
-  rm -rf /tmp/peft-site /tmp/pagellm-site
+  rm -rf /tmp/peft-site /tmp/pagellm-site /tmp/pagellm-lora-check
   python3 -m pip install -q --no-index --no-deps --target /tmp/peft-site "$BUNDLE"/wheels/*.whl \
     2>&1 | tee "$LOG/lora_install.log" | tail -5
   python3 -m pip install -q --no-index --no-deps --target /tmp/pagellm-site "$BUNDLE"/pagellm-*.whl \
     2>&1 | tee -a "$LOG/lora_install.log" | tail -5
   preset=${LORA_PRESET:-qwen3-0.6b}
+  dir=/tmp/hf-$preset  # the e2e step's folder when it ran (same seed and dtype)
+  [ -f "$dir/config.json" ] || python3 tests/oracles/model/save_pretrained_reference.py \
+    --preset "$preset" --out "$dir" --seed 0 --dtype bf16 > "$LOG/save_$preset.log" 2>&1
   # With the bundle's lib/ on the path, as the e2e step runs torch: the CLI needs it, and
   # the wheel's module finds its own runtimes first (DT_RPATH $ORIGIN).
   PYTHONPATH=/tmp/pagellm-site:/tmp/peft-site timeout 1200 python3 scripts/lora_peft_check.py \
-    --preset "$preset" --pagellm "$B/bin/pagellm" --backend cuda --device cuda \
+    --model "$dir" --pagellm "$B/bin/pagellm" --backend cuda --device cuda \
     --workdir /tmp/pagellm-lora-check 2>&1 | tee "$LOG/lora_peft_$preset.log" | tail -30
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   step "LoRA: W1 with one r = 32 adapter, then with 8 (each against W1 without LoRA)"
