@@ -44,4 +44,13 @@ PY312=${PY312:-$HOME/.pyenv/versions/3.12.1/bin/python3}
   -Ccmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache \
   -Ccmake.define.CMAKE_C_COMPILER_LAUNCHER=ccache \
   -Ccmake.define.CMAKE_CUDA_COMPILER_LAUNCHER=ccache
-ls -la gpu-bundle
+# PEFT for the "lora" step's reference (scripts/lora_peft_check.py): the GPU machine has no
+# network, so its wheel travels in the bundle with what peft needs that the machine lacks:
+# accelerate (peft imports it at load) and psutil (accelerate's; a binary wheel for the
+# machine's cp312). torch, transformers, safetensors, huggingface_hub, numpy, packaging,
+# pyyaml and tqdm are there already. gpu_suite.sh installs them with --no-deps.
+mkdir -p gpu-bundle/wheels
+"$PY312" -m pip download -q --disable-pip-version-check --no-deps -d gpu-bundle/wheels peft accelerate
+"$PY312" -m pip download -q --disable-pip-version-check --no-deps -d gpu-bundle/wheels \
+  --only-binary=:all: --platform manylinux2014_x86_64 --python-version 3.12 psutil
+ls -la gpu-bundle gpu-bundle/wheels

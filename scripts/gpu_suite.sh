@@ -3,7 +3,7 @@
 # compiler or package needed there beyond the CUDA toolkit, python3 with torch and
 # transformers). Usage: scripts/gpu_suite.sh BUNDLE_DIR LOG_DIR [steps...]
 # BUNDLE_DIR holds bundle.tar.xz (bin/ and lib/) as scripts/build_gpu.sh leaves it.
-# Steps (default: all but ablate and soak): tests e2e logprobs bench rl python serve trace ablate attn gemm stream calib hf soak
+# Steps (default: all but ablate and soak): tests e2e logprobs bench rl python lora serve trace ablate attn gemm stream calib hf soak
 # "python" installs the bundle's wheel (pagellm-*-cp312-*.whl) into /tmp/pagellm-site and
 # runs scripts/grpo_loop.py: 20 GRPO steps with torch, weights pushed by update_weights,
 # pagellm's score() checked against torch after each push.
@@ -16,6 +16,11 @@
 # serve --backend cuda` on random weights of SOAK_PRESET (default qwen3-0.6b; the tiny
 # preset's head_dim 32 has no CUDA attention kernel): 64 clients, malformed requests,
 # disconnects; pages back, RSS flat (issue 21). Not in the default steps (it takes minutes).
+# "lora" installs the bundle's wheels (gpu-bundle/wheels: peft, accelerate, psutil) and the
+# pagellm wheel, then runs scripts/lora_peft_check.py: pagellm's LoRA (CLI --lora logits and
+# a mixed-adapter LLM.generate batch) against transformers + PEFT in float32 on a random
+# Qwen3-0.6B with two random r = 32 adapters (LORA_PRESET), and the W1 LoRA benchmarks: one
+# r = 32 adapter and 8 adapters, each as a fraction of W1 without LoRA (--lora-compare).
 # "trace" records 8 mid-decode W1 steps' kernels (CUPTI) and prints where the time goes.
 # "ablate" re-runs W1 with one optimisation off at a time (ABLATIONS: VAR=VALUE items).
 set -uo pipefail
@@ -25,7 +30,7 @@ LOG=${2:-gpu-logs}
 shift 2 || true
 B=/tmp/pagellm-gpu
 rm -rf "$B" && mkdir -p "$B" && xz -dc "$BUNDLE/bundle.tar.xz" | tar -C "$B" -xf - || exit 1
-STEPS=${*:-tests e2e logprobs bench rl python serve trace attn gemm stream calib hf}
+STEPS=${*:-tests e2e logprobs bench rl python lora serve trace attn gemm stream calib hf}
 mkdir -p "$LOG"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONUNBUFFERED=1
@@ -95,6 +100,31 @@ if has python; then
     timeout 900 python3 "$OLDPWD/scripts/grpo_loop.py" \
     --workdir /tmp/pagellm-grpo) 2>&1 | tee "$LOG/grpo_loop.log" | tail -30
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if has lora; then
+  step "LoRA: transformers + PEFT against pagellm (scripts/lora_peft_check.py)"
+  rm -rf /tmp/peft-site /tmp/pagellm-site /tmp/pagellm-lora-check
+  python3 -m pip install -q --no-index --no-deps --target /tmp/peft-site "$BUNDLE"/wheels/*.whl \
+    2>&1 | tee "$LOG/lora_install.log" | tail -5
+  python3 -m pip install -q --no-index --no-deps --target /tmp/pagellm-site "$BUNDLE"/pagellm-*.whl \
+    2>&1 | tee -a "$LOG/lora_install.log" | tail -5
+  preset=${LORA_PRESET:-qwen3-0.6b}
+  dir=/tmp/hf-$preset  # the e2e step's folder when it ran (same seed and dtype)
+  [ -f "$dir/config.json" ] || python3 tests/oracles/model/save_pretrained_reference.py \
+    --preset "$preset" --out "$dir" --seed 0 --dtype bf16 > "$LOG/save_$preset.log" 2>&1
+  # With the bundle's lib/ on the path, as the e2e step runs torch: the CLI needs it, and
+  # the wheel's module finds its own runtimes first (DT_RPATH $ORIGIN).
+  PYTHONPATH=/tmp/pagellm-site:/tmp/peft-site timeout 1200 python3 scripts/lora_peft_check.py \
+    --model "$dir" --pagellm "$B/bin/pagellm" --backend cuda --device cuda \
+    --workdir /tmp/pagellm-lora-check 2>&1 | tee "$LOG/lora_peft_$preset.log" | tail -30
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  step "LoRA: W1 with one r = 32 adapter, then with 8 (each against W1 without LoRA)"
+  for n in 1 8; do
+    "$B/bin/pagellm" bench --lora-rank 32 --lora-adapters "$n" --lora-compare \
+      --json-out "$LOG/bench_lora.jsonl" 2>&1 | grep -v building | tee -a "$LOG/bench_lora.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
 fi
 
 if has trace; then

@@ -126,10 +126,11 @@ class AsyncEngine {
   /// Scores given token sequences without sampling (LLM::score has the contract): runs on
   /// the loop thread between two steps and blocks the caller until it is done; running
   /// requests keep their pages and continue after it. Safe from any thread but a callback.
-  /// Throws pagellm::Error for bad input (before any work) or after shutdown.
+  /// Throws pagellm::Error for bad input (before any work) or after shutdown. `lora`: a
+  /// loaded adapter's name ("" the base model).
   std::vector<ScoreOutput> score(const std::vector<std::vector<int32_t>>& sequences,
                                  const std::vector<int32_t>& prompt_lengths = {},
-                                 int top_k = 0);
+                                 int top_k = 0, const std::string& lora = "");
 
   /// Releases the KV cache's memory (and, with options.offload_weights, the weights'), on
   /// the loop thread between steps; returns when done. Throws pagellm::Error (nothing

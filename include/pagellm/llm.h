@@ -87,9 +87,10 @@ class LLM {
   /// precision). Checked before any work: an empty or one-token sequence, one longer than
   /// max_model_len, a prompt length outside [1, size - 1], ids outside the vocabulary or a
   /// bad top_k throw pagellm::Error naming the sequence. KV pages are freed before return.
+  /// `lora`: score with that loaded adapter (by name; "" the base model).
   std::vector<ScoreOutput> score(const std::vector<std::vector<int32_t>>& sequences,
                                  const std::vector<int32_t>& prompt_lengths = {},
-                                 int top_k = 0);
+                                 int top_k = 0, const std::string& lora = "");
 
   /// Text to ids with the model's tokenizer (throws without one).
   std::vector<int32_t> encode(const std::string& text) const;

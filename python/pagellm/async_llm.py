@@ -136,7 +136,7 @@ class AsyncLLM:
                     scored = None
                     if len(ids) >= 2:
                         scored = (await self._call(self._core.score, [ids], [1],
-                                                   params.prompt_logprobs))[0]
+                                                   params.prompt_logprobs, lora))[0]
                     prompt_logprobs = prompt_logprobs_from_score(ids, scored,
                                                                  params.prompt_logprobs, decode)
                 yield RequestOutput(
@@ -247,11 +247,14 @@ class AsyncLLM:
         return await self._call(self._core.load_weights, os.fspath(path), mode)
 
     async def score(self, token_sequences: Sequence[Sequence[int]],
-                    prompt_lengths: Optional[Sequence[int]] = None) -> List[List[float]]:
-        """LLM.score between two engine steps (running requests continue after it)."""
+                    prompt_lengths: Optional[Sequence[int]] = None,
+                    lora_request: Optional[LoRARequest] = None) -> List[List[float]]:
+        """LLM.score between two engine steps (running requests continue after it);
+        ``lora_request``: with that adapter (loaded first when its name is not)."""
         seqs = [[int(t) for t in s] for s in token_sequences]
         lengths = [int(n) for n in prompt_lengths] if prompt_lengths is not None else []
-        out = await self._call(self._core.score, seqs, lengths, 0)
+        lora = await self._ensure_lora(lora_request)
+        out = await self._call(self._core.score, seqs, lengths, 0, lora)
         return [list(s.logprobs) for s in out]
 
     async def sleep(self, level: int = 1) -> "_core.SleepReport":

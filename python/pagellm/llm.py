@@ -295,7 +295,11 @@ class LLM:
             cparams = core_params[0] if len(core_params) == 1 else core_params[i]
             outputs.append(self._convert(r, params, cparams,
                                          texts[i] if texts is not None else r.prompt))
-        self._add_prompt_logprobs(outputs, params_list)
+        # The adapter of each prompt (its name; "" the base model), for the prompt's score.
+        names = [r.name for r in core_loras]
+        if len(names) == 1:
+            names = names * len(outputs)
+        self._add_prompt_logprobs(outputs, params_list, names)
         return outputs
 
     def _convert(self, r: "_core.RequestOutput", params: SamplingParams,
@@ -323,7 +327,8 @@ class LLM:
         return decode
 
     def _add_prompt_logprobs(self, outputs: List[RequestOutput],
-                             params_list: List[SamplingParams]) -> None:
+                             params_list: List[SamplingParams],
+                             lora_names: List[str]) -> None:
         # prompt_logprobs come from the scoring path (the same prefill forward, no
         # sampling) over each prompt, after generation.
         wanted = [(i, params_list[0] if len(params_list) == 1 else params_list[i])
@@ -337,27 +342,45 @@ class LLM:
             scored = None
             if len(ids) >= 2:
                 with self._lock:
-                    scored = self._core.score([ids], [1], k)[0]
+                    scored = self._core.score([ids], [1], k,
+                                              lora_names[i] if lora_names else "")[0]
             outputs[i].prompt_logprobs = prompt_logprobs_from_score(ids, scored, k, decode)
 
     # ---- scoring ----------------------------------------------------------------------
 
     def score(self, token_sequences: Sequence[Sequence[int]],
-              prompt_lengths: Optional[Sequence[int]] = None) -> List[List[float]]:
+              prompt_lengths: Optional[Sequence[int]] = None,
+              lora_request: Optional[LoRARequest] = None) -> List[List[float]]:
         """Per sequence, the raw log-probability of every token after its first
         ``prompt_lengths[i]`` (None: 1 each, every token after the first); nothing is
-        sampled. The same numbers generate reports for the same tokens."""
-        return [list(s.logprobs) for s in self.score_outputs(token_sequences, prompt_lengths)]
+        sampled. The same numbers generate reports for the same tokens. ``lora_request``:
+        score with that adapter (loaded from its path first when its name is not)."""
+        return [list(s.logprobs)
+                for s in self.score_outputs(token_sequences, prompt_lengths,
+                                            lora_request=lora_request)]
 
     def score_outputs(self, token_sequences: Sequence[Sequence[int]],
                       prompt_lengths: Optional[Sequence[int]] = None,
-                      top_k: int = 0) -> List["_core.ScoreOutput"]:
+                      top_k: int = 0,
+                      lora_request: Optional[LoRARequest] = None) -> List["_core.ScoreOutput"]:
         """``score`` with the details: per sequence a ScoreOutput with ``logprobs``,
         ``ranks`` (1 = most likely) and, with ``top_k`` in 1..20, ``top_logprobs``."""
         seqs = [[int(t) for t in s] for s in token_sequences]
         lengths = [int(n) for n in prompt_lengths] if prompt_lengths is not None else []
+        name = self._score_lora(lora_request)
         with self._lock:
-            return list(self._core.score(seqs, lengths, int(top_k)))
+            return list(self._core.score(seqs, lengths, int(top_k), name))
+
+    def _score_lora(self, lora_request: Optional[LoRARequest]) -> str:
+        """The adapter name score runs with, loading it first when it is not loaded."""
+        if lora_request is None:
+            return ""
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request: expected LoRARequest or None, "
+                             f"got {type(lora_request).__name__}")
+        if lora_request.lora_name not in {a.name for a in self.list_lora_adapters()}:
+            self.load_lora_adapter(lora_request)
+        return lora_request.lora_name
 
     # ---- tokenizer ----------------------------------------------------------------------
 

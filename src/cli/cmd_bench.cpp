@@ -2,15 +2,20 @@
 // with prefill, decode and end-to-end throughput and decode's fraction of the bandwidth
 // limit. The workload and its measurement are library calls (engine/benchmark.h); this
 // file parses flags and prints.
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "pagellm/common/progress.h"
 #include "pagellm/engine/benchmark.h"
+#include "pagellm/model/lora.h"
 
 namespace pagellm::cli {
 namespace {
@@ -33,7 +38,31 @@ struct BenchArgs {
   int trace_steps = 0;
   std::string trace_out;
   int repeats = 5;  // weight-update: full updates per source
+  LoraBenchConfig lora;    // --lora-rank, --lora-adapters
+  bool lora_compare = false;  // run the workload without LoRA first and print the fraction
   EngineSettings engine;
+};
+
+/// A folder made under the system's temporary directory, removed with everything in it
+/// when this goes out of scope (the bench's adapters live only as long as the run).
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix) {
+    std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "XXXXXX")).string();
+    PAGELLM_CHECK(mkdtemp(pattern.data()) != nullptr)
+        << "cannot make a temporary folder like " << pattern;
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
 };
 
 /// `--workload sleep-wake`: the sleep and wake measurement instead of a decode benchmark.
@@ -139,6 +168,22 @@ void print_report(const BenchmarkReport& r) {
               100.0 * r.prefix_cache.hit_rate(), static_cast<long long>(r.prefix_cache.hit_tokens),
               static_cast<long long>(r.prefix_cache.queried_tokens),
               static_cast<long long>(r.prefix_cache.evictions));
+  if (r.lora_rank > 0) {
+    std::printf("  lora        rank %d on q, k, v, o, gate, up, down (alpha %d, bf16), %d adapter%s: "
+                "request i runs with adapter i %% %d\n",
+                r.lora_rank, 2 * r.lora_rank, r.lora_adapters, r.lora_adapters == 1 ? "" : "s",
+                r.lora_adapters);
+    if (const auto ms = r.lora_load_ms()) {
+      std::printf("  lora load   min %.1f ms, median %.1f ms, max %.1f ms per adapter (reading the "
+                  "folder and uploading; issue 19's target for r = 32 on Qwen3-4B: <= 50 ms)\n",
+                  ms->min_ms, ms->median_ms, ms->max_ms);
+    }
+    if (const std::optional<double> f = r.lora_fraction_of_base()) {
+      std::printf("  lora / base %10.1f %%  of the decode tok/s without LoRA (%.1f of %.1f tok/s; "
+                  "issue 19's target: >= 85 %% with one r = 32 adapter, >= 80 %% with 8)\n",
+                  100.0 * *f, r.decode_tok_s(), *r.base_decode_tok_s);
+    }
+  }
   if (r.trace) {
     std::printf("  (the decode figures above include the %d traced steps)\n", r.trace->steps);
     print_trace(r.trace->timeline, r.trace->steps);
@@ -214,7 +259,28 @@ void print_sleep_wake(const SleepWakeReport& r) {
               r.all_tokens_match() ? "all equal to those before sleep" : "MISMATCH");
 }
 
+/// The LoRA flags checked before any work: a decode workload, a rank and count the
+/// engine can serve, and --lora-compare only with LoRA.
+void check_lora_flags(const BenchArgs& args) {
+  args.lora.validate(args.engine.config.max_loras);
+  const std::string w = lower_case(args.workload);
+  const bool decode = w != kGrpoWorkload && w != kWeightUpdateWorkload && !is_sleep_wake(args);
+  PAGELLM_CHECK(decode || (!args.lora.enabled() && !args.lora_compare))
+      << "--lora-rank and --lora-compare apply to decode workloads (w1 or a custom one), not "
+      << "to --workload " << args.workload;
+  PAGELLM_CHECK(!args.lora_compare || args.lora.enabled())
+      << "--lora-compare needs --lora-rank R (1.." << kMaxLoraRank << "): it compares LoRA with the "
+      << "base model";
+}
+
+void append_json(const std::string& path, const std::string& line) {
+  std::ofstream out(path, std::ios::app);
+  PAGELLM_CHECK(out.good()) << "--json-out: cannot append to " << path;
+  out << line << "\n";
+}
+
 void run_bench(const BenchArgs& args) {
+  check_lora_flags(args);
   if (lower_case(args.workload) == kGrpoWorkload) {
     GrpoWorkload grpo;
     if (args.model) grpo.model_dir = *args.model;
@@ -235,11 +301,7 @@ void run_bench(const BenchArgs& args) {
     }
     const GrpoReport report = run_grpo_benchmark(*engine, grpo);
     print_grpo(report);
-    if (!args.json_out.empty()) {
-      std::ofstream out(args.json_out, std::ios::app);
-      PAGELLM_CHECK(out.good()) << "--json-out: cannot append to " << args.json_out;
-      out << grpo_json_line(report) << "\n";
-    }
+    if (!args.json_out.empty()) append_json(args.json_out, grpo_json_line(report));
     return;
   }
   const DecodeWorkload workload = workload_of(args);
@@ -262,28 +324,38 @@ void run_bench(const BenchArgs& args) {
     const WeightUpdateBenchReport report =
         run_weight_update_benchmark(*engine, workload, args.repeats);
     print_weight_update(report, args.repeats);
-    if (!args.json_out.empty()) {
-      std::ofstream out(args.json_out, std::ios::app);
-      PAGELLM_CHECK(out.good()) << "--json-out: cannot append to " << args.json_out;
-      out << weight_update_json_line(report) << "\n";
-    }
+    if (!args.json_out.empty()) append_json(args.json_out, weight_update_json_line(report));
     return;
   }
   if (is_sleep_wake(args)) {
     const SleepWakeReport report = run_sleep_wake_benchmark(*engine, workload);
     print_sleep_wake(report);
-    if (!args.json_out.empty()) {
-      std::ofstream out(args.json_out, std::ios::app);
-      PAGELLM_CHECK(out.good()) << "--json-out: cannot append to " << args.json_out;
-      out << sleep_wake_json_line(report) << "\n";
-    }
+    if (!args.json_out.empty()) append_json(args.json_out, sleep_wake_json_line(report));
     PAGELLM_CHECK(report.all_tokens_match())
         << "sleep-wake: the tokens sampled after a wake differ from those before sleep";
     return;
   }
   BenchmarkOptions options;
+  std::optional<BenchmarkReport> base;
+  if (args.lora_compare) {
+    // The same workload on the same engine without adapters first, untraced.
+    base = run_benchmark(*engine, workload, options);
+    std::printf("pagellm bench: without LoRA (for --lora-compare)\n");
+    print_report(*base);
+    if (!args.json_out.empty()) append_json(args.json_out, benchmark_json_line(*base));
+    std::printf("pagellm bench: with LoRA\n");
+  }
+  std::optional<TempDir> lora_dir;
+  LoraBenchAdapters adapters;
+  if (args.lora.enabled()) {
+    lora_dir.emplace("pagellm-bench-lora-");
+    adapters = make_benchmark_lora_adapters(*engine, args.lora, lora_dir->path(), workload.seed);
+    options.lora_adapters = adapters.names;
+  }
   options.trace_steps = args.trace_steps;
-  const BenchmarkReport report = run_benchmark(*engine, workload, options);
+  BenchmarkReport report = run_benchmark(*engine, workload, options);
+  report.lora_load_seconds = adapters.load_seconds;
+  if (base) report.base_decode_tok_s = base->decode_tok_s();
   if (!report.trace_unavailable.empty()) {
     std::printf("  kernel trace unavailable: %s\n", report.trace_unavailable.c_str());
   }
@@ -293,11 +365,7 @@ void run_bench(const BenchArgs& args) {
   }
   print_report(report);
   if (report.trace && !args.trace_out.empty()) write_trace_csv(report.trace->spans, args.trace_out);
-  if (!args.json_out.empty()) {
-    std::ofstream out(args.json_out, std::ios::app);
-    PAGELLM_CHECK(out.good()) << "--json-out: cannot append to " << args.json_out;
-    out << benchmark_json_line(report) << "\n";
-  }
+  if (!args.json_out.empty()) append_json(args.json_out, benchmark_json_line(report));
 }
 
 }  // namespace
@@ -342,6 +410,16 @@ void register_bench_command(CLI::App& app) {
       "--dense-page-table",
       [a](int64_t) { a->engine.config.persistent_page_table = false; },
       "send each step's whole page-table rows instead of the changed entries (an ablation)");
+  cmd->add_option("--lora-rank", a->lora.rank,
+                  "LoRA: random PEFT adapters of this rank (1..64) on all seven modules, alpha "
+                  "2R, bf16, each load timed; 0: none")
+      ->capture_default_str();
+  cmd->add_option("--lora-adapters", a->lora.adapters,
+                  "LoRA: this many different adapters; request i runs with adapter i % N")
+      ->capture_default_str();
+  cmd->add_flag("--lora-compare", a->lora_compare,
+                "run the workload without LoRA first and print the LoRA decode tok/s as a "
+                "fraction of it (issue 19's targets)");
   add_engine_options(cmd, a->engine);
   cmd->callback([a] { run_bench(*a); });
 }

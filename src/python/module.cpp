@@ -395,7 +395,8 @@ NB_MODULE(_core, m) {
       .def("load_lora_adapter", &LLM::load_lora_adapter, "request"_a, Guard())
       .def("unload_lora_adapter", &LLM::unload_lora_adapter, "name"_a, Guard())
       .def("list_lora_adapters", &LLM::list_lora_adapters, Guard())
-      .def("score", &LLM::score, "sequences"_a, "prompt_lengths"_a, "top_k"_a, Guard())
+      .def("score", &LLM::score, "sequences"_a, "prompt_lengths"_a, "top_k"_a,
+           "lora"_a = std::string(), Guard())
       .def("encode", &LLM::encode, Guard())
       .def("decode", &LLM::decode, "ids"_a, "skip_special_tokens"_a = true, Guard())
       .def("apply_chat_template", &LLM::apply_chat_template, Guard())
@@ -472,9 +473,10 @@ NB_MODULE(_core, m) {
           "path"_a, "mode"_a)
       .def("score",
            [](DeltaQueue& q, const std::vector<std::vector<int32_t>>& sequences,
-              const std::vector<int32_t>& prompt_lengths,
-              int top_k) { return q.engine().score(sequences, prompt_lengths, top_k); },
-           Guard())
+              const std::vector<int32_t>& prompt_lengths, int top_k, const std::string& lora) {
+             return q.engine().score(sequences, prompt_lengths, top_k, lora);
+           },
+           "sequences"_a, "prompt_lengths"_a, "top_k"_a, "lora"_a = std::string(), Guard())
       .def(
           "sleep",
           [](DeltaQueue& q, bool offload_weights) {

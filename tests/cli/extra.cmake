@@ -129,8 +129,41 @@ add_test(NAME cli_bench_json COMMAND sh -c
   "rm -f \"$1\" && for i in 1 2; do \"$0\" bench --preset tiny --backend cpu --batch 1 --prompt-len 3 --output-len 2 --json-out \"$1\" >/dev/null || exit 1; done; cat \"$1\""
   ${_pl} ${_bench_json})
 set(_num "[0-9.e+-]+")
-set(_line "{\"backend\":\"cpu\",\"bandwidth_gbs\":${_num},\"batch\":1,\"decode_tok_s\":${_num},\"e2e_tok_s\":${_num},\"fraction_of_limit\":${_num},\"host_gap_us\":${_num},\"limit_tok_s\":${_num},\"median_step_ms\":${_num},\"model\":\"tiny \\(random weights\\)\",\"output_len\":2,\"prefill_tok_s\":${_num},\"prefix_hit_rate\":${_num},\"prompt_len\":3}")
+set(_line "{\"backend\":\"cpu\",\"bandwidth_gbs\":${_num},\"base_decode_tok_s\":null,\"batch\":1,\"decode_tok_s\":${_num},\"e2e_tok_s\":${_num},\"fraction_of_limit\":${_num},\"host_gap_us\":${_num},\"limit_tok_s\":${_num},\"lora_adapters\":0,\"lora_fraction_of_base\":null,\"lora_load_ms\":null,\"lora_rank\":0,\"median_step_ms\":${_num},\"model\":\"tiny \\(random weights\\)\",\"output_len\":2,\"prefill_tok_s\":${_num},\"prefix_hit_rate\":${_num},\"prompt_len\":3}")
 set_tests_properties(cli_bench_json PROPERTIES PASS_REGULAR_EXPRESSION "^${_line}\n${_line}\n$")
+# LoRA in the bench (issue 19): two random rank-4 adapters across three requests, the
+# workload run first without LoRA; two JSON lines, the second with the LoRA settings, the
+# load times and the fraction of the base's decode tok/s.
+set(_bench_lora_json ${CMAKE_CURRENT_BINARY_DIR}/cli-bench-lora.jsonl)
+add_test(NAME cli_bench_lora COMMAND sh -c
+  "rm -f \"$1\" && \"$0\" bench --preset tiny --backend cpu --batch 3 --prompt-len 4 --output-len 5 --lora-rank 4 --lora-adapters 2 --lora-compare --json-out \"$1\" && cat \"$1\""
+  ${_pl} ${_bench_lora_json})
+set(_lora_base_line "{\"backend\":\"cpu\",\"bandwidth_gbs\":${_num},\"base_decode_tok_s\":null,\"batch\":3,\"decode_tok_s\":${_num},\"e2e_tok_s\":${_num},\"fraction_of_limit\":${_num},\"host_gap_us\":${_num},\"limit_tok_s\":${_num},\"lora_adapters\":0,\"lora_fraction_of_base\":null,\"lora_load_ms\":null,\"lora_rank\":0,[^\n]*}")
+set(_lora_line "{\"backend\":\"cpu\",\"bandwidth_gbs\":${_num},\"base_decode_tok_s\":${_num},\"batch\":3,\"decode_tok_s\":${_num},\"e2e_tok_s\":${_num},\"fraction_of_limit\":${_num},\"host_gap_us\":${_num},\"limit_tok_s\":${_num},\"lora_adapters\":2,\"lora_fraction_of_base\":${_num},\"lora_load_ms\":{\"max\":${_num},\"median\":${_num},\"min\":${_num}},\"lora_rank\":4,[^\n]*\"output_len\":5,[^\n]*}")
+set_tests_properties(cli_bench_lora PROPERTIES PASS_REGULAR_EXPRESSION
+  "pagellm bench: without LoRA \\(for --lora-compare\\)\n[^\n]*batch 3, prompt 4, output 5.*pagellm bench: with LoRA\n.*\n  lora        rank 4 on q, k, v, o, gate, up, down \\(alpha 8, bf16\\), 2 adapters: request i runs with adapter i % 2\n  lora load   min [0-9.]+ ms, median [0-9.]+ ms, max [0-9.]+ ms per adapter[^\n]*\n  lora / base +[0-9.]+ %  of the decode tok/s without LoRA.*\n${_lora_base_line}\n${_lora_line}\n$")
+# Bad LoRA flags are named before any work (one line of output, exit 1).
+function(cli_bench_error name regex)
+  add_test(NAME cli_bench_rejects_${name} COMMAND ${_expect} "${regex}" ${_pl} bench
+    --preset tiny --backend cpu ${ARGN})
+endfunction()
+cli_bench_error(lora_rank_negative
+  "^pagellm: error: --lora-rank must be 0 \\(no LoRA\\) or 1..64 .*got -1$" --lora-rank -1)
+cli_bench_error(lora_rank_too_big "^pagellm: error: --lora-rank must be 0 .*or 1..64 .*got 65$"
+  --lora-rank 65)
+cli_bench_error(lora_adapters_zero "^pagellm: error: --lora-adapters must be at least 1, got 0$"
+  --lora-rank 4 --lora-adapters 0)
+cli_bench_error(lora_adapters_over_slots
+  "^pagellm: error: --lora-adapters 9 is more than the engine's 8 adapter slots \\(max_loras. raise it with --max-loras\\)$"
+  --lora-rank 4 --lora-adapters 9)
+cli_bench_error(lora_adapters_over_max_loras
+  "^pagellm: error: --lora-adapters 3 is more than the engine's 2 adapter slots"
+  --lora-rank 4 --lora-adapters 3 --max-loras 2)
+cli_bench_error(lora_compare_without_rank "^pagellm: error: --lora-compare needs --lora-rank R"
+  --lora-compare)
+cli_bench_error(lora_rank_with_grpo
+  "^pagellm: error: --lora-rank and --lora-compare apply to decode workloads .*--workload grpo$"
+  --workload grpo --lora-rank 4)
 # The default is the named workload W1; an unknown name lists the known ones.
 add_test(NAME cli_bench_help COMMAND ${_pl} bench --help)
 set_tests_properties(cli_bench_help PROPERTIES PASS_REGULAR_EXPRESSION

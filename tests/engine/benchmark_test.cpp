@@ -9,6 +9,7 @@
 
 #include "pagellm/common/check.h"
 #include "pagellm/engine/benchmark.h"
+#include "pagellm/model/lora.h"
 #include "pagellm/model/make_model.h"
 
 namespace pagellm {
@@ -167,7 +168,92 @@ TEST(BenchmarkTest, TinyRunOnCpuHasExactCountsAndConsistentRates) {
   EXPECT_EQ(r.prefix_cache.queried_tokens, 3 * 4);
   EXPECT_EQ(r.prefix_cache.hit_tokens, 0);
   EXPECT_DOUBLE_EQ(j.at("prefix_hit_rate").get<double>(), 0.0);
-  EXPECT_EQ(j.size(), 14u);
+  // Without LoRA the LoRA fields say so.
+  EXPECT_EQ(j.at("lora_rank"), 0);
+  EXPECT_EQ(j.at("lora_adapters"), 0);
+  EXPECT_TRUE(j.at("lora_load_ms").is_null());
+  EXPECT_TRUE(j.at("base_decode_tok_s").is_null());
+  EXPECT_TRUE(j.at("lora_fraction_of_base").is_null());
+  EXPECT_EQ(j.size(), 19u);
+}
+
+// `pagellm bench --lora-rank 4 --lora-adapters 2`: random bf16 adapters on all seven
+// modules (alpha 2R), each load timed, the requests spread over them.
+TEST(BenchmarkTest, LoraAdaptersAreMadeLoadedTimedAndUsedRoundRobin) {
+  const DecodeWorkload w = tiny_workload();
+  std::unique_ptr<Engine> engine = make_benchmark_engine(w, cpu_config());
+  const std::string dir = ::testing::TempDir() + "/bench-lora";
+  LoraBenchConfig lora;
+  lora.rank = 4;
+  lora.adapters = 2;
+  const LoraBenchAdapters adapters = make_benchmark_lora_adapters(*engine, lora, dir, w.seed);
+  ASSERT_EQ(adapters.names.size(), 2u);
+  ASSERT_EQ(adapters.load_seconds.size(), 2u);
+  for (double s : adapters.load_seconds) EXPECT_TRUE(std::isfinite(s) && s > 0) << s;
+  const std::vector<LoraAdapterInfo> loaded = engine->lora_adapters();
+  ASSERT_EQ(loaded.size(), 2u);
+  for (const LoraAdapterInfo& a : loaded) {
+    EXPECT_EQ(a.rank, 4);
+    EXPECT_FLOAT_EQ(a.scale, 2.0f);  // alpha = 2R
+  }
+  // The folders are PEFT's, bf16, all seven modules.
+  const LoraAdapter read = read_lora_adapter(dir + "/" + adapters.names[1], engine->model().config());
+  EXPECT_EQ(read.config.target_modules.size(), static_cast<size_t>(kNumLoraModules));
+  EXPECT_DOUBLE_EQ(read.config.alpha, 8.0);
+
+  BenchmarkOptions options;
+  const BenchmarkReport base = run_benchmark(*engine, w, options);
+  options.lora_adapters = adapters.names;
+  BenchmarkReport r = run_benchmark(*engine, w, options);
+  EXPECT_EQ(r.generated_tokens, 18);
+  EXPECT_EQ(r.lora_rank, 4);
+  EXPECT_EQ(r.lora_adapters, 2);
+  r.lora_load_seconds = {0.003, 0.001, 0.002, 0.004};
+  r.base_decode_tok_s = base.decode_tok_s();
+  ASSERT_TRUE(r.lora_fraction_of_base().has_value());
+  EXPECT_DOUBLE_EQ(*r.lora_fraction_of_base(), r.decode_tok_s() / base.decode_tok_s());
+  const nlohmann::json j = nlohmann::json::parse(benchmark_json_line(r));
+  EXPECT_EQ(j.at("lora_rank"), 4);
+  EXPECT_EQ(j.at("lora_adapters"), 2);
+  EXPECT_DOUBLE_EQ(j.at("lora_load_ms").at("min").get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(j.at("lora_load_ms").at("median").get<double>(), 2.5);
+  EXPECT_DOUBLE_EQ(j.at("lora_load_ms").at("max").get<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(j.at("base_decode_tok_s").get<double>(), base.decode_tok_s());
+  EXPECT_DOUBLE_EQ(j.at("lora_fraction_of_base").get<double>(), *r.lora_fraction_of_base());
+  // The names reach the requests: one that is not loaded fails the run, naming it.
+  options.lora_adapters = {"bench-lora-0", "not-loaded"};
+  try {
+    run_benchmark(*engine, w, options);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not-loaded"), std::string::npos) << e.what();
+  }
+  // ... and leaves the engine idle, holding no page.
+  EXPECT_FALSE(engine->has_unfinished());
+  engine->check_invariants();
+  EXPECT_EQ(engine->allocator().num_free(), engine->allocator().num_usable());
+}
+
+TEST(BenchmarkTest, LoraConfigValidationNamesTheFlag) {
+  const auto message = [](int32_t rank, int32_t adapters, int32_t max_loras) -> std::string {
+    LoraBenchConfig c;
+    c.rank = rank;
+    c.adapters = adapters;
+    try {
+      c.validate(max_loras);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(message(0, 1, 8), "");
+  EXPECT_EQ(message(64, 8, 8), "");
+  EXPECT_EQ(message(0, 20, 8), "");  // no LoRA: the count is not used
+  EXPECT_NE(message(-1, 1, 8).find("--lora-rank must be 0 (no LoRA) or 1..64"), std::string::npos);
+  EXPECT_NE(message(65, 1, 8).find("got 65"), std::string::npos);
+  EXPECT_NE(message(4, 0, 8).find("--lora-adapters must be at least 1, got 0"), std::string::npos);
+  EXPECT_NE(message(4, 9, 8).find("--lora-adapters 9 is more than the engine's 8 adapter slots"),
+            std::string::npos);
 }
 
 // Issue 20's honest count: with prefill chunked over several steps the first request

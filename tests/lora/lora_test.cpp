@@ -344,6 +344,33 @@ TEST(LoraEngine, MixedBatchEqualsEachRequestAlone) {
   EXPECT_EQ(e->allocator().num_free(), e->num_pages() - 1);
 }
 
+// Engine::score with an adapter gives the numbers generate reported for the same tokens
+// with it (batch-invariant mode: the same bits), not the base model's; a name not loaded is
+// refused before any work, holding no page.
+TEST(LoraEngine, ScoreWithAnAdapterEqualsGenerate) {
+  const Qwen3Config mc = testing::small_config();
+  const HostWeights base = testing::random_weights(mc, 16);
+  EngineConfig ec = engine_config();
+  ec.batch_invariant = true;
+  std::unique_ptr<Engine> e = make_engine(mc, base, ec);
+  TempDir d;
+  make_lora_adapter(d.path(), mc, lora_config(8, 16, kAll), 7, DType::F32, 0.2f);
+  e->load_lora_adapter({"a", 1, d.path()});
+  const std::vector<Generated> with = run_all(*e, {"a"});
+  for (size_t i = 0; i < kPrompts.size(); ++i) {
+    std::vector<int32_t> all = kPrompts[i];
+    all.insert(all.end(), with[i].tokens.begin(), with[i].tokens.end());
+    const int32_t plen = static_cast<int32_t>(kPrompts[i].size());
+    const ScoreOutput scored = e->score({all}, {plen}, 0, "a")[0];
+    EXPECT_EQ(scored.logprobs, with[i].logprobs) << "prompt " << i;
+    const ScoreOutput plain = e->score({all}, {plen})[0];
+    EXPECT_NE(plain.logprobs, with[i].logprobs) << "prompt " << i << ": the adapter was ignored";
+  }
+  expect_error([&] { e->score({{1, 2, 3}}, {}, 0, "b"); }, "score: LoRA adapter 'b' is not loaded");
+  EXPECT_EQ(e->allocator().num_free(), e->allocator().num_usable());
+  e->check_invariants();
+}
+
 TEST(LoraEngine, ReplaceInPlaceChangesOutputsAndMissesTheOldPrefix) {
   const Qwen3Config mc = testing::small_config();
   const HostWeights base = testing::random_weights(mc, 13);

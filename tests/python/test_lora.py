@@ -162,3 +162,36 @@ def test_async_streams_naming_one_new_adapter_load_it_once(tiny_model, loras):
     outs, adapters = asyncio.run(run())
     assert all(o == outs[0] for o in outs)
     assert [(a.name, a.version) for a in adapters] == [("a", 1)]
+
+
+def test_prompt_logprobs_and_score_use_the_adapter(tiny_model, loras):
+    """prompt_logprobs of a request with an adapter come from a score with that adapter (not
+    the base model's); LLM.score / AsyncLLM.score take lora_request (loading it first)."""
+    llm = pagellm.LLM(tiny_model, backend="cpu", kv_cache_gb=0.05)
+    a = LoRARequest("a", 1, loras["a"])
+    params = SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=0)
+    mixed = llm.generate([PROMPT, PROMPT], params, use_tqdm=False, lora_request=[a, None])
+
+    def values(out):
+        return [next(iter(d.values())).logprob for d in out.prompt_logprobs[1:]]
+
+    assert values(mixed[0]) != values(mixed[1])
+    scored_a = llm.score([PROMPT], lora_request=a)[0]
+    scored_base = llm.score([PROMPT])[0]
+    assert values(mixed[0]) == pytest.approx(scored_a, abs=1e-6)
+    assert values(mixed[1]) == pytest.approx(scored_base, abs=1e-6)
+    # A new name through score loads it first.
+    b = LoRARequest("b", 2, loras["b"])
+    assert llm.score([PROMPT], lora_request=b)[0] != scored_base
+    assert sorted(x.name for x in llm.list_lora_adapters()) == ["a", "b"]
+
+    async def run():
+        async with pagellm.AsyncLLM(tiny_model, backend="cpu", kv_cache_gb=0.05) as allm:
+            last = None
+            async for out in allm.generate(PROMPT, params, lora_request=a):
+                last = out
+            return values(last), (await allm.score([PROMPT], lora_request=a))[0]
+
+    streamed, async_scored = asyncio.run(run())
+    assert streamed == pytest.approx(scored_a, abs=1e-6)
+    assert async_scored == pytest.approx(scored_a, abs=1e-6)

@@ -336,9 +336,9 @@ int64_t AsyncEngine::check_invariants_and_count_free_pages() {
 
 std::vector<ScoreOutput> AsyncEngine::score(const std::vector<std::vector<int32_t>>& sequences,
                                             const std::vector<int32_t>& prompt_lengths,
-                                            int top_k) {
-  return impl_->call([core = impl_->core.get(), &sequences, &prompt_lengths, top_k] {
-    return core->engine().score(sequences, prompt_lengths, top_k);
+                                            int top_k, const std::string& lora) {
+  return impl_->call([core = impl_->core.get(), &sequences, &prompt_lengths, top_k, &lora] {
+    return core->engine().score(sequences, prompt_lengths, top_k, lora);
   });
 }
 

@@ -206,9 +206,10 @@ void LLM::set_logits_hook(LogitsHook hook) {
 }
 
 std::vector<ScoreOutput> LLM::score(const std::vector<std::vector<int32_t>>& sequences,
-                                    const std::vector<int32_t>& prompt_lengths, int top_k) {
+                                    const std::vector<int32_t>& prompt_lengths, int top_k,
+                                    const std::string& lora) {
   // generate() returns with every request finished, so the whole cache is free here.
-  return impl_->core->engine().score(sequences, prompt_lengths, top_k);
+  return impl_->core->engine().score(sequences, prompt_lengths, top_k, lora);
 }
 
 void merge_delta(RequestOutput& total, const RequestOutput& delta) {

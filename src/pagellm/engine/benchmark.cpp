@@ -7,9 +7,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "pagellm/common/check.h"
+#include "pagellm/model/lora.h"
 #include "pagellm/model/make_model.h"
 #include "pagellm/model/qwen3_weights.h"
 #include "pagellm/model/random_weights.h"
@@ -169,6 +171,11 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
   if (options.measure_bandwidth) r.bandwidth_bytes_per_s = backend.measure_copy_bandwidth();
 
   const size_t batch = static_cast<size_t>(workload.batch);
+  const auto lora_of = [&](size_t request) -> std::string {
+    return options.lora_adapters.empty()
+               ? std::string()
+               : options.lora_adapters[request % options.lora_adapters.size()];
+  };
   // Warm-up outside the timed region: the first time a matrix shape is seen the CUDA
   // backend autotunes cuBLASLt for it, and the cuDNN plans are built; neither belongs in
   // the figures.
@@ -177,9 +184,22 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
     warm.temperature = 0.0f;
     warm.max_tokens = 2;
     warm.ignore_eos = true;
-    std::vector<std::vector<int32_t>> prompts(
-        batch, std::vector<int32_t>(static_cast<size_t>(workload.prompt_len), 1));
-    for (const Sequence* s : engine.generate(prompts, {warm})) engine.release(s->id);
+    std::vector<int64_t> warm_ids;
+    for (size_t b = 0; b < batch; ++b) {
+      warm_ids.push_back(engine.add_request(
+          std::vector<int32_t>(static_cast<size_t>(workload.prompt_len), 1), warm, lora_of(b)));
+    }
+    while (engine.has_unfinished()) engine.step();
+    std::string failed;  // the first request that did not end by its length
+    for (int64_t id : warm_ids) {
+      const Sequence& s = engine.request(id);
+      if (failed.empty() && s.finish_reason != FinishReason::kLength) {
+        failed = "benchmark warm-up request " + std::to_string(id) + " ended with " +
+                 finish_reason_name(s.finish_reason) + (s.error.empty() ? "" : ": ") + s.error;
+      }
+      engine.release(id);
+    }
+    PAGELLM_CHECK(failed.empty()) << failed;
     engine.reset_prefix_cache();  // the timed requests must not find the warm-up's pages
   }
   const PrefixCacheStats prefix_before = engine.prefix_cache_stats();
@@ -194,7 +214,7 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
   for (size_t b = 0; b < batch; ++b) {
     std::vector<int32_t> prompt(static_cast<size_t>(workload.prompt_len));
     for (int32_t& t : prompt) t = token(rng);
-    ids.push_back(engine.add_request(std::move(prompt), greedy));
+    ids.push_back(engine.add_request(std::move(prompt), greedy, lora_of(b)));
   }
 
   // Phase 1: until every request has its first token (prefill). Phase 2: decode.
@@ -301,7 +321,67 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
     trace.timeline = summarize_kernel_timeline(trace.spans);
     r.trace = std::move(trace);
   }
+  if (!options.lora_adapters.empty()) {
+    for (const LoraAdapterInfo& a : engine.lora_adapters()) {
+      if (a.name == options.lora_adapters.front()) r.lora_rank = static_cast<int32_t>(a.rank);
+    }
+    std::vector<std::string> distinct = options.lora_adapters;
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    r.lora_adapters = static_cast<int32_t>(distinct.size());
+  }
   return r;
+}
+
+std::optional<double> BenchmarkReport::lora_fraction_of_base() const {
+  if (!base_decode_tok_s || *base_decode_tok_s <= 0) return std::nullopt;
+  return decode_tok_s() / *base_decode_tok_s;
+}
+
+std::optional<BenchmarkReport::LoadSpread> BenchmarkReport::lora_load_ms() const {
+  if (lora_load_seconds.empty()) return std::nullopt;
+  std::vector<double> ms = lora_load_seconds;
+  std::sort(ms.begin(), ms.end());
+  for (double& v : ms) v *= 1e3;
+  const size_t n = ms.size();
+  return LoadSpread{ms.front(), 0.5 * (ms[(n - 1) / 2] + ms[n / 2]), ms.back()};
+}
+
+void LoraBenchConfig::validate(int32_t max_loras) const {
+  PAGELLM_CHECK(rank >= 0 && rank <= kMaxLoraRank)
+      << "--lora-rank must be 0 (no LoRA) or 1.." << kMaxLoraRank
+      << " (the largest rank the engine serves), got " << rank;
+  PAGELLM_CHECK(adapters >= 1) << "--lora-adapters must be at least 1, got " << adapters;
+  if (enabled()) {
+    PAGELLM_CHECK(adapters <= max_loras)
+        << "--lora-adapters " << adapters << " is more than the engine's " << max_loras
+        << " adapter slots (max_loras; raise it with --max-loras)";
+  }
+}
+
+LoraBenchAdapters make_benchmark_lora_adapters(Engine& engine, const LoraBenchConfig& config,
+                                               const std::string& dir, uint64_t seed) {
+  config.validate(engine.config().max_loras);
+  PAGELLM_CHECK(config.enabled()) << "make_benchmark_lora_adapters needs a rank of at least 1";
+  LoraConfig lora;
+  lora.rank = config.rank;
+  lora.alpha = 2.0 * config.rank;
+  for (int m = 0; m < kNumLoraModules; ++m) lora.target_modules.push_back(static_cast<LoraModule>(m));
+  const Qwen3Config& model = engine.model().config();
+  std::filesystem::create_directories(dir);
+  LoraBenchAdapters out;
+  for (int32_t i = 0; i < config.adapters; ++i) {
+    const std::string name = "bench-lora-" + std::to_string(i);
+    const std::string path = (std::filesystem::path(dir) / name).string();
+    make_lora_adapter(path, model, lora, seed + 1 + static_cast<uint64_t>(i), DType::BF16);
+    engine.backend().synchronize();
+    const auto t0 = Clock::now();
+    engine.load_lora_adapter(LoraRequest{name, i + 1, path});
+    engine.backend().synchronize();
+    out.load_seconds.push_back(seconds_between(t0, Clock::now()));
+    out.names.push_back(name);
+  }
+  return out;
 }
 
 DecodeWorkload sleep_wake_workload() {
@@ -442,7 +522,7 @@ std::string benchmark_json_line(const BenchmarkReport& r) {
   const auto or_null = [](const std::optional<double>& v) {
     return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
   };
-  const nlohmann::json j = {
+  nlohmann::json j = {
       {"model", r.model},
       {"backend", r.backend},
       {"batch", r.workload.batch},
@@ -458,7 +538,15 @@ std::string benchmark_json_line(const BenchmarkReport& r) {
       {"fraction_of_limit", or_null(r.fraction_of_limit())},
       {"limit_tok_s", or_null(r.limit_tok_s())},
       {"prefix_hit_rate", r.prefix_cache.hit_rate()},
+      {"lora_rank", r.lora_rank},
+      {"lora_adapters", r.lora_adapters},
+      {"lora_load_ms", nullptr},
+      {"base_decode_tok_s", or_null(r.base_decode_tok_s)},
+      {"lora_fraction_of_base", or_null(r.lora_fraction_of_base())},
   };
+  if (const auto ms = r.lora_load_ms()) {
+    j["lora_load_ms"] = {{"min", ms->min_ms}, {"median", ms->median_ms}, {"max", ms->max_ms}};
+  }
   return j.dump();
 }
 

@@ -70,6 +70,33 @@ std::unique_ptr<Engine> make_benchmark_engine(const DecodeWorkload& workload,
                                               const EngineConfig& config,
                                               const ProgressFn& progress = nullptr);
 
+/// LoRA for a decode benchmark (`pagellm bench --lora-rank R --lora-adapters N`): N random
+/// PEFT adapters of rank R on all seven modules of every layer, lora_alpha = 2R (scale 2),
+/// bf16 factors, seeds workload.seed + 1 .. + N; request i runs with adapter i % N.
+struct LoraBenchConfig {
+  int32_t rank = 0;      // 0: no LoRA
+  int32_t adapters = 1;  // different adapters across the batch
+  bool enabled() const { return rank > 0; }
+  /// Throws Error naming the flag: rank outside 0..kMaxLoraRank (64), adapters < 1, or more
+  /// adapters than the engine has slots (`max_loras`). Cheap: run it before any work.
+  void validate(int32_t max_loras) const;
+};
+
+/// The adapters make_benchmark_lora_adapters loaded, and what each load took.
+struct LoraBenchAdapters {
+  /// Engine names, in request order: request i uses names[i % names.size()].
+  std::vector<std::string> names;
+  /// Wall time of each Engine::load_lora_adapter, reading the folder from disk included
+  /// (the device synchronised before the clock stops), in seconds.
+  std::vector<double> load_seconds;
+};
+
+/// Writes `config.adapters` random adapters for the engine's model into `dir` (made if
+/// needed; one sub-folder each) and loads each into `engine` under "bench-lora-<i>",
+/// timing the loads. Throws Error when the config is invalid for the engine or a load fails.
+LoraBenchAdapters make_benchmark_lora_adapters(Engine& engine, const LoraBenchConfig& config,
+                                               const std::string& dir, uint64_t seed);
+
 /// How to run a benchmark beyond the workload.
 struct BenchmarkOptions {
   /// Record this many decode steps' kernels (Backend::begin_kernel_trace) in the middle of
@@ -78,6 +105,9 @@ struct BenchmarkOptions {
   /// Measure the backend's copy bandwidth (Backend::measure_copy_bandwidth) for the
   /// fraction-of-limit figures. Without it those figures are absent.
   bool measure_bandwidth = true;
+  /// Loaded adapter names (Engine::load_lora_adapter): request i, the warm-up's included,
+  /// runs with lora_adapters[i % size]. Empty: the base model.
+  std::vector<std::string> lora_adapters;
 };
 
 /// Where the traced decode steps' device time went.
@@ -136,6 +166,25 @@ struct BenchmarkReport {
 
   size_t weight_bytes = 0;    // Qwen3Model::weight_bytes
   size_t prepared_bytes = 0;  // Qwen3Model::prepared_bytes (packed decode layouts)
+
+  /// LoRA: the rank of the adapters the requests ran with (0: none), how many different
+  /// ones, and each adapter's load time in seconds (filled by the caller that loaded them;
+  /// empty when unknown). A report of the same workload without LoRA, when one was run for
+  /// comparison, gives base_decode_tok_s.
+  int32_t lora_rank = 0;
+  int32_t lora_adapters = 0;
+  std::vector<double> lora_load_seconds;
+  std::optional<double> base_decode_tok_s;
+  /// decode_tok_s / base_decode_tok_s (issue 19's targets: >= 0.85 with one r = 32 adapter,
+  /// >= 0.80 with 8); absent without a base figure.
+  std::optional<double> lora_fraction_of_base() const;
+  /// The adapters' load times in milliseconds: min, median, max; absent without loads.
+  struct LoadSpread {
+    double min_ms = 0;
+    double median_ms = 0;
+    double max_ms = 0;
+  };
+  std::optional<LoadSpread> lora_load_ms() const;
 
   /// Present when a trace was asked for and the backend recorded one.
   std::optional<BenchmarkTrace> trace;
@@ -205,7 +254,9 @@ std::string sleep_wake_json_line(const SleepWakeReport& report);
 /// The report as one JSON object on one line (no newline): model, backend, batch,
 /// prompt_len, output_len, prefill_tok_s, decode_tok_s, e2e_tok_s, median_step_ms,
 /// host_gap_us, bandwidth_gbs, fraction_of_limit, limit_tok_s (the last three null
-/// without a bandwidth), prefix_hit_rate. What `pagellm bench --json-out` appends and the GPU suite reads.
+/// without a bandwidth), prefix_hit_rate, lora_rank, lora_adapters, lora_load_ms ({min,
+/// median, max} or null), base_decode_tok_s and lora_fraction_of_base (null without a
+/// comparison run). What `pagellm bench --json-out` appends and the GPU suite reads.
 std::string benchmark_json_line(const BenchmarkReport& report);
 
 // ---- weight-update benchmark (`pagellm bench --workload weight-update`) --------------------

@@ -497,13 +497,19 @@ WeightUpdateResult Engine::run_update(PauseMode mode, const std::vector<NamedTen
 }
 
 std::vector<ScoreOutput> Engine::score(const std::vector<std::vector<int32_t>>& sequences,
-                                       const std::vector<int32_t>& prompt_lengths, int top_k) {
+                                       const std::vector<int32_t>& prompt_lengths, int top_k,
+                                       const std::string& lora) {
   PAGELLM_CHECK(prompt_lengths.empty() || prompt_lengths.size() == sequences.size())
       << "score: " << prompt_lengths.size() << " prompt lengths for " << sequences.size()
       << " sequences (give none, meaning 1 each, or one per sequence)";
   PAGELLM_CHECK(top_k >= 0 && top_k <= SamplingParams::kMaxLogprobs)
       << "score: top_k must be in [0, " << SamplingParams::kMaxLogprobs << "] (0: none), got "
       << top_k;
+  {
+    Sequence probe;
+    const std::string error = attach_lora(probe, lora);
+    PAGELLM_CHECK(error.empty()) << "score: " << error;
+  }
   const int64_t vocab = runner_->model().config().vocab_size;
   const size_t n = sequences.size();
   std::vector<ScoreOutput> results(n);
@@ -557,6 +563,7 @@ std::vector<ScoreOutput> Engine::score(const std::vector<std::vector<int32_t>>& 
       seq->id = -1 - static_cast<int64_t>(next);  // never an engine request id
       seq->prompt = sequences[next];
       seq->status = SequenceStatus::kRunning;
+      attach_lora(*seq, lora);  // checked above; the adapter's slot and prefix-cache key
       // The last token is only scored, never fed: the K/V of size - 1 tokens.
       if (!kv_cache_->allocate(*seq, seq->num_tokens() - 1)) break;
       group.push_back(std::move(seq));

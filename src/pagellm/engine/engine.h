@@ -115,9 +115,11 @@ class Engine {
   /// [1, size - 1], an id outside the vocabulary or a bad top_k throws Error naming the
   /// sequence. Throws Error, with nothing held, when the free pages cannot hold one
   /// sequence while requests run.
+  /// With `lora` (a loaded adapter's name) the sequences are scored with that adapter; a
+  /// name not loaded throws Error before any work.
   std::vector<ScoreOutput> score(const std::vector<std::vector<int32_t>>& sequences,
                                  const std::vector<int32_t>& prompt_lengths = {},
-                                 int top_k = 0);
+                                 int top_k = 0, const std::string& lora = "");
 
   /// Called after each forward pass with every sampled row's float32 logits on the host
   /// (request id, index of the output token they produce, logits [vocab]). For tests and

@@ -8,16 +8,20 @@
 // a few MB per layer and adapter, the flops tiny: the kernels must read each adapter's
 // factors once per step, not once per row, and spread that over many SMs.
 //
-// Shrink (s = x·Aᵀ): CTA (k chunk of 256 inputs, block of 64 of the group's M·r shrink
-//   outputs, adapter slot, block of 32 of that slot's rows). It gathers its rows (scanning
-//   the step's row slots), stages A's chunk (before the PDL wait: weights) and the rows' x
-//   chunk in shared memory and multiplies them on the tensor cores (WMMA bf16, float32
-//   accumulation), writing a float32 partial per chunk: work[chunk][row][j].
-// Expand (out += scale · s·Bᵀ): CTA (256 output columns, slot, 32 rows). It sums the
-//   partials of its rows in chunk order (float32, the same order for every row whatever
-//   the batch: batch-invariant), then each thread takes one column, streams Bᵀ's column
-//   (coalesced: Bᵀ is stored [r, width]) and adds scale·Σ_i s[i]·Bᵀ[i, c] into each row's
-//   output, rounding once to bf16.
+// Shrink (s = x·Aᵀ): CTA (chunk of the inputs, block of 64 of the group's M·r shrink
+//   outputs, adapter slot, block of 32 of that slot's rows). A chunk is whole 256-input
+//   pieces, as few as keep a group's chunks at most 24 (a function of `in` only). The CTA
+//   gathers its rows (scanning the step's row slots), stages each piece of A (the first
+//   before the PDL wait: weights) and of the rows' x in shared memory and multiplies them
+//   on the tensor cores (WMMA bf16, float32 accumulation across the pieces), writing one
+//   float32 partial per chunk: work[chunk][row][m · 64 + i].
+// Expand (out += scale · s·Bᵀ): CTA (64 output columns, slot, 32 rows). It stages its
+//   columns of Bᵀ (rows i < r, coalesced: Bᵀ is stored [r, width]) before the PDL wait, sums
+//   its rows' partials in chunk order (float32, the same order for every row whatever the
+//   batch: batch-invariant), multiplies s [32, r] by that [r, 64] tile on the tensor cores
+//   (TF32 inputs, float32 accumulation), and adds scale · delta into each row's output,
+//   rounding once to bf16. (A thread per column looping over rows and ranks on the CUDA
+//   cores ran 34 µs a call at W1: 1000 dependent FMAs per thread at 2 warps a scheduler.)
 // CTAs of slots without rows (and blocks past a slot's rank) exit after the scan, so a
 // decode graph captured for max_loras slots costs little when fewer adapters run, and rows
 // without an adapter cost nothing but their entry in the scan.
@@ -42,13 +46,24 @@ constexpr int kChunk = 256;    // inputs per shrink CTA
 constexpr int kJBlock = 64;    // shrink outputs per shrink CTA
 constexpr int kMaxRank = 64;
 constexpr int kMaxModules = 3;
-constexpr int kJStride = kMaxModules * kMaxRank;  // partial row stride is modules · 64
-constexpr int kCols = kThreads;                   // output columns per expand CTA
+constexpr int kCols = 64;                         // output columns per expand CTA
 constexpr int kPad = 8;                           // bf16 elements of row padding in smem
 
 constexpr int kShrinkSmem = (kRows + kJBlock) * (kChunk + kPad) * 2 + kRows * (kJBlock + 4) * 4;
+constexpr int kExpandSmem =
+    (kRows * kMaxModules * kMaxRank + kMaxRank * (kCols + 4) + kRows * (kCols + 4)) * 4;
 
-__host__ __device__ inline int64_t chunks_of(int64_t in) { return (in + kChunk - 1) / kChunk; }
+constexpr int kMaxChunks = 24;  // a row's partial sums per group (bounds the expand's reads)
+
+// The inputs one shrink CTA covers: whole 256-input pieces, as few as keep the chunks at
+// most kMaxChunks. A function of `in` alone, so a row's sums never depend on the batch.
+__host__ __device__ inline int64_t chunk_elems(int64_t in) {
+  const int64_t pieces = (in + kChunk - 1) / kChunk;
+  return kChunk * ((pieces + kMaxChunks - 1) / kMaxChunks);
+}
+__host__ __device__ inline int64_t chunks_of(int64_t in) {
+  return (in + chunk_elems(in) - 1) / chunk_elems(in);
+}
 
 // Collects, in row order, the rows whose slot is `slot`, keeping those with ordinal in
 // [block·kRows, (block+1)·kRows) in rows[]; returns how many it kept. Every thread of
@@ -100,48 +115,67 @@ __global__ void __launch_bounds__(kThreads)
   const LoraSlotRef f = slots[slot];
   const int jmax = f.a == nullptr ? 0 : num_modules * f.rank;
   const int j0 = jblock * kJBlock;
-  // Slot tables and row slots are written by copies before the step, never by a kernel.
-  const int n = j0 < jmax ? collect_rows(row_slots, T, slot, static_cast<int>(blockIdx.z), rows) : 0;
-  if (n == 0) {
+  if (j0 >= jmax) {
     pdl_wait();
     return;
   }
-  const int64_t k0 = chunk * kChunk;
-  const int klen = static_cast<int>(in - k0 < kChunk ? in - k0 : kChunk);
+  const int64_t k_begin = chunk * chunk_elems(in);
+  const int64_t k_end = k_begin + chunk_elems(in) < in ? k_begin + chunk_elems(in) : in;
   const int vecs = kChunk / 8;  // 16-byte vectors per smem row
-  // A's chunk: weights, staged before the wait. Zeros past the rank and the input.
   const bf16* a = static_cast<const bf16*>(f.a);
-  for (int v = threadIdx.x; v < kJBlock * vecs; v += kThreads) {
-    const int jj = v / vecs, c = (v % vecs) * 8;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (j0 + jj < jmax && c < klen) {
-      val = *reinterpret_cast<const uint4*>(a + static_cast<int64_t>(j0 + jj) * in + k0 + c);
+  // Stages A's piece [k0, k0 + 256) (zeros past the rank and the input).
+  auto stage_a = [&](int64_t k0, int klen) {
+#pragma unroll
+    for (int v = threadIdx.x; v < kJBlock * vecs; v += kThreads) {
+      const int jj = v / vecs, c = (v % vecs) * 8;
+      uint4 val = make_uint4(0, 0, 0, 0);
+      if (j0 + jj < jmax && c < klen) {
+        val = *reinterpret_cast<const uint4*>(a + static_cast<int64_t>(j0 + jj) * in + k0 + c);
+      }
+      *reinterpret_cast<uint4*>(as + jj * (kChunk + kPad) + c) = val;
     }
-    *reinterpret_cast<uint4*>(as + jj * (kChunk + kPad) + c) = val;
-  }
-  pdl_wait();
-  for (int v = threadIdx.x; v < kRows * vecs; v += kThreads) {
-    const int ri = v / vecs, c = (v % vecs) * 8;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (ri < n && c < klen) {
-      val = *reinterpret_cast<const uint4*>(x + static_cast<int64_t>(rows[ri]) * in + k0 + c);
-    }
-    *reinterpret_cast<uint4*>(xs + ri * (kChunk + kPad) + c) = val;
-  }
-  __syncthreads();
+  };
   // 8 warps, one 16 x 16 output tile each: rows (warp / 4) · 16, outputs (warp % 4) · 16.
   const int warp = threadIdx.x / 32;
   const int mt = warp / 4, nt = warp % 4;
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
   wmma::fill_fragment(acc, 0.0f);
-  if (mt * 16 < n && j0 + nt * 16 < jmax) {
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
-    const int ksteps = (klen + 15) / 16;
-    for (int ks = 0; ks < ksteps; ++ks) {
-      wmma::load_matrix_sync(fa, xs + mt * 16 * (kChunk + kPad) + ks * 16, kChunk + kPad);
-      wmma::load_matrix_sync(fb, as + nt * 16 * (kChunk + kPad) + ks * 16, kChunk + kPad);
-      wmma::mma_sync(acc, fa, fb, acc);
+  // Rows first (slot tables and row slots are written by copies before the step, never by
+  // a kernel), so that a loaded adapter no row of the step uses reads none of its factors;
+  // then the first piece of A, weights, before the wait.
+  const int n = collect_rows(row_slots, T, slot, static_cast<int>(blockIdx.z), rows);
+  if (n == 0) {
+    pdl_wait();
+    return;
+  }
+  stage_a(k_begin, static_cast<int>(k_end - k_begin < kChunk ? k_end - k_begin : kChunk));
+  pdl_wait();
+  const bool tile_live = mt * 16 < n && j0 + nt * 16 < jmax;
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kChunk) {
+    const int klen = static_cast<int>(k_end - k0 < kChunk ? k_end - k0 : kChunk);
+    if (k0 != k_begin) {
+      __syncthreads();  // the previous piece's products are done with the buffers
+      stage_a(k0, klen);
+    }
+#pragma unroll
+    for (int v = threadIdx.x; v < kRows * vecs; v += kThreads) {
+      const int ri = v / vecs, c = (v % vecs) * 8;
+      uint4 val = make_uint4(0, 0, 0, 0);
+      if (ri < n && c < klen) {
+        val = *reinterpret_cast<const uint4*>(x + static_cast<int64_t>(rows[ri]) * in + k0 + c);
+      }
+      *reinterpret_cast<uint4*>(xs + ri * (kChunk + kPad) + c) = val;
+    }
+    __syncthreads();
+    if (tile_live) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
+      const int ksteps = (klen + 15) / 16;
+      for (int ks = 0; ks < ksteps; ++ks) {
+        wmma::load_matrix_sync(fa, xs + mt * 16 * (kChunk + kPad) + ks * 16, kChunk + kPad);
+        wmma::load_matrix_sync(fb, as + nt * 16 * (kChunk + kPad) + ks * 16, kChunk + kPad);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
     }
   }
   wmma::store_matrix_sync(cs + mt * 16 * (kJBlock + 4) + nt * 16, acc, kJBlock + 4,
@@ -151,7 +185,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int v = threadIdx.x; v < n * kJBlock; v += kThreads) {
     const int ri = v / kJBlock, jj = v % kJBlock;
     if (j0 + jj >= jmax) continue;
-    work[(chunk * T + rows[ri]) * js + j0 + jj] = cs[ri * (kJBlock + 4) + jj];
+    // Module m's outputs at m · 64 (aligned for the expand's vector loads).
+    const int j = j0 + jj, m = j / f.rank, i = j - m * f.rank;
+    work[(chunk * T + rows[ri]) * js + m * kMaxRank + i] = cs[ri * (kJBlock + 4) + jj];
   }
   pdl_launch_dependents();
 }
@@ -161,8 +197,14 @@ __global__ void __launch_bounds__(kThreads)
                        const int32_t* __restrict__ row_slots, int64_t T, int num_modules,
                        int64_t w0, int64_t w1, int64_t w2, const float* __restrict__ work,
                        bf16* __restrict__ out, int64_t ld_out, int64_t col_offset) {
+  using namespace nvcuda;
+  extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int rows[kRows];
-  __shared__ float s[kRows][kJStride];
+  // s [kRows][modules · 64]: the rows' shrink outputs by module, zeros past the rank;
+  // bt [64][kCols + 4]: this tile's columns of Bᵀ (float); d [kRows][kCols + 4]: deltas.
+  float* s = reinterpret_cast<float*>(smem);
+  float* bts = s + kRows * kMaxModules * kMaxRank;
+  float* d = bts + kMaxRank * (kCols + 4);
   const int slot = static_cast<int>(blockIdx.y) + 1;
   const LoraSlotRef f = slots[slot];
   const int64_t width = w0 + w1 + w2;
@@ -173,44 +215,95 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   const int r = f.rank;
+  const int r8 = (r + 7) / 8 * 8;  // the K of the product, in steps of 8
   auto module_of = [&](int64_t c) { return c < w0 ? 0 : (c < w0 + w1 ? 1 : 2); };
-  const int m_lo = module_of(c0), m_hi = module_of(min(c0 + kCols, width) - 1);
-  const int j_lo = m_lo * r, j_span = (m_hi + 1) * r - j_lo;
+  const int64_t tile_cols = c0 + kCols < width ? kCols : width - c0;
+  // Bᵀ's rows i < r8 for this tile (weights: before the wait), zeros past r and width.
+  const bf16* bt = static_cast<const bf16*>(f.bt);
+#pragma unroll 4
+  for (int v = threadIdx.x; v < r8 * kCols; v += kThreads) {
+    const int i = v / kCols, cc = v % kCols;
+    bts[i * (kCols + 4) + cc] =
+        i < r && cc < tile_cols ? __bfloat162float(bt[static_cast<int64_t>(i) * width + c0 + cc]) : 0.0f;
+  }
+  const int m_lo = module_of(c0), m_hi = module_of(c0 + tile_cols - 1);
   const int64_t chunks = chunks_of(in);
   const int64_t js = static_cast<int64_t>(num_modules) * kMaxRank;
   pdl_wait();
-  // The rows' shrink outputs this tile needs: partials summed in chunk order.
-  for (int v = threadIdx.x; v < n * j_span; v += kThreads) {
-    const int ri = v / j_span, j = j_lo + v % j_span;
-    const float* p = work + static_cast<int64_t>(rows[ri]) * js + j;
-    float sum = 0.0f;
+  // Partials summed in chunk order, in float32, the same order for every row. A thread
+  // takes 8 consecutive ranks of one row and module (two float4 per chunk, chunks in
+  // flight together); rows past n and ranks past r are zeros (the scratch there holds
+  // anything).
+  static_assert(kRows * kMaxRank / 8 == kThreads, "one thread per 8 ranks of a row");
+  {
+    const int ri = threadIdx.x / (kMaxRank / 8), i0 = (threadIdx.x % (kMaxRank / 8)) * 8;
+    const int64_t stride = T * js;
+    for (int mm = m_lo; mm <= m_hi; ++mm) {
+      float4 lo = make_float4(0.f, 0.f, 0.f, 0.f), hi = lo;
+      if (ri < n && i0 < r) {
+        const float4* p = reinterpret_cast<const float4*>(
+            work + static_cast<int64_t>(rows[ri]) * js + mm * kMaxRank + i0);
 #pragma unroll 8
-    for (int64_t k = 0; k < chunks; ++k) sum += p[k * T * js];
-    s[ri][j] = sum;
+        for (int64_t k = 0; k < chunks; ++k) {
+          const float4 a = p[k * stride / 4], b = p[k * stride / 4 + 1];
+          lo.x += a.x; lo.y += a.y; lo.z += a.z; lo.w += a.w;
+          hi.x += b.x; hi.y += b.y; hi.z += b.z; hi.w += b.w;
+        }
+      }
+      const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      float* dst = s + ri * (kMaxModules * kMaxRank) + mm * kMaxRank + i0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dst[e] = i0 + e < r ? v[e] : 0.0f;
+    }
   }
   __syncthreads();
-  const int64_t c = c0 + threadIdx.x;
-  if (c < width) {
-    const int m = module_of(c);
-    const bf16* bt = static_cast<const bf16*>(f.bt) + c;
-    float acc[kRows];
+  // d = s_m · Bᵀ on the tensor cores (TF32, float32 accumulation): 8 warps, one 16 x 16
+  // tile each (rows (warp / 4) · 16, columns (warp % 4) · 16). A tile whose columns span
+  // two modules (widths not multiples of kCols) takes one pass per module.
+  const int warp = threadIdx.x / 32;
+  const int mt = warp / 4, nt = warp % 4;
+  for (int m = m_lo; m <= m_hi; ++m) {
+    wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    if (mt * 16 < n) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fb;
+      for (int k = 0; k < r8; k += 8) {
+        wmma::load_matrix_sync(fa, s + mt * 16 * (kMaxModules * kMaxRank) + m * kMaxRank + k,
+                               kMaxModules * kMaxRank);
+        wmma::load_matrix_sync(fb, bts + k * (kCols + 4) + nt * 16, kCols + 4);
 #pragma unroll
-    for (int ri = 0; ri < kRows; ++ri) acc[ri] = 0.0f;
-    for (int i = 0; i < r; ++i) {
-      const float b = __bfloat162float(bt[static_cast<int64_t>(i) * width]);
-      const int j = m * r + i;
+        for (int e = 0; e < fa.num_elements; ++e) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);
 #pragma unroll
-      for (int ri = 0; ri < kRows; ++ri) {
-        if (ri < n) acc[ri] += s[ri][j] * b;
+        for (int e = 0; e < fb.num_elements; ++e) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
+        wmma::mma_sync(acc, fa, fb, acc);
       }
     }
+    wmma::store_matrix_sync(d + mt * 16 * (kCols + 4) + nt * 16, acc, kCols + 4,
+                            wmma::mem_row_major);
+    __syncthreads();
+    // out += scale · d for this module's columns: each thread a column, rows in steps.
+    const int cc = threadIdx.x % kCols;
+    const int64_t c = c0 + cc;
+    if (cc < tile_cols && module_of(c) == m) {
+      constexpr int kRowSteps = kThreads / kCols;
+      float o[kRows / kRowSteps];
 #pragma unroll
-    for (int ri = 0; ri < kRows; ++ri) {
-      if (ri < n) {
-        bf16* o = out + static_cast<int64_t>(rows[ri]) * ld_out + col_offset + c;
-        *o = __float2bfloat16(__bfloat162float(*o) + f.scale * acc[ri]);
+      for (int q = 0; q < kRows / kRowSteps; ++q) {
+        const int ri = threadIdx.x / kCols + q * kRowSteps;
+        o[q] = ri < n ? __bfloat162float(out[static_cast<int64_t>(rows[ri]) * ld_out + col_offset + c])
+                      : 0.0f;
+      }
+#pragma unroll
+      for (int q = 0; q < kRows / kRowSteps; ++q) {
+        const int ri = threadIdx.x / kCols + q * kRowSteps;
+        if (ri < n) {
+          out[static_cast<int64_t>(rows[ri]) * ld_out + col_offset + c] =
+              __float2bfloat16(o[q] + f.scale * d[ri * (kCols + 4) + cc]);
+        }
       }
     }
+    __syncthreads();  // d is rewritten by the next module's pass
   }
   pdl_launch_dependents();
 }
@@ -236,6 +329,8 @@ void launch_lora_add(const LoraAddArgs& g, cudaStream_t stream) {
   static const bool smem_set = [] {
     PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(
         lora_shrink_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShrinkSmem));
+    PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(
+        lora_expand_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kExpandSmem));
     return true;
   }();
   (void)smem_set;
@@ -250,7 +345,7 @@ void launch_lora_add(const LoraAddArgs& g, cudaStream_t stream) {
     launch_kernel(lora_shrink_kernel, shrink_grid, dim3(kThreads), kShrinkSmem, stream, 1, x,
                   g.in, g.slots, row_slots, T, g.num_modules, g.work);
     const dim3 expand_grid(static_cast<unsigned>((width + kCols - 1) / kCols), slots, zb);
-    launch_kernel(lora_expand_kernel, expand_grid, dim3(kThreads), 0, stream, 1, g.in, g.slots,
+    launch_kernel(lora_expand_kernel, expand_grid, dim3(kThreads), kExpandSmem, stream, 1, g.in, g.slots,
                   row_slots, T, g.num_modules, g.width[0], g.width[1], g.width[2], g.work, out,
                   g.ld_out, g.col_offset);
   }
