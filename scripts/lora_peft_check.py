@@ -38,6 +38,9 @@ import tempfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "oracles"))
+from logits_dump import read_dump  # noqa: E402  (generate --dump-logits records)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -50,20 +53,6 @@ def run(cmd):
         print(res.stdout[-4000:], res.stderr[-4000:])
         sys.exit(f"FAIL: {os.path.basename(cmd[0])} {cmd[1]} failed")
     return res.stdout
-
-
-def read_dump(path):
-    """`generate --dump-logits` records: int64 request, int64 output index, int64 vocab,
-    float32[vocab] (the format tests/oracles/e2e/compare_hf.py reads)."""
-    out = {}
-    with open(path, "rb") as f:
-        while True:
-            head = f.read(24)
-            if not head:
-                break
-            req, idx, vocab = np.frombuffer(head, dtype=np.int64)
-            out[(int(req), int(idx))] = np.frombuffer(f.read(4 * int(vocab)), dtype=np.float32)
-    return out
 
 
 def make_inputs(args, work):

@@ -17,6 +17,7 @@ pagellm's error passes twice transformers' bf16 error (plus 0.01) or 0.1.
 """
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -24,18 +25,8 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
-
-def read_dump(path):
-    """Records of int64 request, int64 output index, int64 vocab, float32[vocab]."""
-    out = {}
-    with open(path, "rb") as f:
-        while True:
-            head = f.read(24)
-            if not head:
-                break
-            req, idx, vocab = np.frombuffer(head, dtype=np.int64)
-            out[(int(req), int(idx))] = np.frombuffer(f.read(4 * int(vocab)), dtype=np.float32)
-    return out
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from logits_dump import read_dump  # noqa: E402
 
 
 def main():
