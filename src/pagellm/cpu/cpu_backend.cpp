@@ -249,9 +249,11 @@ BatchTensors CpuBackend::upload_batch(const ForwardBatch& batch) {
   }
   bt.logits_indices = view_of(batch.logits_indices,
                               {static_cast<int64_t>(batch.logits_indices.size())});
-  const std::vector<int32_t> lora_rows = batch.lora_token_slots();
-  lora_rows_.assign(lora_rows.begin(), lora_rows.end());
-  if (!lora_rows_.empty()) bt.lora_slots = view_of(lora_rows_, {T});
+  if (!batch.lora_slots.empty()) {
+    lora_rows_.resize(static_cast<size_t>(T));
+    batch.lora_token_slots(lora_rows_.data());
+    bt.lora_slots = view_of(lora_rows_, {T});
+  }
   return bt;
 }
 

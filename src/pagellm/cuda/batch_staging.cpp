@@ -236,7 +236,7 @@ BatchTensors BatchStaging::upload(const ForwardBatch& batch) {
   put(l.kv_lens, batch.kv_lens);
   put(l.logits_indices, batch.logits_indices);
   const bool lora = !batch.lora_slots.empty();
-  if (lora) put(l.lora_slots, batch.lora_token_slots());
+  if (lora) batch.lora_token_slots(staged + l.lora_slots);
   size_t used = 0;
   bool runs_overlap = false;
   if (persistent) {

@@ -82,17 +82,14 @@ bool ForwardBatch::has_lora() const {
   return false;
 }
 
-std::vector<int32_t> ForwardBatch::lora_token_slots() const {
-  std::vector<int32_t> rows;
-  if (lora_slots.empty()) return rows;
+void ForwardBatch::lora_token_slots(int32_t* out) const {
+  if (lora_slots.empty()) return;
   PAGELLM_CHECK(lora_slots.size() == kv_lens.size())
       << "forward batch: " << lora_slots.size() << " LoRA slots for " << kv_lens.size()
       << " sequences";
-  rows.resize(token_ids.size(), 0);
   for (int32_t b = 0; b < num_seqs(); ++b) {
-    std::fill(rows.begin() + query_start[b], rows.begin() + query_start[b + 1], lora_slots[b]);
+    std::fill(out + query_start[b], out + query_start[b + 1], lora_slots[b]);
   }
-  return rows;
 }
 
 void ForwardBatch::validate() const {

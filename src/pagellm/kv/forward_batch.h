@@ -65,9 +65,9 @@ struct ForwardBatch {
   bool persistent_page_table() const { return !seq_slots.empty(); }
   /// Whether any sequence runs with a LoRA adapter.
   bool has_lora() const;
-  /// The adapter slot of every token row ([T]: lora_slots[b] for the rows of sequence b);
-  /// empty when lora_slots is.
-  std::vector<int32_t> lora_token_slots() const;
+  /// Writes the adapter slot of every token row to out[0, T) (lora_slots[b] for the rows of
+  /// sequence b); writes nothing when lora_slots is empty.
+  void lora_token_slots(int32_t* out) const;
   /// Throws Error if the arrays disagree with each other (sizes, offsets, 0 < q <= kv,
   /// positions, slots inside the pages the table gives, logits rows in range). With a
   /// persistent page table it checks the slots and updates (rows 1..page_table_rows-1,

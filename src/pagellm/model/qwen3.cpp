@@ -278,18 +278,26 @@ void Qwen3Model::enable_lora(int32_t max_slots) {
   const size_t entries = layers_.size() * kNumLoraGroups * static_cast<size_t>(max_slots + 1);
   lora_table_host_.assign(entries, LoraSlotFactors{});
   lora_table_ = DeviceBuffer(&backend_, entries * sizeof(LoraSlotFactors));
-  backend_.copy_to_device(lora_table_.get(), lora_table_host_.data(),
-                          entries * sizeof(LoraSlotFactors));
+  upload_lora_table();
   lora_slots_.clear();
   lora_slots_.resize(static_cast<size_t>(max_slots + 1));
   lora_num_slots_ = max_slots + 1;
 }
 
+size_t Qwen3Model::lora_entry(size_t layer, int group, int32_t slot) const {
+  return (layer * kNumLoraGroups + static_cast<size_t>(group)) * lora_num_slots_ +
+         static_cast<size_t>(slot);
+}
+
+void Qwen3Model::upload_lora_table() {
+  backend_.copy_to_device(lora_table_.get(), lora_table_host_.data(),
+                          lora_table_host_.size() * sizeof(LoraSlotFactors));
+}
+
 LoraGroup Qwen3Model::lora_group(size_t layer, int group) const {
   const Qwen3Config& c = config_;
   LoraGroup g;
-  g.slots = static_cast<const LoraSlotFactors*>(lora_table_.get()) +
-            (layer * kNumLoraGroups + static_cast<size_t>(group)) * lora_num_slots_;
+  g.slots = static_cast<const LoraSlotFactors*>(lora_table_.get()) + lora_entry(layer, group, 0);
   g.num_slots = lora_num_slots_;
   const std::vector<LoraModule>& modules = lora_group_modules(group);
   g.num_modules = static_cast<int32_t>(modules.size());
@@ -385,9 +393,7 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
   const char* base = static_cast<const char*>(fresh.storage.get());
   for (size_t l = 0; l < layers_.size(); ++l) {
     for (int g = 0; g < kNumLoraGroups; ++g) {
-      LoraSlotFactors& e =
-          lora_table_host_[(l * kNumLoraGroups + static_cast<size_t>(g)) * lora_num_slots_ +
-                           static_cast<size_t>(slot)];
+      LoraSlotFactors& e = lora_table_host_[lora_entry(l, g, slot)];
       e = LoraSlotFactors{};
       if (blocks[l][g].a < 0) continue;
       e.a = base + blocks[l][g].a * static_cast<int64_t>(elem);
@@ -396,8 +402,7 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
       e.scale = adapter.config.scale();
     }
   }
-  backend_.copy_to_device(lora_table_.get(), lora_table_host_.data(),
-                          lora_table_host_.size() * sizeof(LoraSlotFactors));
+  upload_lora_table();
   lora_slots_[static_cast<size_t>(slot)] = std::move(fresh);
 }
 
@@ -406,12 +411,10 @@ void Qwen3Model::clear_lora(int32_t slot) {
   backend_.synchronize();  // no forward in flight may still read the factors
   for (size_t l = 0; l < layers_.size(); ++l) {
     for (int g = 0; g < kNumLoraGroups; ++g) {
-      lora_table_host_[(l * kNumLoraGroups + static_cast<size_t>(g)) * lora_num_slots_ +
-                       static_cast<size_t>(slot)] = LoraSlotFactors{};
+      lora_table_host_[lora_entry(l, g, slot)] = LoraSlotFactors{};
     }
   }
-  backend_.copy_to_device(lora_table_.get(), lora_table_host_.data(),
-                          lora_table_host_.size() * sizeof(LoraSlotFactors));
+  upload_lora_table();
   lora_slots_[static_cast<size_t>(slot)] = LoraSlot{};
 }
 

@@ -176,6 +176,10 @@ class Qwen3Model {
   static constexpr int kNumLoraGroups = 4;
   /// Group g of layer l as Backend::lora_add takes it (slots from the device table).
   LoraGroup lora_group(size_t layer, int group) const;
+  /// Index of (layer, group, slot) in the slot table.
+  size_t lora_entry(size_t layer, int group, int32_t slot) const;
+  /// Copies the host table to its backend copy (a copy that completes before it returns).
+  void upload_lora_table();
   /// One slot's factors: one backend allocation holding, per layer and group, the
   /// modules' A rows stacked and their Bᵀ side by side (LoraSlotFactors' layout).
   struct LoraSlot {
