@@ -47,6 +47,10 @@ struct EngineOptions {
   bool enable_prefix_caching = true;
   /// LoRA adapters that can be loaded at once (adapter slots; docs/design.md "LoRA").
   int32_t max_loras = 8;
+  /// The largest LoRA rank a loaded adapter may have (1..64, as vLLM's max_lora_rank):
+  /// adapters of higher rank are refused at load. The CUDA decode kernels size their work
+  /// by it, so a value matching the adapters in use is faster (docs/design.md "LoRA").
+  int32_t max_lora_rank = 64;
 };
 
 /// How sleep (LLM::sleep, AsyncEngine::sleep, Engine::sleep) frees memory between rollouts,

@@ -106,6 +106,12 @@ class EngineOptions:
     @max_loras.setter
     def max_loras(self, arg: int, /) -> None: ...
 
+    @property
+    def max_lora_rank(self) -> int: ...
+
+    @max_lora_rank.setter
+    def max_lora_rank(self, arg: int, /) -> None: ...
+
 class SamplingParams:
     """
     The C++ SamplingParams (pagellm/sampling_params.h); pagellm.SamplingParams builds it.

@@ -38,14 +38,15 @@ class AsyncLLM:
                  batch_invariant: bool = False, page_size: int = 16,
                  num_pages: Optional[int] = None, max_num_batched_tokens: int = 2048,
                  enforce_eager: bool = False, float32_head: bool = False,
-                 enable_prefix_caching: bool = True, max_loras: int = 8) -> None:
+                 enable_prefix_caching: bool = True, max_loras: int = 8,
+                 max_lora_rank: int = 64) -> None:
         options = _engine_options(
             backend, kv_cache_gb=kv_cache_gb, max_num_seqs=max_num_seqs,
             max_model_len=max_model_len, attention_backend=attention_backend,
             batch_invariant=batch_invariant, page_size=page_size, num_pages=num_pages,
             max_num_batched_tokens=max_num_batched_tokens, use_graphs=not enforce_eager,
             float32_head=float32_head, enable_prefix_caching=enable_prefix_caching,
-            max_loras=max_loras)
+            max_loras=max_loras, max_lora_rank=max_lora_rank)
         self.backend: str = options.backend
         self._core = _core.AsyncEngine(os.fspath(model), options)
         self._queues: Dict[str, "asyncio.Queue[Any]"] = {}

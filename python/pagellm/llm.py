@@ -178,6 +178,8 @@ class LLM:
         page_size, num_pages, max_num_batched_tokens, enforce_eager (no graphs),
         float32_head, enable_prefix_caching: the engine's options (EngineOptions).
         max_loras: LoRA adapters loaded at once (adapter slots).
+        max_lora_rank: the largest LoRA rank an adapter may have (1..64; higher ranks are
+            refused at load; the CUDA decode kernels are sized by it).
 
     The GIL is released while the engine runs; calls from several threads take turns (a
     lock), as the engine steps on the caller's thread. Ctrl-C during ``generate`` aborts it
@@ -193,14 +195,14 @@ class LLM:
                  page_size: int = 16, num_pages: Optional[int] = None,
                  max_num_batched_tokens: int = 2048, enforce_eager: bool = False,
                  float32_head: bool = False, enable_prefix_caching: bool = True,
-                 max_loras: int = 8) -> None:
+                 max_loras: int = 8, max_lora_rank: int = 64) -> None:
         options = _engine_options(
             backend, kv_cache_gb=kv_cache_gb, max_num_seqs=max_num_seqs,
             max_model_len=max_model_len, attention_backend=attention_backend,
             batch_invariant=batch_invariant, page_size=page_size, num_pages=num_pages,
             max_num_batched_tokens=max_num_batched_tokens, use_graphs=not enforce_eager,
             float32_head=float32_head, enable_prefix_caching=enable_prefix_caching,
-            max_loras=max_loras)
+            max_loras=max_loras, max_lora_rank=max_lora_rank)
         self.backend: str = options.backend
         self._core = _core.LLM(os.fspath(model), options)
         # The core runs on the calling thread and is not reentrant; it releases the GIL, so

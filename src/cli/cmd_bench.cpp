@@ -262,7 +262,7 @@ void print_sleep_wake(const SleepWakeReport& r) {
 /// The LoRA flags checked before any work: a decode workload, a rank and count the
 /// engine can serve, and --lora-compare only with LoRA.
 void check_lora_flags(const BenchArgs& args) {
-  args.lora.validate(args.engine.config.max_loras);
+  args.lora.validate(args.engine.config.max_loras, args.engine.config.max_lora_rank);
   const std::string w = lower_case(args.workload);
   const bool decode = w != kGrpoWorkload && w != kWeightUpdateWorkload && !is_sleep_wake(args);
   PAGELLM_CHECK(decode || (!args.lora.enabled() && !args.lora_compare))

@@ -33,6 +33,10 @@ void add_engine_options(CLI::App* cmd, EngineSettings& s) {
   cmd->add_flag("--batch-invariant", s.config.batch_invariant,
                 "a request's tokens and log-probabilities do not depend on the rest of the "
                 "batch, the chunk size or the decode bucket (slower; native attention)");
+  cmd->add_option("--max-lora-rank", s.config.max_lora_rank,
+                  "the largest rank of a LoRA adapter this engine loads (1..64; higher ranks "
+                  "are refused; the CUDA decode kernels are sized by it)")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--max-loras", s.config.max_loras,
                   "LoRA adapter slots (adapters loaded at once; each LoRA decode graph covers "
                   "them all)")

@@ -252,6 +252,19 @@ TEST(BenchmarkTest, LoraConfigValidationNamesTheFlag) {
   EXPECT_NE(message(-1, 1, 8).find("--lora-rank must be 0 (no LoRA) or 1..64"), std::string::npos);
   EXPECT_NE(message(65, 1, 8).find("got 65"), std::string::npos);
   EXPECT_NE(message(4, 0, 8).find("--lora-adapters must be at least 1, got 0"), std::string::npos);
+  {
+    LoraBenchConfig c;
+    c.rank = 32;
+    EXPECT_NO_THROW(c.validate(8, 32));
+    c.rank = 33;
+    try {
+      c.validate(8, 32);
+      ADD_FAILURE() << "rank 33 over max_lora_rank 32 accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--lora-rank 33 is more than the engine's max_lora_rank 32"),
+                std::string::npos) << e.what();
+    }
+  }
   EXPECT_NE(message(4, 9, 8).find("--lora-adapters 9 is more than the engine's 8 adapter slots"),
             std::string::npos);
 }

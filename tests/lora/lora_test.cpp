@@ -463,6 +463,30 @@ TEST(LoraEngine, LoadAndUnloadErrors) {
   EXPECT_EQ(e->allocator().num_free(), e->num_pages() - 1);
 }
 
+TEST(LoraEngine, MaxLoraRankRefusesLargerAdapters) {
+  const Qwen3Config mc = testing::small_config();
+  const HostWeights base = testing::random_weights(mc, 15);
+  EngineConfig ec = engine_config();
+  ec.max_lora_rank = 4;
+  std::unique_ptr<Engine> e = make_engine(mc, base, ec);
+  TempDir r4, r8;
+  make_lora_adapter(r4.path(), mc, lora_config(4, 8, {LoraModule::kQ, LoraModule::kV}), 1);
+  make_lora_adapter(r8.path(), mc, lora_config(8, 16, {LoraModule::kQ, LoraModule::kV}), 2);
+  expect_error([&] { e->load_lora_adapter({"big", 1, r8.path()}); },
+               "rank r = 8 is outside the supported 1..4 (the engine's max_lora_rank)");
+  EXPECT_TRUE(e->lora_adapters().empty());
+  EXPECT_EQ(e->load_lora_adapter({"small", 2, r4.path()}).slot, 1);
+  // A replace by a larger adapter is refused too, keeping the loaded one.
+  expect_error([&] { e->load_lora_adapter({"small", 2, r8.path()}); }, "max_lora_rank");
+  EXPECT_EQ(e->lora_adapters().at(0).version, 1u);
+  for (int32_t bad : {0, 65}) {
+    EngineConfig wrong = engine_config();
+    wrong.max_lora_rank = bad;
+    expect_error([&] { make_engine(mc, base, wrong); },
+                 "max_lora_rank must be in [1, 64], got " + std::to_string(bad));
+  }
+}
+
 TEST(LoraBatch, SlotsAreCheckedByTheBatchAndTheModel) {
   ForwardBatch b;
   b.page_size = 4;

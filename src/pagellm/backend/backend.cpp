@@ -103,6 +103,40 @@ void Backend::lora_add(const Tensor& x, const LoraGroup& group, const BatchTenso
                     "backend";
 }
 
+void Backend::lora_matmul(const Tensor& x, const Tensor& w, const LoraGroup& group,
+                          const BatchTensors& batch, Tensor& out) {
+  matmul(x, w, out);
+  lora_add(x, group, batch, out);
+}
+
+void Backend::lora_matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv,
+                                                const LoraGroup& group, Tensor& qkv,
+                                                const Tensor& q_norm, const Tensor& k_norm,
+                                                float eps, const RopeParams& rope,
+                                                const AttentionShape& shape,
+                                                const BatchTensors& batch, Tensor& q_out,
+                                                LayerKv& kv) {
+  matmul(x, w_qkv, qkv);
+  lora_add(x, group, batch, qkv);
+  qk_norm_rope_store_kv(qkv, q_norm, k_norm, eps, rope, shape, batch, q_out, kv);
+}
+
+void Backend::lora_matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up,
+                                   const LoraGroup& group, const BatchTensors& batch,
+                                   Tensor& gate_up, Tensor& out) {
+  matmul(x, w_gate_up, gate_up);
+  lora_add(x, group, batch, gate_up);
+  silu_mul(gate_up, out);
+}
+
+void Backend::pack_lora_a(const void* a, int64_t rows, int64_t in, void* packed) {
+  (void)a;
+  (void)rows;
+  (void)in;
+  (void)packed;
+  PAGELLM_FAIL() << "the " << name() << " backend streams LoRA factors unpacked (pack_lora_a)";
+}
+
 void Backend::matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv, Tensor& qkv,
                                            const Tensor& q_norm, const Tensor& k_norm, float eps,
                                            const RopeParams& rope, const AttentionShape& shape,

@@ -58,6 +58,9 @@ struct LoraSlotFactors {
   const void* bt = nullptr;
   int32_t rank = 0;
   float scale = 0.0f;
+  /// The same A in the layout Backend::pack_lora_a wrote (a backend whose fused products
+  /// stream A like their weights); null where lora_packed_a_bytes is 0.
+  const void* a_packed = nullptr;
 };
 
 /// A layer's LoRA modules that read the same input and write side by side into one output
@@ -75,6 +78,14 @@ struct LoraGroup {
   int64_t in = 0;  // the input width every module reads
   std::array<int64_t, kMaxModules> width{};
   int64_t col_offset = 0;
+  /// Backend memory: two uint32 the fused products (Backend::lora_matmul and its kin) use
+  /// to order a launch's shrink before its expand; zero between launches (each launch
+  /// leaves them zero). One pair per (layer, group): a launch never shares them. Null: the
+  /// fused products are not used for this group.
+  uint32_t* counters = nullptr;
+  /// No slot's rank exceeds it (1..kMaxRank; the model refuses larger adapters): the fused
+  /// products size their grids and staging by it.
+  int32_t max_rank = kMaxRank;
   int64_t width_total() const {
     int64_t w = 0;
     for (int m = 0; m < num_modules; ++m) w += width[static_cast<size_t>(m)];
@@ -231,6 +242,35 @@ class Backend {
                         Tensor& out);
   /// Whether lora_add works on this backend (the engine refuses to load adapters otherwise).
   virtual bool supports_lora() const { return false; }
+  /// The products of a layer with a LoRA group's delta added to their output before what
+  /// follows them (docs/design.md "LoRA"): out = x · wᵀ, then lora_add(x, group, batch),
+  /// then (for the fused kin) the same epilogue as matmul_qk_norm_rope_store_kv /
+  /// matmul_silu_mul. The group's columns start at the product's first column
+  /// (col_offset 0). The defaults run exactly those operations in turn (`gate_up`/`qkv`
+  /// hold the product); the CUDA backend computes the shrink inside the product's weight
+  /// stream and the expand in its epilogue for decode batches (one kernel).
+  virtual void lora_matmul(const Tensor& x, const Tensor& w, const LoraGroup& group,
+                           const BatchTensors& batch, Tensor& out);
+  virtual void lora_matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv,
+                                                 const LoraGroup& group, Tensor& qkv,
+                                                 const Tensor& q_norm, const Tensor& k_norm,
+                                                 float eps, const RopeParams& rope,
+                                                 const AttentionShape& shape,
+                                                 const BatchTensors& batch, Tensor& q_out,
+                                                 LayerKv& kv);
+  virtual void lora_matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up,
+                                    const LoraGroup& group, const BatchTensors& batch,
+                                    Tensor& gate_up, Tensor& out);
+  /// Bytes of the layout the backend's fused LoRA products stream a group's A [rows, in]
+  /// in (weight dtype); 0 (the default): they read LoraSlotFactors::a and need no copy.
+  virtual size_t lora_packed_a_bytes(int64_t rows, int64_t in) const {
+    (void)rows;
+    (void)in;
+    return 0;
+  }
+  /// Writes A [rows, in] (backend memory, weight dtype) into `packed`
+  /// (lora_packed_a_bytes(rows, in) bytes), in stream order. Default: throws Error.
+  virtual void pack_lora_a(const void* a, int64_t rows, int64_t in, void* packed);
   /// out[r, :] = x[indices[r], :]
   virtual void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) = 0;
   /// The float32 head (EngineOptions::float32_head): out[R, N] = rms_norm(x[R, H]) *

@@ -394,7 +394,8 @@ static_assert(sizeof(LoraSlotRef) == sizeof(LoraSlotFactors) &&
                   offsetof(LoraSlotRef, a) == offsetof(LoraSlotFactors, a) &&
                   offsetof(LoraSlotRef, bt) == offsetof(LoraSlotFactors, bt) &&
                   offsetof(LoraSlotRef, rank) == offsetof(LoraSlotFactors, rank) &&
-                  offsetof(LoraSlotRef, scale) == offsetof(LoraSlotFactors, scale),
+                  offsetof(LoraSlotRef, scale) == offsetof(LoraSlotFactors, scale) &&
+                  offsetof(LoraSlotRef, a_packed) == offsetof(LoraSlotFactors, a_packed),
               "the kernels' slot entries must read the model's tables");
 
 void CudaBackend::lora_add(const Tensor& x, const LoraGroup& group, const BatchTensors& batch,
@@ -414,16 +415,9 @@ void CudaBackend::lora_add(const Tensor& x, const LoraGroup& group, const BatchT
   PAGELLM_CHECK(batch.lora_slots.numel() == T)
       << "cuda backend: lora_add: " << batch.lora_slots.numel() << " row slots for " << T
       << " rows";
-  // Scratch for the shrink's partial sums: made once, outside any capture (the forward
-  // before a capture makes it), and never moved, since graphs keep its address; larger
-  // steps run in windows of rows.
-  if (lora_work_ == nullptr) {
-    PAGELLM_CHECK(!capturing()) << "cuda backend: lora_add's scratch must be made before a "
-                                   "graph captures it (run one forward first)";
-    constexpr int64_t kWorkFloats = int64_t{16} << 20;  // 64 MB
-    lora_work_ = memory_->allocate(static_cast<size_t>(kWorkFloats) * sizeof(float));
-    lora_work_floats_ = kWorkFloats;
-  }
+  // Scratch for the shrink's partial sums (lora_scratch); larger steps run in windows of
+  // rows.
+  float* const work = lora_scratch();
   LoraAddArgs args;
   args.x = x.data;
   args.in = in;
@@ -436,9 +430,34 @@ void CudaBackend::lora_add(const Tensor& x, const LoraGroup& group, const BatchT
   args.out = out.data;
   args.ld_out = N;
   args.col_offset = group.col_offset;
-  args.work = static_cast<float*>(lora_work_);
+  args.work = work;
   args.work_floats = lora_work_floats_;
   launch_lora_add(args, as_stream(stream_));
+}
+
+bool CudaBackend::qkv_fusable(const Tensor& x, const Tensor& w_qkv, const Tensor& q_norm,
+                              const Tensor& k_norm, const RopeParams& rope,
+                              const AttentionShape& shape, const BatchTensors& batch,
+                              const Tensor& q_out, const LayerKv& kv) const {
+  // Fused when the product would take the skinny kernel (decode batches), heads are the
+  // kernel's 128-row tiles and every operand has the shape and type the fused kernel
+  // writes. PAGELLM_DISABLE_QKV_FUSION=1 (settings_.qkv_fusion false) keeps them apart (an
+  // ablation switch).
+  const int64_t Hq = shape.num_q_heads, Hkv = shape.num_kv_heads, D = shape.head_dim;
+  const int64_t T = x.ndim == 0 ? 0 : x.size(0);
+  const int64_t N = (Hq + 2 * Hkv) * D;
+  const auto bf16 = [](const Tensor& t) { return t.dtype == DType::BF16; };
+  return settings_.qkv_fusion && D == kSkinnyQkHeadDim &&
+         (rope.head_dim == 0 || rope.head_dim == D) && Hq > 0 && Hkv > 0 && Hq % Hkv == 0 &&
+         shape.page_size > 0 && bf16(x) && bf16(w_qkv) && bf16(q_norm) && bf16(k_norm) &&
+         bf16(q_out) && bf16(kv.k) && bf16(kv.v) && x.ndim >= 1 && T > 0 && w_qkv.ndim == 2 &&
+         w_qkv.size(0) == N && w_qkv.size(1) == x.row_elems() && x.row_elems() > 0 &&
+         q_norm.numel() == D && k_norm.numel() == D && q_out.numel() == T * Hq * D &&
+         batch.positions.numel() == T && batch.slot_mapping.numel() == T && kv.k.ndim == 4 &&
+         kv.k.size(0) > 0 && kv.k.size(1) == Hkv && kv.k.size(2) == shape.page_size &&
+         kv.k.size(3) == D && kv.v.numel() == kv.k.numel() && kv.v.size(0) == kv.k.size(0) &&
+         matmul_->path_for(x.data, w_qkv.data, q_out.data, CUDA_R_16BF, T, N, x.row_elems()) ==
+             MatmulPath::kSkinny;
 }
 
 void CudaBackend::matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv, Tensor& qkv,
@@ -447,37 +466,125 @@ void CudaBackend::matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_
                                                const AttentionShape& shape,
                                                const BatchTensors& batch, Tensor& q_out,
                                                LayerKv& kv) {
-  // Fused when the product would take the skinny kernel (decode batches), heads are the
-  // kernel's 128-row tiles and every operand has the shape and type the fused kernel
-  // writes; otherwise the two ops, which check their operands and name what is wrong.
-  // PAGELLM_DISABLE_QKV_FUSION=1 (settings_.qkv_fusion false) keeps them apart (an
-  // ablation switch).
-  const bool fusion_off = !settings_.qkv_fusion;
-  const int64_t Hq = shape.num_q_heads, Hkv = shape.num_kv_heads, D = shape.head_dim;
-  const int64_t T = x.ndim == 0 ? 0 : x.size(0);
-  const int64_t N = (Hq + 2 * Hkv) * D;
-  const auto bf16 = [](const Tensor& t) { return t.dtype == DType::BF16; };
-  const bool fusable =
-      !fusion_off && D == kSkinnyQkHeadDim && (rope.head_dim == 0 || rope.head_dim == D) &&
-      Hq > 0 && Hkv > 0 && Hq % Hkv == 0 && shape.page_size > 0 && bf16(x) && bf16(w_qkv) &&
-      bf16(q_norm) && bf16(k_norm) && bf16(q_out) && bf16(kv.k) && bf16(kv.v) && x.ndim >= 1 &&
-      T > 0 && w_qkv.ndim == 2 && w_qkv.size(0) == N && w_qkv.size(1) == x.row_elems() &&
-      x.row_elems() > 0 && q_norm.numel() == D && k_norm.numel() == D &&
-      q_out.numel() == T * Hq * D && batch.positions.numel() == T &&
-      batch.slot_mapping.numel() == T && kv.k.ndim == 4 && kv.k.size(0) > 0 &&
-      kv.k.size(1) == Hkv && kv.k.size(2) == shape.page_size && kv.k.size(3) == D &&
-      kv.v.numel() == kv.k.numel() && kv.v.size(0) == kv.k.size(0) &&
-      matmul_->path_for(x.data, w_qkv.data, q_out.data, CUDA_R_16BF, T, N, x.row_elems()) ==
-          MatmulPath::kSkinny;
-  if (!fusable) {
+  // Otherwise the two ops, which check their operands and name what is wrong.
+  if (!qkv_fusable(x, w_qkv, q_norm, k_norm, rope, shape, batch, q_out, kv)) {
     Backend::matmul_qk_norm_rope_store_kv(x, w_qkv, qkv, q_norm, k_norm, eps, rope, shape, batch,
                                           q_out, kv);
     return;
   }
+  const int64_t T = x.size(0);
   const QkNormRopeArgs e =
       qk_norm_rope_args(nullptr, q_norm, k_norm, eps, rope, shape, batch, T, q_out, kv);
   launch_skinny_gemm_qk_norm_rope(x.data, w_qkv.data, T, x.row_elems(), e, as_stream(stream_),
                                   0, packed_->find(w_qkv, 0), matmul_->batch_invariant());
+}
+
+float* CudaBackend::lora_scratch() {
+  // Made once, outside any capture (the forward before a capture makes it), and never
+  // moved, since graphs keep its address.
+  if (lora_work_ == nullptr) {
+    PAGELLM_CHECK(!capturing()) << "cuda backend: LoRA's scratch must be made before a graph "
+                                   "captures it (run one forward first)";
+    constexpr int64_t kWorkFloats = int64_t{16} << 20;  // 64 MB
+    lora_work_ = memory_->allocate(static_cast<size_t>(kWorkFloats) * sizeof(float));
+    lora_work_floats_ = kWorkFloats;
+  }
+  return static_cast<float*>(lora_work_);
+}
+
+std::optional<SkinnyLora> CudaBackend::skinny_lora(const LoraGroup& group,
+                                                   const BatchTensors& batch, int64_t T,
+                                                   int64_t product_cols) {
+  bool widths = group.num_modules >= 1 && group.num_modules <= LoraGroup::kMaxModules &&
+                group.col_offset == 0 && group.width_total() == product_cols;
+  for (int m = 0; m < group.num_modules; ++m) widths = widths && group.width[static_cast<size_t>(m)] % 8 == 0;
+  if (!widths || group.slots == nullptr || batch.lora_slots.data == nullptr ||
+      batch.lora_slots.numel() != T || T <= 0 ||
+      lora_skinny_s_floats(T, group.num_modules) > int64_t{16} << 20) {
+    return std::nullopt;
+  }
+  SkinnyLora l;
+  l.slots = reinterpret_cast<const LoraSlotRef*>(group.slots);
+  l.num_slots = group.num_slots;
+  l.row_slots = batch.lora_slots.ptr<int32_t>();
+  l.num_modules = group.num_modules;
+  l.max_rank = group.max_rank;
+  for (int m = 0; m < group.num_modules; ++m) l.width[m] = group.width[static_cast<size_t>(m)];
+  l.s = lora_scratch();
+  l.counters = group.counters;
+  return l;
+}
+
+void CudaBackend::lora_matmul(const Tensor& x, const Tensor& w, const LoraGroup& group,
+                              const BatchTensors& batch, Tensor& out) {
+  const bool shapes = x.dtype == DType::BF16 && w.dtype == DType::BF16 &&
+                      out.dtype == DType::BF16 && x.ndim >= 1 && w.ndim == 2 && out.ndim >= 1 &&
+                      out.size(0) == x.size(0) && w.size(1) == x.row_elems() &&
+                      out.row_elems() == w.size(0) && x.row_elems() == group.in &&
+                      x.row_elems() > 0;
+  if (shapes && matmul_->path_for(x.data, w.data, out.data, CUDA_R_16BF, x.size(0), w.size(0),
+                                  x.row_elems()) == MatmulPath::kSkinny) {
+    if (const auto l = skinny_lora(group, batch, x.size(0), w.size(0))) {
+      launch_skinny_gemm(x.data, w.data, out.data, false, x.size(0), w.size(0), x.row_elems(),
+                         as_stream(stream_), 0, packed_->find(w, 0), matmul_->batch_invariant(),
+                         &*l);
+      return;
+    }
+  }
+  Backend::lora_matmul(x, w, group, batch, out);
+}
+
+void CudaBackend::lora_matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv,
+                                                    const LoraGroup& group, Tensor& qkv,
+                                                    const Tensor& q_norm, const Tensor& k_norm,
+                                                    float eps, const RopeParams& rope,
+                                                    const AttentionShape& shape,
+                                                    const BatchTensors& batch, Tensor& q_out,
+                                                    LayerKv& kv) {
+  if (qkv_fusable(x, w_qkv, q_norm, k_norm, rope, shape, batch, q_out, kv) &&
+      x.row_elems() == group.in) {
+    if (const auto l = skinny_lora(group, batch, x.size(0), w_qkv.size(0))) {
+      const int64_t T = x.size(0);
+      const QkNormRopeArgs e =
+          qk_norm_rope_args(nullptr, q_norm, k_norm, eps, rope, shape, batch, T, q_out, kv);
+      launch_skinny_gemm_qk_norm_rope(x.data, w_qkv.data, T, x.row_elems(), e,
+                                      as_stream(stream_), 0, packed_->find(w_qkv, 0),
+                                      matmul_->batch_invariant(), &*l);
+      return;
+    }
+  }
+  Backend::lora_matmul_qk_norm_rope_store_kv(x, w_qkv, group, qkv, q_norm, k_norm, eps, rope,
+                                             shape, batch, q_out, kv);
+}
+
+void CudaBackend::lora_matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up,
+                                       const LoraGroup& group, const BatchTensors& batch,
+                                       Tensor& gate_up, Tensor& out) {
+  const bool shapes = x.dtype == DType::BF16 && w_gate_up.dtype == DType::BF16 &&
+                      out.dtype == DType::BF16 && x.ndim >= 1 && w_gate_up.ndim == 2 &&
+                      out.ndim >= 1 && out.size(0) == x.size(0) &&
+                      w_gate_up.size(0) == 2 * out.row_elems() &&
+                      w_gate_up.size(1) == x.row_elems() && x.row_elems() == group.in &&
+                      x.row_elems() > 0;
+  if (shapes && matmul_->path_for(x.data, w_gate_up.data, out.data, CUDA_R_16BF, x.size(0),
+                                  w_gate_up.size(0), x.row_elems()) == MatmulPath::kSkinny) {
+    if (const auto l = skinny_lora(group, batch, x.size(0), w_gate_up.size(0))) {
+      launch_skinny_gemm_silu_mul(x.data, w_gate_up.data, out.data, x.size(0), out.row_elems(),
+                                  x.row_elems(), as_stream(stream_), 0,
+                                  packed_->find(w_gate_up, out.row_elems()),
+                                  matmul_->batch_invariant(), &*l);
+      return;
+    }
+  }
+  Backend::lora_matmul_silu_mul(x, w_gate_up, group, batch, gate_up, out);
+}
+
+size_t CudaBackend::lora_packed_a_bytes(int64_t rows, int64_t in) const {
+  return cuda::lora_packed_a_bytes(rows, in);
+}
+
+void CudaBackend::pack_lora_a(const void* a, int64_t rows, int64_t in, void* packed) {
+  cuda::pack_lora_a(a, rows, in, packed, as_stream(stream_));
 }
 
 void CudaBackend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up,

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "pagellm/backend/backend.h"
 #include "pagellm/cuda/attention/attention_dispatch.h"
 #include "pagellm/cuda/cuda_settings.h"
+#include "pagellm/cuda/matmul/skinny_gemm.h"
 
 struct CUstream_st;
 
@@ -156,6 +158,22 @@ class CudaBackend final : public Backend {
   void lora_add(const Tensor& x, const LoraGroup& group, const BatchTensors& batch,
                 Tensor& out) override;
   bool supports_lora() const override { return true; }
+  /// Decode batches (products on the skinny kernel): the shrink runs as extra tiles of the
+  /// product's kernel and the expand in its epilogue (launch_skinny_gemm's SkinnyLora);
+  /// otherwise the product, then lora_add (and the epilogue op).
+  void lora_matmul(const Tensor& x, const Tensor& w, const LoraGroup& group,
+                   const BatchTensors& batch, Tensor& out) override;
+  void lora_matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv,
+                                         const LoraGroup& group, Tensor& qkv,
+                                         const Tensor& q_norm, const Tensor& k_norm, float eps,
+                                         const RopeParams& rope, const AttentionShape& shape,
+                                         const BatchTensors& batch, Tensor& q_out,
+                                         LayerKv& kv) override;
+  void lora_matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, const LoraGroup& group,
+                            const BatchTensors& batch, Tensor& gate_up, Tensor& out) override;
+  /// pack_lora_a's layout (the fused products stream A as they stream weights).
+  size_t lora_packed_a_bytes(int64_t rows, int64_t in) const override;
+  void pack_lora_a(const void* a, int64_t rows, int64_t in, void* packed) override;
   void matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv, Tensor& qkv,
                                     const Tensor& q_norm, const Tensor& k_norm, float eps,
                                     const RopeParams& rope, const AttentionShape& shape,
@@ -268,6 +286,16 @@ class CudaBackend final : public Backend {
   std::unique_ptr<GpuSampler> sampler_;
   void* lora_work_ = nullptr;  // lora_add's float32 scratch, lora_work_floats_ floats
   int64_t lora_work_floats_ = 0;
+  /// lora_work_, made on first use (never under capture: graphs keep its address).
+  float* lora_scratch();
+  /// The fused products' LoRA arguments for `group` on a product of T rows, or nullopt
+  /// where the fused path does not apply (the caller then runs the unfused ops).
+  std::optional<SkinnyLora> skinny_lora(const LoraGroup& group, const BatchTensors& batch,
+                                        int64_t T, int64_t product_cols);
+  /// Whether matmul_qk_norm_rope_store_kv's operands take the fused kernel.
+  bool qkv_fusable(const Tensor& x, const Tensor& w_qkv, const Tensor& q_norm,
+                   const Tensor& k_norm, const RopeParams& rope, const AttentionShape& shape,
+                   const BatchTensors& batch, const Tensor& q_out, const LayerKv& kv) const;
 };
 
 }  // namespace cuda

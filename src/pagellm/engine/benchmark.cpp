@@ -347,7 +347,7 @@ std::optional<BenchmarkReport::LoadSpread> BenchmarkReport::lora_load_ms() const
   return LoadSpread{ms.front(), 0.5 * (ms[(n - 1) / 2] + ms[n / 2]), ms.back()};
 }
 
-void LoraBenchConfig::validate(int32_t max_loras) const {
+void LoraBenchConfig::validate(int32_t max_loras, int32_t max_lora_rank) const {
   PAGELLM_CHECK(rank >= 0 && rank <= kMaxLoraRank)
       << "--lora-rank must be 0 (no LoRA) or 1.." << kMaxLoraRank
       << " (the largest rank the engine serves), got " << rank;
@@ -356,12 +356,15 @@ void LoraBenchConfig::validate(int32_t max_loras) const {
     PAGELLM_CHECK(adapters <= max_loras)
         << "--lora-adapters " << adapters << " is more than the engine's " << max_loras
         << " adapter slots (max_loras; raise it with --max-loras)";
+    PAGELLM_CHECK(rank <= max_lora_rank)
+        << "--lora-rank " << rank << " is more than the engine's max_lora_rank "
+        << max_lora_rank << " (raise it with --max-lora-rank)";
   }
 }
 
 LoraBenchAdapters make_benchmark_lora_adapters(Engine& engine, const LoraBenchConfig& config,
                                                const std::string& dir, uint64_t seed) {
-  config.validate(engine.config().max_loras);
+  config.validate(engine.config().max_loras, engine.config().max_lora_rank);
   PAGELLM_CHECK(config.enabled()) << "make_benchmark_lora_adapters needs a rank of at least 1";
   LoraConfig lora;
   lora.rank = config.rank;

@@ -77,9 +77,10 @@ struct LoraBenchConfig {
   int32_t rank = 0;      // 0: no LoRA
   int32_t adapters = 1;  // different adapters across the batch
   bool enabled() const { return rank > 0; }
-  /// Throws Error naming the flag: rank outside 0..kMaxLoraRank (64), adapters < 1, or more
-  /// adapters than the engine has slots (`max_loras`). Cheap: run it before any work.
-  void validate(int32_t max_loras) const;
+  /// Throws Error naming the flag: rank outside 0..kMaxLoraRank (64), adapters < 1, more
+  /// adapters than the engine has slots (`max_loras`) or a rank above the engine's
+  /// `max_lora_rank`. Cheap: run it before any work.
+  void validate(int32_t max_loras, int32_t max_lora_rank = 64) const;
 };
 
 /// The adapters make_benchmark_lora_adapters loaded, and what each load took.

@@ -46,7 +46,9 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
            "row count; choose one (on the float32 cpu backend both work)";
     if (config_.float32_head) model->enable_float32_head();
     // LoRA's slot tables, before graphs that read them are captured.
-    if (config_.max_loras > 0 && backend->supports_lora()) model->enable_lora(config_.max_loras);
+    if (config_.max_loras > 0 && backend->supports_lora()) {
+      model->enable_lora(config_.max_loras, config_.max_lora_rank);
+    }
   } catch (...) {
     model.reset();  // its buffers belong to the backend: free them while it exists
     throw;
@@ -77,6 +79,8 @@ void Engine::resolve_config(const Qwen3Config& mc) {
       << "page size must be in [1, 1024], got " << config_.page_size;
   PAGELLM_CHECK(config_.max_num_seqs > 0) << "max_num_seqs must be positive";
   PAGELLM_CHECK(config_.max_loras >= 0) << "max_loras must be >= 0, got " << config_.max_loras;
+  PAGELLM_CHECK(config_.max_lora_rank >= 1 && config_.max_lora_rank <= kMaxLoraRank)
+      << "max_lora_rank must be in [1, " << kMaxLoraRank << "], got " << config_.max_lora_rank;
   PAGELLM_CHECK(config_.max_num_batched_tokens >= config_.max_num_seqs)
       << "max_num_batched_tokens (" << config_.max_num_batched_tokens
       << ") must be at least max_num_seqs (" << config_.max_num_seqs << ")";
@@ -261,7 +265,8 @@ LoraAdapterInfo Engine::load_lora_adapter(const LoraRequest& request) {
       << " backend has no LoRA kernels (the cpu and cuda backends have)";
   Qwen3Model& model = runner_->model();
   // Read and check everything before a slot changes.
-  const LoraAdapter adapter = read_lora_adapter(request.path, model.config());
+  const LoraAdapter adapter =
+      read_lora_adapter(request.path, model.config(), config_.max_lora_rank);
   const auto existing = loras_.find(request.name);
   int32_t slot = 0;
   if (existing != loras_.end()) {

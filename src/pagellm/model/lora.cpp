@@ -130,7 +130,8 @@ LoraConfig parse_lora_config(const std::string& json_text, const std::string& so
       << source << ": \"r\" (the rank) must be an integer";
   c.rank = root.at("r").get<int64_t>();
   PAGELLM_CHECK(c.rank >= 1 && c.rank <= max_rank)
-      << source << ": rank r = " << c.rank << " is outside the supported 1.." << max_rank;
+      << source << ": rank r = " << c.rank << " is outside the supported 1.." << max_rank
+      << (max_rank < kMaxLoraRank ? " (the engine's max_lora_rank)" : "");
   PAGELLM_CHECK(root.contains("lora_alpha") && root.at("lora_alpha").is_number())
       << source << ": \"lora_alpha\" must be a number";
   c.alpha = root.at("lora_alpha").get<double>();

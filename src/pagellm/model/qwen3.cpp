@@ -190,10 +190,9 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
   backend_.embedding(embed_, batch.token_ids, residual);
   // One attention plan for the forward (every layer has the same shape and pool extent).
   const AttentionPlanRef attention_plan = backend_.plan_attention(batch, shape, kv[0]);
-  // LoRA (a batch with lora_slots, even all zeros: a graph captured for LoRA steps): the
-  // products the backend would fuse with what follows them (q/k/v with norm and RoPE,
-  // gate/up with SiLU) run apart, so that each group's delta lands in its slice of the
-  // product before it is read. Which rows use which adapter is read on the device.
+  // LoRA (a batch with lora_slots, even all zeros: a graph captured for LoRA steps): each
+  // product adds its group's delta before what follows it reads the output
+  // (Backend::lora_matmul and kin). Which rows use which adapter is read on the device.
   const bool lora = batch.host != nullptr && !batch.host->lora_slots.empty();
   if (lora) {
     for (int32_t slot : batch.host->lora_slots) {
@@ -209,21 +208,15 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
       backend_.add_rms_norm(residual, proj, w.input_norm, eps, hidden);
     }
     if (lora && lora_num_slots_ > 0) {
-      auto add = [&](const Tensor& x, int group, Tensor& out) {
-        backend_.lora_add(x, lora_group(l, group), batch, out);
-      };
-      backend_.matmul(hidden, w.qkv, qkv);
-      add(hidden, kLoraQkv, qkv);
-      backend_.qk_norm_rope_store_kv(qkv, w.q_norm, w.k_norm, eps, rope, shape, batch, q, kv[l]);
+      backend_.lora_matmul_qk_norm_rope_store_kv(hidden, w.qkv, lora_group(l, kLoraQkv), qkv,
+                                                 w.q_norm, w.k_norm, eps, rope, shape, batch, q,
+                                                 kv[l]);
       backend_.attention(q, kv[l], shape, batch, attention_plan, attn);
-      backend_.matmul(attn, w.o_proj, proj);
-      add(attn, kLoraO, proj);
+      backend_.lora_matmul(attn, w.o_proj, lora_group(l, kLoraO), batch, proj);
       backend_.add_rms_norm(residual, proj, w.post_norm, eps, hidden);
-      backend_.matmul(hidden, w.gate_up, gate_up);
-      add(hidden, kLoraGateUp, gate_up);
-      backend_.silu_mul(gate_up, act);
-      backend_.matmul(act, w.down, proj);
-      add(act, kLoraDown, proj);
+      backend_.lora_matmul_silu_mul(hidden, w.gate_up, lora_group(l, kLoraGateUp), batch,
+                                    gate_up, act);
+      backend_.lora_matmul(act, w.down, lora_group(l, kLoraDown), batch, proj);
       continue;
     }
     backend_.matmul_qk_norm_rope_store_kv(hidden, w.qkv, qkv, w.q_norm, w.k_norm, eps, rope, shape,
@@ -265,8 +258,10 @@ int64_t lora_align(int64_t elements) { return (elements + 127) / 128 * 128; }
 
 }  // namespace
 
-void Qwen3Model::enable_lora(int32_t max_slots) {
+void Qwen3Model::enable_lora(int32_t max_slots, int32_t max_rank) {
   PAGELLM_CHECK(max_slots >= 1) << "enable_lora: max_slots must be >= 1, got " << max_slots;
+  PAGELLM_CHECK(max_rank >= 1 && max_rank <= kMaxLoraRank)
+      << "enable_lora: max_rank must be in [1, " << kMaxLoraRank << "], got " << max_rank;
   PAGELLM_CHECK(backend_.supports_lora())
       << "enable_lora: the " << backend_.name() << " backend has no LoRA kernels";
   if (lora_num_slots_ != 0) {
@@ -279,9 +274,13 @@ void Qwen3Model::enable_lora(int32_t max_slots) {
   lora_table_host_.assign(entries, LoraSlotFactors{});
   lora_table_ = DeviceBuffer(&backend_, entries * sizeof(LoraSlotFactors));
   upload_lora_table();
+  const std::vector<uint32_t> zeros(layers_.size() * kNumLoraGroups * 2, 0u);
+  lora_counters_ = DeviceBuffer(&backend_, zeros.size() * sizeof(uint32_t));
+  backend_.copy_to_device(lora_counters_.get(), zeros.data(), zeros.size() * sizeof(uint32_t));
   lora_slots_.clear();
   lora_slots_.resize(static_cast<size_t>(max_slots + 1));
   lora_num_slots_ = max_slots + 1;
+  lora_max_rank_ = max_rank;
 }
 
 size_t Qwen3Model::lora_entry(size_t layer, int group, int32_t slot) const {
@@ -304,6 +303,9 @@ LoraGroup Qwen3Model::lora_group(size_t layer, int group) const {
   g.in = lora_module_shape(c, modules[0])[1];
   for (size_t m = 0; m < modules.size(); ++m) g.width[m] = lora_module_shape(c, modules[m])[0];
   g.col_offset = 0;  // every group's modules fill their output from its first column
+  g.max_rank = lora_max_rank_;
+  g.counters = static_cast<uint32_t*>(lora_counters_.get()) +
+               (layer * kNumLoraGroups + static_cast<size_t>(group)) * 2;
   return g;
 }
 
@@ -319,8 +321,9 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
       << " layers; the model has " << layers_.size();
   const int64_t r = adapter.config.rank;
   static_assert(kMaxLoraRank == LoraGroup::kMaxRank, "the kernels' rank limit is the reader's");
-  PAGELLM_CHECK(r >= 1 && r <= kMaxLoraRank)
-      << "LoRA adapter " << adapter.path << ": rank " << r << " is outside 1.." << kMaxLoraRank;
+  PAGELLM_CHECK(r >= 1 && r <= lora_max_rank_)
+      << "LoRA adapter " << adapter.path << ": rank " << r << " is outside 1.." << lora_max_rank_
+      << " (the engine's max_lora_rank)";
   for (size_t l = 0; l < layers_.size(); ++l) {
     for (int m = 0; m < kNumLoraModules; ++m) {
       const LoraFactors& f = adapter.layers[l][m];
@@ -337,6 +340,7 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
   // Bᵀ [r, width]; a group none of whose modules the adapter targets takes no room.
   struct Block {
     int64_t a = -1, bt = -1;  // element offsets; -1: not targeted
+    int64_t packed = -1;      // element offset of A as the backend streams it; -1: none
   };
   std::vector<std::array<Block, kNumLoraGroups>> blocks(layers_.size());
   int64_t total = 0;
@@ -352,6 +356,12 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
       total += lora_align(group.num_modules * r * group.in);
       blocks[l][g].bt = total;
       total += lora_align(r * group.width_total());
+      const size_t packed = backend_.lora_packed_a_bytes(group.num_modules * r, group.in);
+      if (packed > 0) {
+        const int64_t elem = static_cast<int64_t>(dtype_size(backend_.weight_dtype()));
+        blocks[l][g].packed = total;
+        total += lora_align((static_cast<int64_t>(packed) + elem - 1) / elem);
+      }
     }
   }
   // The host image, float32 (untargeted modules of a targeted group stay zero), uploaded
@@ -385,6 +395,17 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
                                MemoryRole::kWeights);
   Tensor flat = fresh.storage.tensor(dt, {total});
   backend_.upload(flat, 0, image.data(), DType::F32, total);
+  const size_t elem_bytes = dtype_size(dt);
+  char* packed_base = static_cast<char*>(fresh.storage.get());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    for (int g = 0; g < kNumLoraGroups; ++g) {
+      if (blocks[l][g].packed < 0) continue;
+      const LoraGroup group = lora_group(l, g);
+      backend_.pack_lora_a(packed_base + blocks[l][g].a * static_cast<int64_t>(elem_bytes),
+                           group.num_modules * r, group.in,
+                           packed_base + blocks[l][g].packed * static_cast<int64_t>(elem_bytes));
+    }
+  }
   fresh.loaded = true;
   // No forward in flight may read the old factors or table; then the table points at the
   // new ones (a copy that completes before it returns), and only then the old ones go.
@@ -398,6 +419,7 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
       if (blocks[l][g].a < 0) continue;
       e.a = base + blocks[l][g].a * static_cast<int64_t>(elem);
       e.bt = base + blocks[l][g].bt * static_cast<int64_t>(elem);
+      if (blocks[l][g].packed >= 0) e.a_packed = base + blocks[l][g].packed * static_cast<int64_t>(elem);
       e.rank = static_cast<int32_t>(r);
       e.scale = adapter.config.scale();
     }

@@ -105,8 +105,9 @@ class Qwen3Model {
   /// Makes the slot tables for adapter slots 1..max_slots (the engine's max_loras), in
   /// backend memory the forward (and graphs captured over it) read. Once, before the first
   /// set_lora; throws Error when called again with another count or on a backend without
-  /// LoRA kernels.
-  void enable_lora(int32_t max_slots);
+  /// LoRA kernels. No adapter of rank above `max_rank` (1..kMaxLoraRank) is accepted
+  /// (LoraGroup::max_rank carries it to the backend).
+  void enable_lora(int32_t max_slots, int32_t max_rank = kMaxLoraRank);
   /// The slots enable_lora made (0 before it).
   int32_t max_lora_slots() const { return lora_num_slots_ == 0 ? 0 : lora_num_slots_ - 1; }
   /// Puts `adapter` (read for this model's config) into slot `slot` (1..max_lora_slots();
@@ -188,9 +189,12 @@ class Qwen3Model {
   };
   std::vector<LoraSlot> lora_slots_;  // by slot number; [0] is never used
   int32_t lora_num_slots_ = 0;        // max_slots + 1 once enable_lora ran
+  int32_t lora_max_rank_ = 0;         // enable_lora's max_rank
   /// [layers][group][slot] entries, on the host and (lora_table_) in backend memory.
   std::vector<LoraSlotFactors> lora_table_host_;
   DeviceBuffer lora_table_;
+  /// [layers][group][2] uint32, zeros: LoraGroup::counters of each (layer, group).
+  DeviceBuffer lora_counters_;
 
   struct Workspace {
     Tensor residual, hidden, qkv, q, attn, proj, gate_up, act, rows, logits;

@@ -19,6 +19,7 @@ struct LoraSlotRef {
   const void* bt;  // [rank, width_total] bf16
   int32_t rank;    // 1..64
   float scale;
+  const void* a_packed;  // A as pack_lora_a (skinny_gemm.h) wrote it, or null
 };
 
 /// One group's LoRA for a step of `rows` token rows (all bf16, float32 arithmetic).

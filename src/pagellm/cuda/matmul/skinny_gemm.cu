@@ -61,12 +61,15 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <map>
 #include <mutex>
+#include <tuple>
 
 #include "pagellm/cuda/support/cuda_check.h"
 #include "pagellm/cuda/support/device_info.h"
 #include "pagellm/cuda/support/pdl.cuh"
 #include "pagellm/cuda/elementwise/qk_norm_rope.cuh"
+#include "pagellm/cuda/lora/lora.h"
 #include "pagellm/cuda/support/tma.cuh"
 #include "pagellm/cuda/support/tma.h"
 
@@ -107,6 +110,26 @@ enum class Epi : int {
   kQkNormRope  // w = qkv weights, tile = one head of 128: q/k-norm, RoPE, q_out and K/V pools
 };
 
+/// What a launch does about LoRA (SkinnyLora): nothing; the shrink tiles and the expand in
+/// one launch (the expand waits for the shrink through LoraParams::counters); the shrink
+/// tiles alone; or the expand alone, after a shrink-only launch.
+enum LoraMode : int { kLoraNone = 0, kLoraFused = 1, kLoraShrink = 2, kLoraExpand = 3 };
+
+struct LoraParams {
+  const LoraSlotRef* slots = nullptr;   // [num_slots] (entry 0 unused)
+  const int32_t* row_slots = nullptr;   // [M]: each token's slot, 0: none
+  float* s = nullptr;                   // [M][modules · 64]: the shrink's sums
+  uint32_t* counters = nullptr;         // kLoraFused: [shrink clusters done, clusters done]
+  int mode = kLoraNone;
+  int tiles = 0;           // grid.x entries before the row tiles that are LoRA tiles
+  int tiles_per_slot = 0;  // ceil(modules · max_rank / 128)
+  int max_rank = 0;        // the largest rank a slot may hold (Bᵀ staging)
+  int modules = 0;
+  int width[3] = {0, 0, 0};
+  int width_total = 0;     // Bᵀ's row stride
+  unsigned shrink_clusters = 0;  // kLoraFused: clusters the expand waits for
+};
+
 struct Params {
   CUtensorMap w_map;  // bf16 [N, K]: box 64 k x 64 rows, 128-byte swizzle
   CUtensorMap x_map;  // bf16 [M, K]: box 64 k x tokens-per-tile rows, 128-byte swizzle
@@ -117,6 +140,7 @@ struct Params {
   int inter;   // gated products only: I, with w = [gate; up], N = 2 I
   QkNormRopeArgs qk;  // kQkNormRope only (qkv unused)
   const uint8_t* w_packed;  // pack_skinny_weights' blocks, streamed instead of w_map; or null
+  LoraParams lora;
 };
 
 #ifdef PAGELLM_SKINNY_WGMMA
@@ -223,12 +247,24 @@ __device__ __forceinline__ QkLane qk_lane_constants(const QkNormRopeArgs& e, int
   return c;
 }
 
+__device__ __forceinline__ float bf16_round(float v) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+/// `with_lora`: `lora` is the row's LoRA delta for the lane's columns, already scaled; it is
+/// added to the bf16-rounded product and rounded again, as lora_add would on the written
+/// product.
 __device__ __forceinline__ void qk_finish_row(const QkNormRopeArgs& e, int head, int token,
-                                              float4 sum, const QkLane& c, int lane) {
-  float v[4] = {__bfloat162float(__float2bfloat16_rn(sum.x)),
-                __bfloat162float(__float2bfloat16_rn(sum.y)),
-                __bfloat162float(__float2bfloat16_rn(sum.z)),
-                __bfloat162float(__float2bfloat16_rn(sum.w))};
+                                              float4 sum, const QkLane& c, int lane,
+                                              bool with_lora = false,
+                                              float4 lora = make_float4(0.f, 0.f, 0.f, 0.f)) {
+  float v[4] = {bf16_round(sum.x), bf16_round(sum.y), bf16_round(sum.z), bf16_round(sum.w)};
+  if (with_lora) {
+    v[0] = bf16_round(v[0] + lora.x);
+    v[1] = bf16_round(v[1] + lora.y);
+    v[2] = bf16_round(v[2] + lora.z);
+    v[3] = bf16_round(v[3] + lora.w);
+  }
   if (head < e.num_q_heads + e.num_kv_heads) {  // q and k heads; v heads are stored as is
     float sum_sq = v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];
     for (int offset = 16; offset > 0; offset >>= 1) {
@@ -258,6 +294,67 @@ __device__ __forceinline__ void qk_finish_row(const QkNormRopeArgs& e, int head,
 }
 #endif  // PAGELLM_SKINNY_WGMMA
 
+// ---- LoRA inside the product (SkinnyLora) ----------------------------------------------------
+//
+// A LoRA tile is a CTA cluster like a row tile, streaming instead of 128 weight rows up to
+// 128 rows of one adapter slot's stacked A (the group's modules · rank rows, packed by
+// pack_lora_a in 64-row halves) through the same pipeline against the same x tile, and
+// writing the finished sums s = x · Aᵀ (float32) of the tokens that use that slot. The row
+// tiles then add scale · s · Bᵀ to their columns in the epilogue, before rounding or what
+// the epilogue fuses (norm + RoPE, SiLU). In one launch (kLoraFused) the LoRA tiles come
+// first in the grid and signal a counter; a row tile waits on it only after its own main
+// loop, and only if one of its tokens has an adapter. The launcher uses one launch only
+// when the whole grid fits on the GPU at once (so a waiting CTA can never keep a LoRA tile
+// from running), and otherwise a shrink-only launch followed by an expand-only one: the
+// same arithmetic, so the same bits.
+
+/// Half (64 rows) h of chunk c of a packed A with `halves` halves: 8 KiB at (c · halves + h).
+constexpr int kLoraHalfBytes = kHalf * kRowBytes;  // 8 KiB
+
+#ifdef PAGELLM_SKINNY_WGMMA
+__device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+/// 16 bytes global -> shared without the register file (zeros when !valid).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+/// The module a column of the group belongs to (Bᵀ's columns are the group's columns).
+__device__ __forceinline__ int lora_module_of(const LoraParams& l, int col) {
+  return col < l.width[0] ? 0 : (col < l.width[0] + l.width[1] ? 1 : 2);
+}
+
+/// Token `t`'s slot entry if it has an adapter for this group, else null.
+__device__ __forceinline__ const LoraSlotRef* lora_slot_of(const LoraParams& l, int t) {
+  const int q = __ldg(l.row_slots + t);
+  if (q <= 0) return nullptr;
+  const LoraSlotRef* f = l.slots + q;
+  return f->a == nullptr ? nullptr : f;
+}
+
+/// Called once by every cluster (thread 0 of rank 0) at its very end in kLoraFused mode: the
+/// last cluster of the launch sets the counters back to zero for the next launch.
+__device__ __forceinline__ void lora_cluster_finished(const LoraParams& l) {
+  const uint32_t total = gridDim.x * gridDim.z;
+  if (atomicAdd(&l.counters[1], 1u) == total - 1) {
+    l.counters[0] = 0;
+    l.counters[1] = 0;
+  }
+}
+#endif  // PAGELLM_SKINNY_WGMMA
+
 /// First weight row of half `h` (0 or 1) of row tile `tile`: the tile's 128 consecutive
 /// rows, or for a gated product (inter > 0: gate rows [0, inter), up rows [inter, 2 inter))
 /// 64 gate rows and the 64 up rows of the same intermediate columns. The kernel's two TMA
@@ -274,7 +371,6 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   constexpr bool kGated = kEpi == Epi::kGated;
   constexpr bool kOutF32 = kEpi == Epi::kF32;
   constexpr int kStageBytes = stage_bytes(kTokens);
-  constexpr uint32_t kStageTx = kStageBytes;  // bytes TMA delivers per stage (boxes are full)
   extern __shared__ uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full_bar[kStages];
 
@@ -284,14 +380,49 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   const int g = lane >> 2, t = lane & 3;
   const int split = blockIdx.y;
   const int m0 = blockIdx.z * kTokens;
+  const int valid_tokens = min(kTokens, p.M - m0);
   const int c_begin = static_cast<int>(static_cast<int64_t>(split) * p.chunks / p.splits);
   const int c_end = static_cast<int>(static_cast<int64_t>(split + 1) * p.chunks / p.splits);
   const int num_chunks = c_end - c_begin;
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + kSmemAlign - 1) & ~uint32_t(kSmemAlign - 1);
   uint8_t* const smem = smem_raw + (base - raw);
-  const int box_row0 = static_cast<int>(half_first_row(blockIdx.x, 0, kGated ? p.inter : 0));
-  const int box_row1 = static_cast<int>(half_first_row(blockIdx.x, 1, kGated ? p.inter : 0));
+  const LoraParams& lora = p.lora;
+  // LoRA tiles (grid.x < lora.tiles) stream `lora_halves` 64-row halves of slot
+  // `lora_slot`'s packed A from half `lora_h0`; row tiles are numbered from 0 after them.
+  const bool lora_tile = static_cast<int>(blockIdx.x) < lora.tiles;
+  const int tile = static_cast<int>(blockIdx.x) - lora.tiles;
+  int lora_slot = 0, lora_rows = 0, lora_all_halves = 0, lora_h0 = 0, lora_halves = 2;
+  const uint8_t* lora_a = nullptr;
+  if (lora_tile) {
+    lora_slot = 1 + static_cast<int>(blockIdx.x) / lora.tiles_per_slot;
+    lora_h0 = 2 * (static_cast<int>(blockIdx.x) % lora.tiles_per_slot);
+    const LoraSlotRef& f = lora.slots[lora_slot];
+    lora_rows = f.a_packed == nullptr ? 0 : lora.modules * f.rank;
+    lora_all_halves = (lora_rows + kHalf - 1) / kHalf;
+    lora_halves = max(0, min(2, lora_all_halves - lora_h0));
+    lora_a = static_cast<const uint8_t*>(f.a_packed);
+    // Nothing to do unless a token of this tile uses the slot (row slots are written by a
+    // copy before the step: readable before the wait). Uniform over the cluster.
+    // (A thread a token: a serial scan would pay the load latency per token.)
+    const bool used = __syncthreads_or(lora_halves > 0 && tid < valid_tokens &&
+                                       __ldg(lora.row_slots + m0 + tid) == lora_slot);
+    if (!used) {
+      pdl_wait();
+      if (tid == 0 && split == 0 && lora.mode == kLoraFused) {
+        atomicAdd(&lora.counters[0], 1u);
+        lora_cluster_finished(lora);
+      }
+      return;
+    }
+  }
+  const int box_row0 = lora_tile ? 0 : static_cast<int>(half_first_row(tile, 0, kGated ? p.inter : 0));
+  const int box_row1 = lora_tile ? 0 : static_cast<int>(half_first_row(tile, 1, kGated ? p.inter : 0));
+  // Bytes TMA delivers per stage (boxes are full, zero-filled past the edges).
+  const uint32_t stage_tx = lora_tile
+      ? static_cast<uint32_t>(lora_halves * kLoraHalfBytes + kTokens * kRowBytes)
+      : static_cast<uint32_t>(kStageBytes);
+  const bool wg_active = !lora_tile || wg < lora_halves;
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(smem_addr(&full_bar[s]), 1);
@@ -304,9 +435,13 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     const uint32_t dst = base + stage * kStageBytes;
     const uint32_t bar = smem_addr(&full_bar[stage]);
     const int k = (c_begin + it) * kChunk;
-    mbar_arrive_expect_tx(bar, kStageTx);
-    if (p.w_packed != nullptr) {
-      const size_t block = static_cast<size_t>(blockIdx.x) * p.chunks + c_begin + it;
+    mbar_arrive_expect_tx(bar, stage_tx);
+    if (lora_tile) {
+      const size_t half = static_cast<size_t>(c_begin + it) * lora_all_halves + lora_h0;
+      bulk_load_hint(dst, lora_a + half * kLoraHalfBytes, lora_halves * kLoraHalfBytes, bar,
+                     policy);
+    } else if (p.w_packed != nullptr) {
+      const size_t block = static_cast<size_t>(tile) * p.chunks + c_begin + it;
       bulk_load_hint(dst, p.w_packed + block * kWeightStageBytes, kWeightStageBytes, bar, policy);
     } else {
       tma_load_hint(dst, &p.w_map, k, box_row0, bar, policy);
@@ -325,7 +460,22 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   }
   // The fused qkv epilogue's per-lane constants come from model weights: read them now.
   [[maybe_unused]] QkLane qk_lane{};
-  if constexpr (kEpi == Epi::kQkNormRope) qk_lane = qk_lane_constants(p.qk, blockIdx.x, lane);
+  if constexpr (kEpi == Epi::kQkNormRope) {
+    if (!lora_tile) qk_lane = qk_lane_constants(p.qk, tile, lane);
+  }
+  // LoRA row tiles: each token's slot if it has an adapter for this group, else -1, read by
+  // warps 2-3 while thread 0's copies are in flight (row slots and tables are written by
+  // copies before the step: readable before the wait); the main loop's barriers publish it.
+  const bool expand = !lora_tile && (lora.mode == kLoraFused || lora.mode == kLoraExpand);
+  __shared__ int lora_token_slot[kTokens];
+  if (expand && tid >= 64 && tid < 64 + kTokens) {
+    const int m_local = tid - 64;
+    int q = -1;
+    if (m_local < valid_tokens && lora_slot_of(lora, m0 + m_local) != nullptr) {
+      q = __ldg(lora.row_slots + m0 + m_local);
+    }
+    lora_token_slot[m_local] = q;
+  }
   pdl_wait();
   if (tid == 0) {
     for (int s = 0; s < kStages && s < num_chunks; ++s) issue_x(s, s);
@@ -340,14 +490,16 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     mbar_wait(smem_addr(&full_bar[stage]), (it / kStages) & 1);
     const uint32_t a_tile = base + stage * kStageBytes + wg * (kWeightStageBytes / 2);
     const uint32_t b_tile = base + stage * kStageBytes + kWeightStageBytes;
-    wgmma_fence();
+    if (wg_active) {
+      wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < kChunk / 16; ++s) {
-      // 16 k = 32 bytes further along the swizzled 128-byte rows.
-      wgmma_tile<kTokens>(acc, smem_desc(a_tile + s * 32), smem_desc(b_tile + s * 32));
+      for (int s = 0; s < kChunk / 16; ++s) {
+        // 16 k = 32 bytes further along the swizzled 128-byte rows.
+        wgmma_tile<kTokens>(acc, smem_desc(a_tile + s * 32), smem_desc(b_tile + s * 32));
+      }
+      wgmma_commit();
+      wgmma_wait_all();
     }
-    wgmma_commit();
-    wgmma_wait_all();
     __syncthreads();  // both warpgroups are done with this stage: refill it
     if (tid == 0 && it + kStages < num_chunks) {
       issue_weights(it + kStages, stage);
@@ -357,6 +509,75 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
 
   // The weights are streamed: the next kernel may start its own prologue.
   pdl_launch_dependents();
+
+  // LoRA row tiles with adapter rows keep, after the parked tile in shared memory: the
+  // scaled deltas of the tile's 128 LoRA columns (plain and qkv: the tile's columns; gated:
+  // its 64 gate columns, then its 64 up columns) for each token, the tokens' shrink sums s
+  // (up to 32 tokens; more read them from L2), and Bᵀ's rows for those columns of as many of
+  // the tile's adapter slots as fit (the rest in further batches).
+  constexpr int kDeltaFloats = kTokens * kRows;
+  constexpr bool kSmemS = kTokens <= 32;
+  constexpr int kSFloats = kSmemS ? kTokens * 3 * kHalf : 0;
+  constexpr int kBtOffsetFloats = kTokens * kPartialStride + kDeltaFloats + kSFloats;
+  constexpr int kBtBytes = smem_bytes(kTokens) - kSmemAlign - kBtOffsetFloats * 4;
+  static_assert(kBtBytes >= kHalf * kRows * 2, "Bᵀ of one slot of rank 64 fits");
+  float* const delta_sm = reinterpret_cast<float*>(smem) + kTokens * kPartialStride;
+  float* const s_sm = delta_sm + kDeltaFloats;
+  __nv_bfloat16* const bt_sm = reinterpret_cast<__nv_bfloat16*>(
+      reinterpret_cast<float*>(smem) + kBtOffsetFloats);
+  const int bt_slot_elems = lora.max_rank * kRows;
+  const int slots_per_batch = expand ? kBtBytes / (bt_slot_elems * 2) : 0;
+  __shared__ int lora_list[kTokens];   // the distinct slots of the tile's tokens
+  __shared__ int lora_entry[kTokens];  // each token's index in lora_list, -1: no adapter
+  __shared__ int lora_list_size;
+  // The group column of the tile's LoRA column c, or -1 past the product.
+  auto group_col = [&](int c) {
+    if constexpr (kGated) {
+      const int i = tile * kHalf + (c & (kHalf - 1));
+      return i < p.inter ? (c < kHalf ? i : p.inter + i) : -1;
+    } else {
+      const int n = tile * kRows + c;
+      return n < lora.width_total ? n : -1;
+    }
+  };
+  // Copies Bᵀ rows i < rank of the slots lora_list[b0, b0 + nb) for the tile's LoRA
+  // columns into bt_sm, 16 bytes a copy (zeros past the product), without waiting.
+  auto stage_bt = [&](int b0, int nb) {
+    for (int b = 0; b < nb; ++b) {
+      const LoraSlotRef& f = lora.slots[lora_list[b0 + b]];
+      const auto* bt = static_cast<const __nv_bfloat16*>(f.bt);
+      for (int idx = tid; idx < f.rank * (kRows / 8); idx += kThreads) {
+        const int i = idx / (kRows / 8), c = (idx % (kRows / 8)) * 8;
+        const int gc = group_col(c);
+        const __nv_bfloat16* src = gc >= 0 ? bt + static_cast<size_t>(i) * lora.width_total + gc : bt;
+        cp_async16(smem_addr(bt_sm + static_cast<size_t>(b) * bt_slot_elems + i * kRows + c), src,
+                   gc >= 0);
+      }
+    }
+    cp_async_commit();
+  };
+  bool lora_rows_here = false;
+  if (expand) {
+    if (tid == 0) {  // from shared memory only (the prologue read the slots)
+      int n = 0;
+      for (int m_local = 0; m_local < kTokens; ++m_local) {
+        const int q = lora_token_slot[m_local];
+        int e = -1;
+        if (q >= 0) {
+          e = 0;
+          while (e < n && lora_list[e] != q) ++e;
+          if (e == n) lora_list[n++] = q;
+        }
+        lora_entry[m_local] = e;
+      }
+      lora_list_size = n;
+    }
+    __syncthreads();
+    lora_rows_here = lora_list_size > 0;
+    // The first batch's Bᵀ (weights) is copied while the tile is reduced and the shrink
+    // finishes.
+    if (lora_rows_here) stage_bt(0, min(slots_per_batch, lora_list_size));
+  }
 
   // Accumulator i of a thread: token n = 8 (i / 4) + 2t + i % 2, weight row
   // r = 64 wg + 16 warp_in_wg + g + 8 ((i / 2) % 2) of the tile.
@@ -376,7 +597,6 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     __syncthreads();
   }
   const int rank = splits > 1 ? static_cast<int>(cluster.block_rank()) : 0;
-  const int valid_tokens = min(kTokens, p.M - m0);
   // Four neighbouring rows of the parked tiles summed over the cluster in rank order; the
   // (up to 8) remote loads are issued together so their latency is paid once.
   auto cluster_sum4 = [&](int at) {
@@ -400,14 +620,156 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     }
     return sum;
   };
+  const bool fused = lora.mode == kLoraFused;
+  if (lora_tile) {
+    // The shrink's sums of the tokens that use this slot: row j of the stacked A is rank
+    // i = j mod r of module j / r, stored at s[token][module · 64 + i].
+    const int r = lora.slots[lora_slot].rank;
+    const int s_stride = lora.modules * kHalf;
+    const int groups = valid_tokens * (kRows / 4);
+    const int lo = static_cast<int>(static_cast<int64_t>(rank) * groups / splits);
+    const int hi = static_cast<int>(static_cast<int64_t>(rank + 1) * groups / splits);
+    for (int grp = lo + tid; grp < hi; grp += kThreads) {
+      const int m_local = grp / (kRows / 4), c0 = (grp % (kRows / 4)) * 4;
+      const int token = m0 + m_local;
+      const int j0 = lora_h0 * kHalf + c0;
+      if (j0 >= lora_rows || __ldg(lora.row_slots + token) != lora_slot) continue;
+      const float4 sum = cluster_sum4(m_local * kPartialStride + c0);
+      const float v4[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int j = j0 + c;
+        if (j >= lora_rows) break;
+        const int m = j / r;
+        lora.s[static_cast<size_t>(token) * s_stride + m * kHalf + (j - m * r)] = v4[c];
+      }
+    }
+    __threadfence();  // the sums are visible on the GPU before the counter says so
+    if (splits > 1) {
+      cluster.sync();  // every rank wrote; and keep this CTA's tile alive for the others
+    } else {
+      __syncthreads();
+    }
+    if (fused && tid == 0 && rank == 0) {
+      atomicAdd(&lora.counters[0], 1u);
+      lora_cluster_finished(lora);
+    }
+    return;
+  }
+  const int s_stride = lora.modules * kHalf;
+  if (lora_rows_here) {
+    if (fused) {
+      // One launch: wait for every LoRA tile's sums.
+      if (tid == 0) {
+        uint32_t spins = 0;
+        while (ld_acquire_gpu(lora.counters) < lora.shrink_clusters) {
+          __nanosleep(32);
+          // A launch that fits the GPU cannot wait this long (seconds): fail loudly
+          // rather than hang the stream.
+          if (++spins == (1u << 25)) __trap();
+        }
+      }
+      __syncthreads();
+    }
+    if constexpr (kSmemS) {
+      // The sums of the tokens with an adapter, in one round of loads (L2).
+      const int vecs = s_stride / 4;
+      for (int idx = tid; idx < valid_tokens * vecs; idx += kThreads) {
+        const int m_local = idx / vecs, v = idx % vecs;
+        if (lora_entry[m_local] < 0) continue;
+        reinterpret_cast<float4*>(s_sm + m_local * 3 * kHalf)[v] =
+            __ldcg(reinterpret_cast<const float4*>(lora.s + static_cast<size_t>(m0 + m_local) * s_stride) + v);
+      }
+    }
+    // Delta of the 4 LoRA columns c0.. of row m_local, whose slot's Bᵀ is at b of the batch.
+    auto delta_at = [&](int m_local, int c0, int b) {
+      const int gc = group_col(c0);
+      if (gc < 0) return;
+      const LoraSlotRef& f = lora.slots[lora_list[lora_entry[m_local]]];
+      const int m = lora_module_of(lora, gc);
+      const __nv_bfloat16* bt = bt_sm + static_cast<size_t>(b) * bt_slot_elems + c0;
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int i0 = 0; i0 < f.rank; i0 += 32) {
+        float sv[32];
+        if constexpr (kSmemS) {
+          const float* s_row = s_sm + m_local * 3 * kHalf + m * kHalf + i0;
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            const float4 v = reinterpret_cast<const float4*>(s_row)[k];
+            sv[4 * k] = v.x, sv[4 * k + 1] = v.y, sv[4 * k + 2] = v.z, sv[4 * k + 3] = v.w;
+          }
+        } else {
+          const float* s_row = lora.s + static_cast<size_t>(m0 + m_local) * s_stride + m * kHalf + i0;
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            const float4 v = __ldcg(reinterpret_cast<const float4*>(s_row) + k);
+            sv[4 * k] = v.x, sv[4 * k + 1] = v.y, sv[4 * k + 2] = v.z, sv[4 * k + 3] = v.w;
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < 32; ++k) {
+          if (i0 + k < f.rank) {
+            const uint2 raw = *reinterpret_cast<const uint2*>(bt + (i0 + k) * kRows);
+            const __nv_bfloat162 lo2 = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
+            const __nv_bfloat162 hi2 = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+            d[0] = fmaf(sv[k], __low2float(lo2), d[0]);
+            d[1] = fmaf(sv[k], __high2float(lo2), d[1]);
+            d[2] = fmaf(sv[k], __low2float(hi2), d[2]);
+            d[3] = fmaf(sv[k], __high2float(hi2), d[3]);
+          }
+        }
+      }
+      float* dst = delta_sm + m_local * kRows + c0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) dst[j] = f.scale * d[j];
+    };
+    for (int b0 = 0; b0 < lora_list_size; b0 += slots_per_batch) {
+      const int nb = min(slots_per_batch, lora_list_size - b0);
+      if (b0 > 0) stage_bt(b0, nb);
+      cp_async_wait_all();
+      __syncthreads();  // Bᵀ and s are in shared memory
+      auto in_batch = [&](int m_local) {
+        const int e = lora_entry[m_local];
+        return e >= b0 && e < b0 + nb ? e - b0 : -1;
+      };
+      if constexpr (kEpi == Epi::kQkNormRope) {
+        const int lo = rank * valid_tokens / splits, hi = (rank + 1) * valid_tokens / splits;
+        for (int item = lo * (kRows / 4) + tid; item < hi * (kRows / 4); item += kThreads) {
+          const int m_local = item / (kRows / 4), b = in_batch(m_local);
+          if (b >= 0) delta_at(m_local, (item % (kRows / 4)) * 4, b);
+        }
+      } else {
+        constexpr int kGroupsPerToken = (kGated ? kHalf : kRows) / 4;
+        const int groups = valid_tokens * kGroupsPerToken;
+        const int lo = static_cast<int>(static_cast<int64_t>(rank) * groups / splits);
+        const int hi = static_cast<int>(static_cast<int64_t>(rank + 1) * groups / splits);
+        for (int grp = lo + tid; grp < hi; grp += kThreads) {
+          const int m_local = grp / kGroupsPerToken, c0 = (grp % kGroupsPerToken) * 4;
+          const int b = in_batch(m_local);
+          if (b < 0) continue;
+          delta_at(m_local, c0, b);
+          if constexpr (kGated) delta_at(m_local, kHalf + c0, b);
+        }
+      }
+      __syncthreads();  // the next batch's Bᵀ overwrites this one's
+    }
+  }
+  // Whether row m_local of the tile gets a delta (delta_sm holds it).
+  auto has_delta = [&](int m_local) { return lora_rows_here && lora_entry[m_local] >= 0; };
   if constexpr (kEpi == Epi::kQkNormRope) {
     // The cluster's CTAs share the tile's token rows: rank r takes [lo, hi), a warp a row.
     const int lo = rank * valid_tokens / splits, hi = (rank + 1) * valid_tokens / splits;
     for (int m_local = lo + (tid >> 5); m_local < hi; m_local += kThreads / 32) {
-      qk_finish_row(p.qk, blockIdx.x, m0 + m_local, cluster_sum4(m_local * kPartialStride + 4 * lane),
-                    qk_lane, lane);
+      const float4 sum = cluster_sum4(m_local * kPartialStride + 4 * lane);
+      if (has_delta(m_local)) {
+        const float4 d = *reinterpret_cast<const float4*>(delta_sm + m_local * kRows + 4 * lane);
+        qk_finish_row(p.qk, tile, m0 + m_local, sum, qk_lane, lane, true, d);
+      } else {
+        qk_finish_row(p.qk, tile, m0 + m_local, sum, qk_lane, lane);
+      }
     }
     if (splits > 1) cluster.sync();
+    if (fused && tid == 0 && rank == 0) lora_cluster_finished(lora);
     return;
   }
   // The cluster's CTAs share the tile's groups of 4 columns: rank r takes [lo, hi).
@@ -422,21 +784,34 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       // Rounded to bf16 before the activation, as the unfused matmul + silu_mul would.
       const float4 gate = cluster_sum4(m_local * kPartialStride + c0);
       const float4 up = cluster_sum4(m_local * kPartialStride + kHalf + c0);
-      const float g4[4] = {gate.x, gate.y, gate.z, gate.w};
-      const float u4[4] = {up.x, up.y, up.z, up.w};
-      const int i0 = blockIdx.x * kHalf + c0;
+      float g4[4] = {bf16_round(gate.x), bf16_round(gate.y), bf16_round(gate.z), bf16_round(gate.w)};
+      float u4[4] = {bf16_round(up.x), bf16_round(up.y), bf16_round(up.z), bf16_round(up.w)};
+      const int i0 = tile * kHalf + c0;
+      if (has_delta(m_local) && i0 < p.inter) {
+        // The tile's LoRA columns: its gate columns, then its up columns.
+        const float* dg = delta_sm + m_local * kRows + c0;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          g4[c] = bf16_round(g4[c] + dg[c]);
+          u4[c] = bf16_round(u4[c] + dg[kHalf + c]);
+        }
+      }
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         if (i0 + c >= p.inter) break;
-        const float gv = __bfloat162float(__float2bfloat16_rn(g4[c]));
-        const float uv = __bfloat162float(__float2bfloat16_rn(u4[c]));
+        const float gv = g4[c], uv = u4[c];
         static_cast<__nv_bfloat16*>(p.out)[out_row * p.inter + i0 + c] =
             __float2bfloat16_rn(gv / (1.0f + expf(-gv)) * uv);
       }
     } else {
       const float4 sum = cluster_sum4(m_local * kPartialStride + c0);
-      const float v4[4] = {sum.x, sum.y, sum.z, sum.w};
-      const int n0 = blockIdx.x * kRows + c0;
+      float v4[4] = {sum.x, sum.y, sum.z, sum.w};
+      const int n0 = tile * kRows + c0;
+      if (has_delta(m_local) && n0 < p.N) {
+        const float* d = delta_sm + m_local * kRows + c0;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) v4[c] = bf16_round(v4[c]) + d[c];
+      }
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         if (n0 + c >= p.N) break;
@@ -449,6 +824,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     }
   }
   if (splits > 1) cluster.sync();  // keep this CTA's tile alive until the others have read it
+  if (fused && tid == 0 && rank == 0) lora_cluster_finished(lora);
 #else
   // Built for a target without wgmma: the host never launches this (see the file comment).
   __trap();
@@ -478,6 +854,24 @@ __global__ void pack_kernel(const __nv_bfloat16* __restrict__ w, int64_t N, int6
   }
 }
 
+/// One 16-byte unit per thread of a packed LoRA A (lora_packed_a_bytes): unit u of row r of
+/// half h of chunk c at ((c · halves + h) · 64 + r) · 8 + (u ^ (r mod 8)).
+__global__ void pack_lora_kernel(const __nv_bfloat16* __restrict__ a, int64_t rows, int64_t in,
+                                 int halves, int64_t units, uint4* __restrict__ packed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < units;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int u = static_cast<int>(i % kUnitsPerRow);
+    const int r = static_cast<int>((i / kUnitsPerRow) % kHalf);
+    const int64_t half_block = i / kUnitsPerHalf;  // c · halves + h
+    const int h = static_cast<int>(half_block % halves);
+    const int64_t c = half_block / halves;
+    const int64_t row = static_cast<int64_t>(h) * kHalf + r, k = c * kChunk + u * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row < rows && k < in) v = *reinterpret_cast<const uint4*>(a + row * in + k);
+    packed[half_block * kUnitsPerHalf + r * kUnitsPerRow + (u ^ (r % 8))] = v;
+  }
+}
+
 // ---- host ----------------------------------------------------------------------------------
 
 
@@ -500,6 +894,17 @@ void set_smem_limits() {
 }
 
 template <int kTokens>
+const void* kernel_for(Epi epi) {
+  switch (epi) {
+    case Epi::kGated: return reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kGated>);
+    case Epi::kF32: return reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kF32>);
+    case Epi::kQkNormRope:
+      return reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kQkNormRope>);
+    default: return reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kBf16>);
+  }
+}
+
+template <int kTokens>
 void launch_for_tokens(const Params& p, Epi epi, dim3 grid, cudaStream_t stream) {
   const size_t smem = smem_bytes(kTokens);
   auto go = [&](auto kernel) {
@@ -513,15 +918,97 @@ void launch_for_tokens(const Params& p, Epi epi, dim3 grid, cudaStream_t stream)
   }
 }
 
+void launch_params(const Params& p, Epi epi, int tokens, dim3 grid, cudaStream_t stream) {
+  switch (tokens) {
+    case 8: launch_for_tokens<8>(p, epi, grid, stream); break;
+    case 16: launch_for_tokens<16>(p, epi, grid, stream); break;
+    case 32: launch_for_tokens<32>(p, epi, grid, stream); break;
+    default: launch_for_tokens<64>(p, epi, grid, stream); break;
+  }
+}
+
+/// Clusters of (1, splits, 1) CTAs of this kernel that the current device holds at once
+/// (cached per device, kernel and split count): a fused LoRA launch must fit in it.
+int max_resident_clusters(int tokens, Epi epi, int splits) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, int, int>, int> cache;
+  int device = 0;
+  PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
+  const auto key = std::make_tuple(device, tokens, static_cast<int>(epi), splits);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  const void* kernel = tokens == 8    ? kernel_for<8>(epi)
+                       : tokens == 16 ? kernel_for<16>(epi)
+                       : tokens == 32 ? kernel_for<32>(epi)
+                                      : kernel_for<64>(epi);
+  const size_t smem = smem_bytes(tokens);
+  int clusters = 0;
+  if (splits > 1) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(1, static_cast<unsigned>(splits), 1);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = 1;
+    attribute.val.clusterDim.y = static_cast<unsigned>(splits);
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    PAGELLM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+  } else {
+    int per_sm = 0, sms = 0;
+    PAGELLM_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+    current_device_info(&sms);
+    clusters = per_sm * sms;
+  }
+  cache.emplace(key, clusters);
+  return clusters;
+}
+
+/// The LoRA parameters of a launch with `lora` (null: none), checked against the product.
+LoraParams lora_params(const SkinnyLora* lora, Epi epi, int64_t N, int64_t inter) {
+  LoraParams l;
+  if (lora == nullptr || lora->num_slots <= 1) return l;
+  const int64_t width_total = lora->width[0] + lora->width[1] + lora->width[2];
+  const int64_t group_cols = epi == Epi::kGated ? 2 * inter : N;
+  bool widths_ok = lora->num_modules >= 1 && lora->num_modules <= 3;
+  for (int m = 0; m < 3; ++m) {
+    widths_ok = widths_ok && lora->width[m] % 8 == 0 && lora->width[m] >= 0 &&
+                (m < lora->num_modules || lora->width[m] == 0);
+  }
+  PAGELLM_CHECK(epi != Epi::kF32 && widths_ok && width_total == group_cols && lora->slots &&
+                lora->row_slots && lora->s)
+      << "skinny gemm: LoRA of " << lora->num_modules << " modules of widths " << lora->width[0]
+      << ", " << lora->width[1] << ", " << lora->width[2] << " on a product of " << group_cols
+      << " columns (needs 1..3 modules of widths a multiple of 8 covering the product, a bf16 "
+         "output, slot table, row slots and scratch)";
+  l.slots = lora->slots;
+  l.row_slots = lora->row_slots;
+  l.s = lora->s;
+  l.counters = lora->counters;
+  l.modules = lora->num_modules;
+  for (int m = 0; m < 3; ++m) l.width[m] = static_cast<int>(lora->width[m]);
+  l.width_total = static_cast<int>(width_total);
+  PAGELLM_CHECK(lora->max_rank >= 1 && lora->max_rank <= kHalf)
+      << "skinny gemm: LoRA max rank " << lora->max_rank << " outside 1.." << kHalf;
+  l.max_rank = lora->max_rank;
+  l.tiles_per_slot = (lora->num_modules * lora->max_rank + kRows - 1) / kRows;
+  return l;
+}
+
 void launch(const void* x, const void* w, void* out, Epi epi, int64_t M, int64_t N, int64_t K,
             int64_t inter, cudaStream_t stream, int splits, const QkNormRopeArgs* qk = nullptr,
-            const void* w_packed = nullptr, bool batch_invariant = false) {
+            const void* w_packed = nullptr, bool batch_invariant = false,
+            const SkinnyLora* lora = nullptr) {
   PAGELLM_CHECK(reinterpret_cast<uintptr_t>(w_packed) % 16 == 0)
       << "skinny gemm: packed weights must be 16-byte aligned";
   int sms = 0;
   current_device_info(&sms);
   PAGELLM_CHECK(!batch_invariant || splits == 0)
       << "skinny gemm: batch-invariant mode fixes the split count; do not force one";
+  // The plan of the product alone: a row's bits do not depend on whether LoRA tiles run.
   const SkinnyPlan plan = batch_invariant ? skinny_gemm_invariant_plan(M, N, K, sms)
                                           : skinny_gemm_plan(M, N, K, sms, splits);
   prepare_skinny_gemm();
@@ -537,13 +1024,33 @@ void launch(const void* x, const void* w, void* out, Epi epi, int64_t M, int64_t
   p.inter = static_cast<int>(inter);
   if (qk) p.qk = *qk;
   p.w_packed = static_cast<const uint8_t*>(w_packed);
+  p.lora = lora_params(lora, epi, N, inter);
   const dim3 grid(plan.grid_x, plan.grid_y, plan.grid_z);
-  switch (plan.tokens_per_tile) {
-    case 8: launch_for_tokens<8>(p, epi, grid, stream); break;
-    case 16: launch_for_tokens<16>(p, epi, grid, stream); break;
-    case 32: launch_for_tokens<32>(p, epi, grid, stream); break;
-    default: launch_for_tokens<64>(p, epi, grid, stream); break;
+  if (p.lora.tiles_per_slot == 0) {
+    launch_params(p, epi, plan.tokens_per_tile, grid, stream);
+    return;
   }
+  const int lora_tiles = (lora->num_slots - 1) * p.lora.tiles_per_slot;
+  const int64_t clusters = static_cast<int64_t>(lora_tiles + plan.grid_x) * plan.grid_z;
+  if (p.lora.counters != nullptr &&
+      clusters <= max_resident_clusters(plan.tokens_per_tile, epi, plan.splits)) {
+    // One launch: LoRA tiles first; the row tiles' epilogues wait for them.
+    p.lora.mode = kLoraFused;
+    p.lora.tiles = lora_tiles;
+    p.lora.shrink_clusters = static_cast<unsigned>(lora_tiles * plan.grid_z);
+    launch_params(p, epi, plan.tokens_per_tile,
+                  dim3(lora_tiles + plan.grid_x, plan.grid_y, plan.grid_z), stream);
+    return;
+  }
+  // The grid would not fit at once: the shrink tiles, then the product with the expand.
+  Params shrink = p;
+  shrink.lora.mode = kLoraShrink;
+  shrink.lora.tiles = lora_tiles;
+  launch_params(shrink, epi, plan.tokens_per_tile, dim3(lora_tiles, plan.grid_y, plan.grid_z),
+                stream);
+  p.lora.mode = kLoraExpand;
+  p.lora.tiles = 0;
+  launch_params(p, epi, plan.tokens_per_tile, grid, stream);
 }
 
 }  // namespace
@@ -601,29 +1108,31 @@ SkinnyPlan skinny_gemm_invariant_plan(int64_t M, int64_t N, int64_t K, int num_s
 
 void launch_skinny_gemm(const void* x, const void* w, void* out, bool out_f32, int64_t M,
                         int64_t N, int64_t K, cudaStream_t stream, int splits,
-                        const void* w_packed, bool batch_invariant) {
+                        const void* w_packed, bool batch_invariant, const SkinnyLora* lora) {
   PAGELLM_CHECK(skinny_gemm_supported(x, w, out, M, N, K))
       << "skinny gemm: unsupported product x[" << M << ", " << K << "] w[" << N << ", " << K
       << "]^T (needs an sm_90 GPU, K a multiple of 8, 16-byte aligned x and w, 4-byte "
          "aligned out)";
   launch(x, w, out, out_f32 ? Epi::kF32 : Epi::kBf16, M, N, K, 0, stream, splits, nullptr,
-         w_packed, batch_invariant);
+         w_packed, batch_invariant, lora);
 }
 
 void launch_skinny_gemm_silu_mul(const void* x, const void* w_gate_up, void* out, int64_t M,
                                  int64_t inter, int64_t K, cudaStream_t stream, int splits,
-                                 const void* w_packed, bool batch_invariant) {
+                                 const void* w_packed, bool batch_invariant,
+                                 const SkinnyLora* lora) {
   PAGELLM_CHECK(inter > 0 && skinny_gemm_supported(x, w_gate_up, out, M, 2 * inter, K))
       << "skinny gemm: unsupported gated product x[" << M << ", " << K << "] w[2 x " << inter
       << ", " << K << "]^T (needs an sm_90 GPU, K a multiple of 8, 16-byte aligned x and w, "
          "4-byte aligned out)";
   launch(x, w_gate_up, out, Epi::kGated, M, 2 * inter, K, inter, stream, splits, nullptr,
-         w_packed, batch_invariant);
+         w_packed, batch_invariant, lora);
 }
 
 void launch_skinny_gemm_qk_norm_rope(const void* x, const void* w_qkv, int64_t M, int64_t K,
                                      const QkNormRopeArgs& e, cudaStream_t stream, int splits,
-                                     const void* w_packed, bool batch_invariant) {
+                                     const void* w_packed, bool batch_invariant,
+                                     const SkinnyLora* lora) {
   const int64_t heads = int64_t{e.num_q_heads} + 2 * int64_t{e.num_kv_heads};
   const int64_t N = heads * kSkinnyQkHeadDim;
   const auto aligned8 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 8 == 0; };
@@ -640,7 +1149,26 @@ void launch_skinny_gemm_qk_norm_rope(const void* x, const void* w_qkv, int64_t M
          "aligned q_out and pools, every pointer set)";
   if (M == 0) return;
   launch(x, w_qkv, nullptr, Epi::kQkNormRope, M, N, K, 0, stream, splits, &e, w_packed,
-         batch_invariant);
+         batch_invariant, lora);
+}
+
+size_t lora_packed_a_bytes(int64_t rows, int64_t in) {
+  const auto halves = static_cast<size_t>((rows + kHalf - 1) / kHalf);
+  const auto chunks = static_cast<size_t>((in + kChunk - 1) / kChunk);
+  return halves * chunks * kLoraHalfBytes;
+}
+
+void pack_lora_a(const void* a, int64_t rows, int64_t in, void* packed, cudaStream_t stream) {
+  PAGELLM_CHECK(rows > 0 && in > 0 && in % 8 == 0 && reinterpret_cast<uintptr_t>(a) % 16 == 0 &&
+                reinterpret_cast<uintptr_t>(packed) % 16 == 0)
+      << "pack_lora_a: A [" << rows << ", " << in
+      << "] (needs in a multiple of 8 and 16-byte aligned buffers)";
+  const int halves = static_cast<int>((rows + kHalf - 1) / kHalf);
+  const int64_t units = static_cast<int64_t>(lora_packed_a_bytes(rows, in) / 16);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>((units + 255) / 256, 65535));
+  pack_lora_kernel<<<grid, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(a), rows, in,
+                                             halves, units, static_cast<uint4*>(packed));
+  PAGELLM_CUDA_CHECK(cudaGetLastError());
 }
 
 size_t skinny_packed_bytes(int64_t N, int64_t K) {

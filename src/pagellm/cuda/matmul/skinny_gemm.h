@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "pagellm/cuda/elementwise/kernels.h"
+#include "pagellm/cuda/lora/lora.h"
 
 namespace pagellm::cuda {
 
@@ -39,6 +40,40 @@ constexpr int kSkinnyMaxSplits = 8;
 /// narrow Qwen3-4B products 5-15 % slower than clusters of 4 (matmul_bench's split sweep).
 constexpr int kSkinnyAutoMaxSplits = 4;
 
+
+/// A LoRA group added inside a product (the `lora` argument of the launchers below;
+/// docs/design.md "LoRA"): for every token t whose slot q = row_slots[t] is not 0 and whose
+/// slots[q].a is set, the product's columns get scale · (x · Aᵀ) · Bᵀ of slot q's factors
+/// (A read from slots[q].a_packed, written by pack_lora_a) before they are rounded to bf16
+/// and before the fused epilogue (norm + RoPE, SiLU) reads them, exactly as the product
+/// followed by launch_lora_add's contract would. The group's modules cover the product's
+/// columns (gated: gate then up). The shrink runs as extra tiles of the same kernel; with
+/// `counters` and a grid that fits the GPU at once, in the same launch (the expand waits
+/// for it), otherwise as a launch before the product. Either way the same arithmetic: a
+/// token's bits depend on neither the batch nor the launch shape.
+struct SkinnyLora {
+  const LoraSlotRef* slots = nullptr;  // [num_slots] device memory (entry 0 unused)
+  int32_t num_slots = 0;               // adapter slots + 1; <= 1: no LoRA
+  const int32_t* row_slots = nullptr;  // [M] device memory
+  int32_t num_modules = 0;             // 1..3
+  int32_t max_rank = 64;               // no slot's rank exceeds it (1..64): sizes the grid
+  int64_t width[3] = {0, 0, 0};        // multiples of 8
+  float* s = nullptr;                  // lora_skinny_s_floats(M, num_modules) floats of scratch
+  uint32_t* counters = nullptr;        // [2] device zeros (left zero), or null: two launches
+};
+
+/// Floats of SkinnyLora::s a product of M tokens needs.
+inline int64_t lora_skinny_s_floats(int64_t M, int32_t num_modules) {
+  return M * num_modules * 64;
+}
+
+/// Bytes of A [rows, in] packed for the LoRA tiles: per 64-wide chunk of `in`, its 64-row
+/// halves of 8 KiB each in the kernel's swizzled stage layout (zeros past rows and in).
+size_t lora_packed_a_bytes(int64_t rows, int64_t in);
+
+/// Writes A [rows, in] (bf16, row-major, 16-byte aligned) into `packed`
+/// (lora_packed_a_bytes, 16-byte aligned) on `stream`.
+void pack_lora_a(const void* a, int64_t rows, int64_t in, void* packed, cudaStream_t stream);
 
 /// How one product is cut into CTAs: grid (row tiles, splits, token tiles), and a cluster
 /// of (1, splits, 1) CTAs that share one output tile and split its K range.
@@ -95,9 +130,11 @@ void pack_skinny_weights(const void* w, int64_t N, int64_t K, int64_t inter, voi
 /// kernel streams it instead of w.
 /// Requires skinny_gemm_supported(); throws Error otherwise or if the launch fails.
 /// `batch_invariant`: use skinny_gemm_invariant_plan (`splits` must then be 0).
+/// `lora` (or null): a LoRA group added inside the product (out must then be bf16).
 void launch_skinny_gemm(const void* x, const void* w, void* out, bool out_f32, int64_t M,
                         int64_t N, int64_t K, cudaStream_t stream, int splits = 0,
-                        const void* w_packed = nullptr, bool batch_invariant = false);
+                        const void* w_packed = nullptr, bool batch_invariant = false,
+                        const SkinnyLora* lora = nullptr);
 
 /// out[M, I] = silu(x · gateᵀ) · (x · upᵀ) with w_gate_up = [gate; up] ([2 I, K], the fused
 /// layout the model loads), bf16 out. Each of the two products is rounded to bf16 before the
@@ -107,7 +144,8 @@ void launch_skinny_gemm(const void* x, const void* w, void* out, bool out_f32, i
 /// `w_packed`: w_gate_up as pack_skinny_weights(w_gate_up, 2 I, K, I) wrote it, or null.
 void launch_skinny_gemm_silu_mul(const void* x, const void* w_gate_up, void* out, int64_t M,
                                  int64_t inter, int64_t K, cudaStream_t stream, int splits = 0,
-                                 const void* w_packed = nullptr, bool batch_invariant = false);
+                                 const void* w_packed = nullptr, bool batch_invariant = false,
+                                 const SkinnyLora* lora = nullptr);
 
 /// Head size of the fused qkv product: one head per 128-row tile.
 constexpr int kSkinnyQkHeadDim = kSkinnyRowsPerCta;
@@ -124,6 +162,7 @@ constexpr int kSkinnyQkHeadDim = kSkinnyRowsPerCta;
 void launch_skinny_gemm_qk_norm_rope(const void* x, const void* w_qkv, int64_t M, int64_t K,
                                      const QkNormRopeArgs& e, cudaStream_t stream,
                                      int splits = 0, const void* w_packed = nullptr,
-                                     bool batch_invariant = false);
+                                     bool batch_invariant = false,
+                                     const SkinnyLora* lora = nullptr);
 
 }  // namespace pagellm::cuda
