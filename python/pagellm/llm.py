@@ -267,14 +267,10 @@ class LLM:
                 raise ValueError(f"sampling_params[{i}]: expected SamplingParams, "
                                  f"got {type(p).__name__}")
         core_params = [p._to_core() for p in params_list]
-        if self._seed is not None:
+        if self._seed is not None and len(core_params) == 1 and len(core_prompts) > 1:
             # Per-request seeds need one params object per prompt.
-            if len(core_params) == 1 and len(core_prompts) > 1:
-                core_params = [params_list[0]._to_core() for _ in core_prompts]
-                params_list = params_list * len(core_prompts)
-            for r, p in enumerate(core_params):
-                if p.seed is None:
-                    p.seed = self._seed + (self._requests + r) * 65536
+            core_params = [params_list[0]._to_core() for _ in core_prompts]
+            params_list = params_list * len(core_prompts)
         bar = _progress_bar(use_tqdm, len(core_prompts))
 
         def on_step(finished: int, total: int) -> bool:
@@ -284,11 +280,17 @@ class LLM:
 
         try:
             with self._lock:
+                # Requests are numbered under the lock, in the order the calls run, so that
+                # calls from several threads never share a number (and a seed).
+                if self._seed is not None:
+                    for r, p in enumerate(core_params):
+                        if p.seed is None:
+                            p.seed = self._seed + (self._requests + r) * 65536
                 results = self._core.generate(core_prompts, core_params, core_loras, on_step)
+                self._requests += len(core_prompts)
         finally:
             if bar is not None:
                 bar.close()
-        self._requests += len(core_prompts)
         outputs = []
         for i, r in enumerate(results):
             params = params_list[0] if len(params_list) == 1 else params_list[i]
