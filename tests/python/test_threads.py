@@ -11,8 +11,6 @@ import random
 import threading
 from typing import Callable, List
 
-import pytest
-
 from pagellm import LLM, AsyncLLM, SamplingParams
 
 from conftest import read_safetensors
@@ -192,12 +190,12 @@ def test_async_llm_streams_while_threads_call_in(tiny_model):
     for t in threads:
         t.start()
     try:
-        updates, *lasts = asyncio.run(main())
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
-    try:
+        try:
+            updates, *lasts = asyncio.run(main())
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
         assert not errors, errors
         for seen in versions:
             assert seen == sorted(seen) and seen[0] >= v0 and seen[-1] == v0 + updates
