@@ -182,7 +182,10 @@ class LLM:
             refused at load; the CUDA decode kernels are sized by it).
 
     The GIL is released while the engine runs; calls from several threads take turns (a
-    lock), as the engine steps on the caller's thread. Ctrl-C during ``generate`` aborts it
+    lock), as the engine steps on the caller's thread: that includes the reads of engine
+    state (weights_version, num_free_pages, is_sleeping, prefix_cache_stats,
+    list_lora_adapters), which wait for a call running on another thread to end. The
+    tokenizer (get_tokenizer) needs no turn. Ctrl-C during ``generate`` aborts it
     cleanly (every request's pages freed; the LLM stays usable) and raises
     KeyboardInterrupt. Errors: ``PagellmError`` (a ValueError and RuntimeError) with the
     core's message.
@@ -269,14 +272,10 @@ class LLM:
                 raise ValueError(f"sampling_params[{i}]: expected SamplingParams, "
                                  f"got {type(p).__name__}")
         core_params = [p._to_core() for p in params_list]
-        if self._seed is not None:
+        if self._seed is not None and len(core_params) == 1 and len(core_prompts) > 1:
             # Per-request seeds need one params object per prompt.
-            if len(core_params) == 1 and len(core_prompts) > 1:
-                core_params = [params_list[0]._to_core() for _ in core_prompts]
-                params_list = params_list * len(core_prompts)
-            for r, p in enumerate(core_params):
-                if p.seed is None:
-                    p.seed = self._seed + (self._requests + r) * 65536
+            core_params = [params_list[0]._to_core() for _ in core_prompts]
+            params_list = params_list * len(core_prompts)
         bar = _progress_bar(use_tqdm, len(core_prompts))
 
         def on_step(finished: int, total: int) -> bool:
@@ -286,11 +285,17 @@ class LLM:
 
         try:
             with self._lock:
+                # Requests are numbered under the lock, in the order the calls run, so that
+                # calls from several threads never share a number (and a seed).
+                if self._seed is not None:
+                    for r, p in enumerate(core_params):
+                        if p.seed is None:
+                            p.seed = self._seed + (self._requests + r) * 65536
                 results = self._core.generate(core_prompts, core_params, core_loras, on_step)
+                self._requests += len(core_prompts)
         finally:
             if bar is not None:
                 bar.close()
-        self._requests += len(core_prompts)
         outputs = []
         for i, r in enumerate(results):
             params = params_list[0] if len(params_list) == 1 else params_list[i]
@@ -395,7 +400,8 @@ class LLM:
     @property
     def weights_version(self) -> int:
         """Version of the weights the next tokens are sampled with; +1 per update."""
-        return int(self._core.weights_version)
+        with self._lock:
+            return int(self._core.weights_version)
 
     def update_weights(self, named_tensors: Iterable[Tuple[str, Any]]) -> "_core.WeightUpdateResult":
         """Rewrites weights in place from ``(name, tensor)`` pairs (Hugging Face names, any
@@ -439,7 +445,8 @@ class LLM:
     @property
     def is_sleeping(self) -> bool:
         """Between sleep() and wake_up()."""
-        return bool(self._core.is_sleeping)
+        with self._lock:
+            return bool(self._core.is_sleeping)
 
     def reset_prefix_cache(self) -> None:
         """Forgets every cached KV page (after a weight update, cached K/V is stale)."""
@@ -448,7 +455,8 @@ class LLM:
 
     def prefix_cache_stats(self) -> "_core.PrefixCacheStats":
         """Prefix cache counters since loading."""
-        return self._core.prefix_cache_stats()
+        with self._lock:
+            return self._core.prefix_cache_stats()
 
     # ---- LoRA adapters (docs/design.md, "LoRA") ------------------------------------------
 
@@ -471,7 +479,8 @@ class LLM:
 
     def list_lora_adapters(self) -> List["_core.LoraAdapterInfo"]:
         """The loaded adapters, by name."""
-        return list(self._core.list_lora_adapters())
+        with self._lock:
+            return list(self._core.list_lora_adapters())
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         """vLLM's name for :meth:`load_lora_adapter`; True once loaded."""
@@ -505,11 +514,13 @@ class LLM:
 
     def num_free_pages(self) -> int:
         """KV pages free now (equal to num_usable_pages() when idle)."""
-        return int(self._core.num_free_pages())
+        with self._lock:
+            return int(self._core.num_free_pages())
 
     def num_usable_pages(self) -> int:
         """KV pages in all (page 0, reserved, excluded)."""
-        return int(self._core.num_usable_pages())
+        with self._lock:
+            return int(self._core.num_usable_pages())
 
 
 def _progress_bar(use_tqdm: Union[bool, Callable[..., Any]], total: int) -> Any:

@@ -14,6 +14,20 @@ if(PAGELLM_PYTHON)
     set_tests_properties(python_${_name} PROPERTIES ENVIRONMENT "${_py_env}" TIMEOUT 1500
       LABELS python)
   endforeach()
+  # The package's concurrency under ThreadSanitizer (tests/python/tsan.cmake): the extension
+  # built in the TSan tree the API and server tests share (build/tsan; the lock keeps them
+  # from building it at once), CPython run with the TSan runtime preloaded, a deliberate
+  # race through the extension that must be reported, then test_threads.py, test_async.py
+  # and the threaded / async tests of test_llm.py and test_lora.py. Any report fails it.
+  if(PAGELLM_TSAN_TEST AND CMAKE_CXX_COMPILER_ID MATCHES "GNU")
+    add_test(NAME python_threadsanitizer
+      COMMAND ${CMAKE_COMMAND} -DSOURCE=${PROJECT_SOURCE_DIR} -DBUILD=${CMAKE_BINARY_DIR}/tsan
+        -DCXX=${CMAKE_CXX_COMPILER} -DC=${CMAKE_C_COMPILER} -DGENERATOR=${CMAKE_GENERATOR}
+        -DLAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER} -DPYTHON=${Python_EXECUTABLE}
+        -DCLI=$<TARGET_FILE:pagellm_cli> -P ${CMAKE_CURRENT_LIST_DIR}/tsan.cmake)
+    set_tests_properties(python_threadsanitizer PROPERTIES TIMEOUT 900 RESOURCE_LOCK tsan_tree
+      LABELS python)
+  endif()
   # The full wheel build (docs/design.md, "Python package": pip install check).
   option(PAGELLM_TEST_WHEEL "Register python_wheel_full: pip wheel . from scratch" ON)
   if(PAGELLM_TEST_WHEEL)

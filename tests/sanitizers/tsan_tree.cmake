@@ -1,13 +1,21 @@
 # include()d by the ThreadSanitizer test scripts (tests/api/tsan.cmake,
-# tests/server/tsan.cmake) with SOURCE, BUILD, CXX, C, GENERATOR and TSAN_TARGETS set:
-# configures the one TSan tree (CPU only, every library instrumented; both scripts share it,
-# so the libraries are compiled once) and builds TSAN_TARGETS in it. Sets tsan_build_s.
+# tests/server/tsan.cmake, tests/python/tsan.cmake) with SOURCE, BUILD, CXX, C, GENERATOR
+# and TSAN_TARGETS set, LAUNCHER optional (ccache): configures the one TSan tree (CPU only,
+# every library instrumented; the scripts share it, so the libraries are compiled once) and
+# builds TSAN_TARGETS in it. Sets tsan_build_s. Shared modules (the Python extension) link
+# with -fsanitize=thread too, so that they name the TSan runtime they were compiled for;
+# they load only into a process started with that runtime preloaded.
 string(TIMESTAMP _tsan_t0 "%s")
+set(_tsan_launcher "")
+if(LAUNCHER)
+  set(_tsan_launcher -DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER} -DCMAKE_C_COMPILER_LAUNCHER=${LAUNCHER})
+endif()
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE} -B ${BUILD} -G ${GENERATOR}
     -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_C_COMPILER=${C} -DCMAKE_BUILD_TYPE=RelWithDebInfo
     -DPAGELLM_CUDA=OFF -DPAGELLM_BENCH=OFF -DPAGELLM_TSAN_TEST=OFF -DPAGELLM_INSTALL_TEST=OFF
     "-DCMAKE_CXX_FLAGS=-fsanitize=thread" "-DCMAKE_C_FLAGS=-fsanitize=thread"
-    "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread"
+    "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread" "-DCMAKE_MODULE_LINKER_FLAGS=-fsanitize=thread"
+    ${_tsan_launcher}
   RESULT_VARIABLE _tsan_rc)
 if(NOT _tsan_rc EQUAL 0)
   message(FATAL_ERROR "configuring the ThreadSanitizer tree failed")
