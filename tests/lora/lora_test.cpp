@@ -66,14 +66,21 @@ TEST(LoraFolder, ReadsFactorsAndScales) {
   ASSERT_EQ(a.layers.size(), 2u);
   EXPECT_TRUE(a.layers[1][static_cast<int>(LoraModule::kO)].empty());
   const LoraFactors& q = a.layers[1][static_cast<int>(LoraModule::kQ)];
-  ASSERT_EQ(q.a.size(), static_cast<size_t>(4 * mc.hidden_size));
-  ASSERT_EQ(q.b.size(), static_cast<size_t>(mc.q_size() * 4));
+  EXPECT_EQ(q.a.rows, 4);
+  EXPECT_EQ(q.a.cols, mc.hidden_size);
+  EXPECT_EQ(q.b.rows, mc.q_size());
+  EXPECT_EQ(q.b.cols, 4);
+  EXPECT_EQ(q.b.dtype, DType::BF16);  // a view of the file's bfloat16, not a copy
   // The values are the maker's stream, widened from bfloat16.
-  std::vector<uint16_t> expect(q.b.size());
+  std::vector<uint16_t> expect(static_cast<size_t>(q.b.numel()));
   fill_random_normal(random_tensor_key(3, lora_tensor_name(1, LoraModule::kQ, 'B')), 0,
                      static_cast<int64_t>(expect.size()), 0.0f, 0.05f, DType::BF16,
                      expect.data());
-  for (size_t i = 0; i < expect.size(); ++i) ASSERT_EQ(q.b[i], bf16_to_f32(expect[i])) << i;
+  const std::vector<float> b = q.b.to_f32();
+  ASSERT_EQ(b.size(), expect.size());
+  for (size_t i = 0; i < expect.size(); ++i) ASSERT_EQ(b[i], bf16_to_f32(expect[i])) << i;
+  EXPECT_EQ(q.b.at(7), bf16_to_f32(expect[7]));
+  expect_error([&] { q.b.at(q.b.numel()); }, "outside the factor's");
 
   write_text(dir.file("adapter_config.json"),
              edited_config(cfg, {{"use_rslora", true}}));
@@ -226,12 +233,13 @@ HostWeights merge(const Qwen3Config& mc, const HostWeights& base, const LoraAdap
     for (LoraModule mod : a.config.target_modules) {
       const auto [out, in] = lora_module_shape(mc, mod);
       const LoraFactors& f = a.layers[static_cast<size_t>(l)][static_cast<int>(mod)];
+      const std::vector<float> fa = f.a.to_f32(), fb = f.b.to_f32();
       std::vector<float>& w =
           m.data.at("model.layers." + std::to_string(l) + "." + hf_weight_name(mod));
       for (int64_t j = 0; j < out; ++j) {
         for (int64_t k = 0; k < in; ++k) {
           double d = 0.0;
-          for (int64_t i = 0; i < r; ++i) d += double(f.b[j * r + i]) * f.a[i * in + k];
+          for (int64_t i = 0; i < r; ++i) d += double(fb[j * r + i]) * fa[i * in + k];
           w[j * in + k] = static_cast<float>(w[j * in + k] + s * d);
         }
       }

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <utility>
 
+#include "pagellm/model/lora_image.h"
+
 namespace pagellm {
 namespace {
 
@@ -326,10 +328,10 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
       const LoraFactors& f = adapter.layers[l][m];
       if (f.empty()) continue;
       const auto [out, in] = lora_module_shape(c, static_cast<LoraModule>(m));
-      PAGELLM_CHECK(f.a.size() == static_cast<size_t>(r * in) &&
-                    f.b.size() == static_cast<size_t>(out * r))
+      PAGELLM_CHECK(f.a.rows == r && f.a.cols == in && f.b.rows == out && f.b.cols == r)
           << "LoRA adapter " << adapter.path << ": layer " << l << " "
-          << lora_module_name(static_cast<LoraModule>(m)) << " factors do not match [" << r
+          << lora_module_name(static_cast<LoraModule>(m)) << " factors [" << f.a.rows << ", "
+          << f.a.cols << "] and [" << f.b.rows << ", " << f.b.cols << "] do not match [" << r
           << ", " << in << "] and [" << out << ", " << r << "]";
     }
   }
@@ -339,6 +341,7 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
     int64_t a = -1, bt = -1;  // element offsets; -1: not targeted
   };
   std::vector<std::array<Block, kNumLoraGroups>> blocks(layers_.size());
+  std::vector<LoraImageBlock> image_blocks;  // the same blocks, for write_lora_image
   int64_t total = 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     for (int g = 0; g < kNumLoraGroups; ++g) {
@@ -348,43 +351,41 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
       }
       if (!targeted) continue;
       const LoraGroup group = lora_group(l, g);
-      blocks[l][g].a = total;
-      total += lora_align(group.num_modules * r * group.in);
-      blocks[l][g].bt = total;
-      total += lora_align(r * group.width_total());
-    }
-  }
-  // The host image, float32 (untargeted modules of a targeted group stay zero), uploaded
-  // in one piece into the backend's weight dtype.
-  std::vector<float> image(static_cast<size_t>(total), 0.0f);
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    for (int g = 0; g < kNumLoraGroups; ++g) {
-      if (blocks[l][g].a < 0) continue;
-      const LoraGroup group = lora_group(l, g);
-      const int64_t W = group.width_total();
-      float* a = image.data() + blocks[l][g].a;
-      float* bt = image.data() + blocks[l][g].bt;
-      int64_t col = 0;
-      const std::vector<LoraModule>& modules = lora_group_modules(g);
-      for (size_t mi = 0; mi < modules.size(); ++mi) {
-        const LoraFactors& f = adapter.layers[l][static_cast<int>(modules[mi])];
-        const int64_t out = group.width[mi];
-        if (!f.empty()) {
-          std::copy(f.a.begin(), f.a.end(), a + static_cast<int64_t>(mi) * r * group.in);
-          for (int64_t j = 0; j < out; ++j) {
-            for (int64_t i = 0; i < r; ++i) bt[i * W + col + j] = f.b[static_cast<size_t>(j * r + i)];
-          }
-        }
-        col += out;
+      LoraImageBlock image_block;
+      image_block.layer = l;
+      image_block.num_modules = group.num_modules;
+      image_block.in = group.in;
+      for (size_t mi = 0; mi < lora_group_modules(g).size(); ++mi) {
+        image_block.modules[mi] = lora_group_modules(g)[mi];
+        image_block.width[mi] = group.width[mi];
       }
+      blocks[l][g].a = image_block.a_offset = total;
+      total += lora_align(group.num_modules * r * group.in);
+      blocks[l][g].bt = image_block.bt_offset = total;
+      total += lora_align(r * group.width_total());
+      image_block.end = total;
+      image_blocks.push_back(image_block);
     }
   }
+  // The image in the weight dtype, written once by write_lora_image (no zero-fill first):
+  // in place where backend memory is host memory, else into the pinned staging buffer and
+  // uploaded with one copy (no conversion on the way).
   const DType dt = backend_.weight_dtype();
+  const size_t image_bytes = static_cast<size_t>(total) * dtype_size(dt);
   LoraSlot fresh;
-  fresh.storage = DeviceBuffer(&backend_, static_cast<size_t>(total) * dtype_size(dt),
-                               MemoryRole::kWeights);
-  Tensor flat = fresh.storage.tensor(dt, {total});
-  backend_.upload(flat, 0, image.data(), DType::F32, total);
+  fresh.storage = DeviceBuffer(&backend_, image_bytes, MemoryRole::kWeights);
+  if (backend_.memory_is_host()) {
+    write_lora_image(adapter, image_blocks, dt, fresh.storage.get(), total);
+  } else {
+    // Free to overwrite: the previous set_lora waited for its copy before returning.
+    if (lora_staging_.size() < image_bytes) {
+      lora_staging_.reset();
+      lora_staging_ = PinnedHostBuffer(&backend_, image_bytes);
+    }
+    write_lora_image(adapter, image_blocks, dt, lora_staging_.get(), total);
+    Tensor flat = fresh.storage.tensor(dt, {total});
+    backend_.write_weights(flat, 0, lora_staging_.get(), dt, total, TensorMemory::kHostPinned);
+  }
   fresh.loaded = true;
   // No forward in flight may read the old factors or table; then the table points at the
   // new ones (a copy that completes before it returns), and only then the old ones go.

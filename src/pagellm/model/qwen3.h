@@ -187,6 +187,10 @@ class Qwen3Model {
     DeviceBuffer storage;
   };
   std::vector<LoraSlot> lora_slots_;  // by slot number; [0] is never used
+  /// Where set_lora builds a slot's image on a backend whose memory is not the host's:
+  /// page-locked, so that the image goes up in one copy with no conversion, and kept for
+  /// the next load (pinning ~130 MB costs tens of ms); grown, never shrunk.
+  PinnedHostBuffer lora_staging_;
   int32_t lora_num_slots_ = 0;        // max_slots + 1 once enable_lora ran
   /// [layers][group][slot] entries, on the host and (lora_table_) in backend memory.
   std::vector<LoraSlotFactors> lora_table_host_;
