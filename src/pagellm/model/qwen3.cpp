@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <utility>
 
@@ -372,19 +373,33 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
   // uploaded with one copy (no conversion on the way).
   const DType dt = backend_.weight_dtype();
   const size_t image_bytes = static_cast<size_t>(total) * dtype_size(dt);
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  LoraLoadTimes times;
   LoraSlot fresh;
   fresh.storage = DeviceBuffer(&backend_, image_bytes, MemoryRole::kWeights);
   if (backend_.memory_is_host()) {
+    const auto t0 = Clock::now();
     write_lora_image(adapter, image_blocks, dt, fresh.storage.get(), total);
+    times.image_seconds = seconds_since(t0);
   } else {
     // Free to overwrite: the previous set_lora waited for its copy before returning.
     if (lora_staging_.size() < image_bytes) {
+      const auto t0 = Clock::now();
       lora_staging_.reset();
       lora_staging_ = PinnedHostBuffer(&backend_, image_bytes);
+      times.staging_seconds = seconds_since(t0);
     }
+    const auto t1 = Clock::now();
     write_lora_image(adapter, image_blocks, dt, lora_staging_.get(), total);
+    times.image_seconds = seconds_since(t1);
+    const auto t2 = Clock::now();
     Tensor flat = fresh.storage.tensor(dt, {total});
     backend_.write_weights(flat, 0, lora_staging_.get(), dt, total, TensorMemory::kHostPinned);
+    backend_.synchronize();
+    times.upload_seconds = seconds_since(t2);
   }
   fresh.loaded = true;
   // No forward in flight may read the old factors or table; then the table points at the
@@ -405,6 +420,7 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
   }
   upload_lora_table();
   lora_slots_[static_cast<size_t>(slot)] = std::move(fresh);
+  last_lora_load_ = times;
 }
 
 void Qwen3Model::clear_lora(int32_t slot) {
