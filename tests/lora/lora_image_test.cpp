@@ -1,7 +1,7 @@
 // write_lora_image: a slot image built straight from the mapped adapter file equals, bit for
 // bit, the layout built the plain way (float32 image, zero-filled, A copied, B transposed
 // element by element, narrowed once), for every source and image dtype, partial targets,
-// ranks that do not fill a transpose tile, and any thread count; and its errors.
+// ranks that are not a multiple of the transpose blocks, and any thread count; and its errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -122,7 +122,8 @@ float element(const std::vector<unsigned char>& image, DType dtype, int64_t e) {
 TEST(LoraImage, EqualsThePlainLayoutForEverySourceAndImageDtype) {
   const Qwen3Config mc = image_config();
   // q, v and up only: k of qkv and gate of gate_up are zeros, o and down take no room.
-  const LoraConfig cfg = config_of(5, {LoraModule::kQ, LoraModule::kV, LoraModule::kUp});
+  // Rank 13: one 8-row block of the SSE transpose and 5 rows element by element.
+  const LoraConfig cfg = config_of(13, {LoraModule::kQ, LoraModule::kV, LoraModule::kUp});
   for (DType source : {DType::F32, DType::BF16, DType::F16}) {
     TempDir dir;
     make_lora_adapter(dir.path(), mc, cfg, /*seed=*/21, source, /*stddev_b=*/0.3f);
