@@ -106,6 +106,8 @@ void scatter_tile(const void* tile, int64_t rows, int64_t r, void* dst, int64_t 
   scatter_tile_scalar(t, rows, r, d, stride, i0, j0);
 }
 
+// One unit of work: a block's padding, or one module's A rows or Bᵀ columns (zeros for a
+// module the adapter does not target). Tasks write disjoint ranges of the image.
 enum class Part : uint8_t { kPadding, kA, kB };
 
 struct Task {
@@ -114,6 +116,7 @@ struct Task {
   Part part;
 };
 
+// Runs tasks against one adapter, block list and image (shared, read-only, by the workers).
 class ImageWriter {
  public:
   ImageWriter(const LoraAdapter& adapter, const std::vector<LoraImageBlock>& blocks, DType dtype,
@@ -162,7 +165,6 @@ class ImageWriter {
       }
     }
   }
-
 
  private:
   const LoraFactors& factors(const LoraImageBlock& b, int mi) const {
