@@ -190,6 +190,13 @@ TEST(BenchmarkTest, LoraAdaptersAreMadeLoadedTimedAndUsedRoundRobin) {
   ASSERT_EQ(adapters.names.size(), 2u);
   ASSERT_EQ(adapters.load_seconds.size(), 2u);
   for (double s : adapters.load_seconds) EXPECT_TRUE(std::isfinite(s) && s > 0) << s;
+  // The CPU backend builds the image in place: no staging, no upload.
+  ASSERT_EQ(adapters.load_phases.size(), 2u);
+  for (const Qwen3Model::LoraLoadTimes& t : adapters.load_phases) {
+    EXPECT_GT(t.image_seconds, 0.0);
+    EXPECT_EQ(t.upload_seconds, 0.0);
+    EXPECT_EQ(t.staging_seconds, 0.0);
+  }
   const std::vector<LoraAdapterInfo> loaded = engine->lora_adapters();
   ASSERT_EQ(loaded.size(), 2u);
   for (const LoraAdapterInfo& a : loaded) {
@@ -209,6 +216,11 @@ TEST(BenchmarkTest, LoraAdaptersAreMadeLoadedTimedAndUsedRoundRobin) {
   EXPECT_EQ(r.lora_rank, 4);
   EXPECT_EQ(r.lora_adapters, 2);
   r.lora_load_seconds = {0.003, 0.001, 0.002, 0.004};
+  r.lora_load_phases = {{0.010, 0.002, 0.001}, {0.0, 0.004, 0.003}, {0.0, 0.006, 0.002}};
+  ASSERT_TRUE(r.lora_load_phases_ms().has_value());
+  EXPECT_DOUBLE_EQ(r.lora_load_phases_ms()->image_median_ms, 4.0);
+  EXPECT_DOUBLE_EQ(r.lora_load_phases_ms()->upload_median_ms, 2.0);
+  EXPECT_DOUBLE_EQ(r.lora_load_phases_ms()->staging_max_ms, 10.0);
   r.base_decode_tok_s = base.decode_tok_s();
   ASSERT_TRUE(r.lora_fraction_of_base().has_value());
   EXPECT_DOUBLE_EQ(*r.lora_fraction_of_base(), r.decode_tok_s() / base.decode_tok_s());

@@ -1,7 +1,8 @@
 // LoRA on the CPU backend: PEFT folders (good and broken), every target-module combination
 // against the adapter merged into the base weights (W + scale·B·A run without LoRA),
 // mixed-adapter batches against each request alone, replace in place with the prefix cache,
-// and the engine's load / unload errors.
+// the staged upload a device backend takes (pinned buffer, one copy) against the in-place
+// one, bf16 / f16 files with rsLoRA, and the engine's load / unload errors.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -66,14 +67,21 @@ TEST(LoraFolder, ReadsFactorsAndScales) {
   ASSERT_EQ(a.layers.size(), 2u);
   EXPECT_TRUE(a.layers[1][static_cast<int>(LoraModule::kO)].empty());
   const LoraFactors& q = a.layers[1][static_cast<int>(LoraModule::kQ)];
-  ASSERT_EQ(q.a.size(), static_cast<size_t>(4 * mc.hidden_size));
-  ASSERT_EQ(q.b.size(), static_cast<size_t>(mc.q_size() * 4));
+  EXPECT_EQ(q.a.rows, 4);
+  EXPECT_EQ(q.a.cols, mc.hidden_size);
+  EXPECT_EQ(q.b.rows, mc.q_size());
+  EXPECT_EQ(q.b.cols, 4);
+  EXPECT_EQ(q.b.dtype, DType::BF16);  // a view of the file's bfloat16, not a copy
   // The values are the maker's stream, widened from bfloat16.
-  std::vector<uint16_t> expect(q.b.size());
+  std::vector<uint16_t> expect(static_cast<size_t>(q.b.numel()));
   fill_random_normal(random_tensor_key(3, lora_tensor_name(1, LoraModule::kQ, 'B')), 0,
                      static_cast<int64_t>(expect.size()), 0.0f, 0.05f, DType::BF16,
                      expect.data());
-  for (size_t i = 0; i < expect.size(); ++i) ASSERT_EQ(q.b[i], bf16_to_f32(expect[i])) << i;
+  const std::vector<float> b = q.b.to_f32();
+  ASSERT_EQ(b.size(), expect.size());
+  for (size_t i = 0; i < expect.size(); ++i) ASSERT_EQ(b[i], bf16_to_f32(expect[i])) << i;
+  EXPECT_EQ(q.b.at(7), bf16_to_f32(expect[7]));
+  expect_error([&] { q.b.at(q.b.numel()); }, "outside the factor's");
 
   write_text(dir.file("adapter_config.json"),
              edited_config(cfg, {{"use_rslora", true}}));
@@ -226,12 +234,13 @@ HostWeights merge(const Qwen3Config& mc, const HostWeights& base, const LoraAdap
     for (LoraModule mod : a.config.target_modules) {
       const auto [out, in] = lora_module_shape(mc, mod);
       const LoraFactors& f = a.layers[static_cast<size_t>(l)][static_cast<int>(mod)];
+      const std::vector<float> fa = f.a.to_f32(), fb = f.b.to_f32();
       std::vector<float>& w =
           m.data.at("model.layers." + std::to_string(l) + "." + hf_weight_name(mod));
       for (int64_t j = 0; j < out; ++j) {
         for (int64_t k = 0; k < in; ++k) {
           double d = 0.0;
-          for (int64_t i = 0; i < r; ++i) d += double(f.b[j * r + i]) * f.a[i * in + k];
+          for (int64_t i = 0; i < r; ++i) d += double(fb[j * r + i]) * fa[i * in + k];
           w[j * in + k] = static_cast<float>(w[j * in + k] + s * d);
         }
       }
@@ -310,6 +319,65 @@ TEST(LoraEngine, EveryTargetCombinationMatchesTheMergedModel) {
   // The adapters are strong enough that most runs differ from the base model.
   EXPECT_GT(changed, 127 * 3 / 2);
   EXPECT_EQ(lora_engine->lora_adapters().at(0).version, 127u);
+}
+
+// A CPU backend that the model must treat like a device: set_lora builds the image in its
+// pinned staging buffer and sends it with write_weights, as on the cuda backend.
+class StagedCpuBackend : public CpuBackend {
+ public:
+  explicit StagedCpuBackend(int* pinned_allocations) : pinned_allocations_(pinned_allocations) {}
+  bool memory_is_host() const override { return false; }
+  void* allocate_host_pinned(size_t bytes) override {
+    ++*pinned_allocations_;
+    return CpuBackend::allocate_host_pinned(bytes);
+  }
+
+ private:
+  int* pinned_allocations_;
+};
+
+TEST(LoraEngine, HalfPrecisionFilesAndTheStagedUploadMatchTheMergedModel) {
+  const Qwen3Config mc = testing::small_config();
+  const HostWeights base = testing::random_weights(mc, 16);
+  int pinned_allocations = 0;
+  auto staged_backend = std::make_unique<StagedCpuBackend>(&pinned_allocations);
+  auto staged_model = std::make_unique<Qwen3Model>(*staged_backend, mc, base.lookup());
+  Engine staged(std::move(staged_backend), std::move(staged_model), engine_config());
+  std::unique_ptr<Engine> in_place = make_engine(mc, base);
+  struct Case {
+    LoraConfig config;
+    DType file_dtype;
+    int pinned_allocations_after;  // the staging buffer grows only for a larger image
+  };
+  const std::vector<Case> cases = {
+      {lora_config(8, 12.0, {LoraModule::kK, LoraModule::kGate, LoraModule::kDown}, true),
+       DType::BF16, 1},
+      {lora_config(4, 6.0, {LoraModule::kQ, LoraModule::kO}), DType::F16, 1},
+      {lora_config(16, 20.0, kAll, true), DType::BF16, 2},
+  };
+  TempDir dir;
+  for (size_t k = 0; k < cases.size(); ++k) {
+    SCOPED_TRACE("case " + std::to_string(k));
+    const Case& c = cases[k];
+    make_lora_adapter(dir.path(), mc, c.config, 40 + k, c.file_dtype, 0.2f);
+    const LoraAdapter adapter = read_lora_adapter(dir.path(), mc);
+    staged.load_lora_adapter({"a", 1, dir.path()});
+    in_place->load_lora_adapter({"a", 1, dir.path()});
+    EXPECT_EQ(pinned_allocations, c.pinned_allocations_after);
+    const std::vector<Generated> got = run_all(staged, {"a"});
+    const std::vector<Generated> same = run_all(*in_place, {"a"});
+    std::unique_ptr<Engine> dense = make_engine(mc, merge(mc, base, adapter));
+    const std::vector<Generated> want = run_all(*dense, {""});
+    for (size_t i = 0; i < kPrompts.size(); ++i) {
+      // One image, two ways to the slot: the same bits, so the same logprobs exactly.
+      EXPECT_EQ(got[i].tokens, same[i].tokens) << "prompt " << i;
+      EXPECT_EQ(got[i].logprobs, same[i].logprobs) << "prompt " << i;
+      ASSERT_EQ(got[i].tokens, want[i].tokens) << "prompt " << i;
+      for (size_t t = 0; t < want[i].logprobs.size(); ++t) {
+        EXPECT_NEAR(got[i].logprobs[t], want[i].logprobs[t], 2e-4f) << "prompt " << i;
+      }
+    }
+  }
 }
 
 TEST(LoraEngine, MixedBatchEqualsEachRequestAlone) {

@@ -333,6 +333,10 @@ class Backend {
   /// memory. Throws Error when none is left. Free with free_host_pinned.
   virtual void* allocate_host_pinned(size_t bytes);
   virtual void free_host_pinned(void* ptr);
+  /// Whether this backend's allocations are ordinary host memory the host may write
+  /// directly between forwards (the cpu backend), so that a loader builds data in place
+  /// instead of staging it and calling upload(). The default: no (device memory).
+  virtual bool memory_is_host() const { return false; }
   /// Measures host-to-device copy bandwidth from page-locked memory (bytes per second,
   /// median of 5 copies of up to 256 MiB): the limit of weight updates from host memory.
   virtual double measure_host_to_device_bandwidth();
@@ -449,6 +453,43 @@ class DeviceBuffer {
     PAGELLM_ASSERT(t.nbytes() <= bytes_) << "tensor larger than its buffer";
     return t;
   }
+
+ private:
+  Backend* backend_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+/// Owns one page-locked host allocation of a backend (Backend::allocate_host_pinned), the
+/// source of single-copy uploads (Backend::write_weights with TensorMemory::kHostPinned).
+class PinnedHostBuffer {
+ public:
+  PinnedHostBuffer() = default;
+  PinnedHostBuffer(Backend* backend, size_t bytes)
+      : backend_(backend), ptr_(backend->allocate_host_pinned(bytes)), bytes_(bytes) {}
+  PinnedHostBuffer(PinnedHostBuffer&& o) noexcept { *this = std::move(o); }
+  PinnedHostBuffer& operator=(PinnedHostBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      backend_ = o.backend_;
+      ptr_ = o.ptr_;
+      bytes_ = o.bytes_;
+      o.ptr_ = nullptr;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+  ~PinnedHostBuffer() { reset(); }
+
+  void reset() {
+    if (ptr_) backend_->free_host_pinned(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  void* get() const { return ptr_; }
+  size_t size() const { return bytes_; }
 
  private:
   Backend* backend_ = nullptr;

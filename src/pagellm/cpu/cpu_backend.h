@@ -17,6 +17,7 @@ class CpuBackend : public Backend {
 
   std::string name() const override { return "cpu"; }
   DType weight_dtype() const override { return DType::F32; }
+  bool memory_is_host() const override { return true; }
   DType activation_dtype() const override { return DType::F32; }
   DType kv_dtype() const override { return DType::F32; }
   size_t free_memory() const override;

@@ -347,6 +347,22 @@ std::optional<BenchmarkReport::LoadSpread> BenchmarkReport::lora_load_ms() const
   return LoadSpread{ms.front(), 0.5 * (ms[(n - 1) / 2] + ms[n / 2]), ms.back()};
 }
 
+std::optional<BenchmarkReport::LoadPhasesMs> BenchmarkReport::lora_load_phases_ms() const {
+  if (lora_load_phases.empty()) return std::nullopt;
+  const auto sorted_ms = [&](double Qwen3Model::LoraLoadTimes::*phase) {
+    std::vector<double> ms;
+    for (const Qwen3Model::LoraLoadTimes& t : lora_load_phases) ms.push_back(1e3 * (t.*phase));
+    std::sort(ms.begin(), ms.end());
+    return ms;
+  };
+  const auto median = [](const std::vector<double>& v) {
+    return 0.5 * (v[(v.size() - 1) / 2] + v[v.size() / 2]);
+  };
+  return LoadPhasesMs{median(sorted_ms(&Qwen3Model::LoraLoadTimes::image_seconds)),
+                      median(sorted_ms(&Qwen3Model::LoraLoadTimes::upload_seconds)),
+                      sorted_ms(&Qwen3Model::LoraLoadTimes::staging_seconds).back()};
+}
+
 void LoraBenchConfig::validate(int32_t max_loras, int32_t max_lora_rank) const {
   PAGELLM_CHECK(rank >= 0 && rank <= kMaxLoraRank)
       << "--lora-rank must be 0 (no LoRA) or 1.." << kMaxLoraRank
@@ -382,6 +398,7 @@ LoraBenchAdapters make_benchmark_lora_adapters(Engine& engine, const LoraBenchCo
     engine.load_lora_adapter(LoraRequest{name, i + 1, path});
     engine.backend().synchronize();
     out.load_seconds.push_back(seconds_between(t0, Clock::now()));
+    out.load_phases.push_back(engine.model().last_lora_load());
     out.names.push_back(name);
   }
   return out;

@@ -90,6 +90,9 @@ struct LoraBenchAdapters {
   /// Wall time of each Engine::load_lora_adapter, reading the folder from disk included
   /// (the device synchronised before the clock stops), in seconds.
   std::vector<double> load_seconds;
+  /// Where each load's time went inside Qwen3Model::set_lora (the rest of load_seconds is
+  /// reading and checking the folder, and the slot's table).
+  std::vector<Qwen3Model::LoraLoadTimes> load_phases;
 };
 
 /// Writes `config.adapters` random adapters for the engine's model into `dir` (made if
@@ -175,6 +178,8 @@ struct BenchmarkReport {
   int32_t lora_rank = 0;
   int32_t lora_adapters = 0;
   std::vector<double> lora_load_seconds;
+  /// Each load's phases (LoraBenchAdapters::load_phases), when the caller knows them.
+  std::vector<Qwen3Model::LoraLoadTimes> lora_load_phases;
   std::optional<double> base_decode_tok_s;
   /// decode_tok_s / base_decode_tok_s (issue 19's targets: >= 0.85 with one r = 32 adapter,
   /// >= 0.80 with 8); absent without a base figure.
@@ -186,6 +191,15 @@ struct BenchmarkReport {
     double max_ms = 0;
   };
   std::optional<LoadSpread> lora_load_ms() const;
+  /// The loads' phases in milliseconds: the median image build and upload, and the
+  /// largest pinning of a staging buffer (only a load that needs a larger one pins);
+  /// absent without phases.
+  struct LoadPhasesMs {
+    double image_median_ms = 0;
+    double upload_median_ms = 0;
+    double staging_max_ms = 0;
+  };
+  std::optional<LoadPhasesMs> lora_load_phases_ms() const;
 
   /// Present when a trace was asked for and the backend recorded one.
   std::optional<BenchmarkTrace> trace;

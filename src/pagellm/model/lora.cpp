@@ -86,6 +86,22 @@ std::array<int64_t, 2> lora_module_shape(const Qwen3Config& c, LoraModule module
   return {0, 0};
 }
 
+float LoraFactor::at(int64_t index) const {
+  PAGELLM_CHECK(index >= 0 && index < numel())
+      << "LoraFactor::at: index " << index << " is outside the factor's " << numel()
+      << " elements";
+  const char* p = static_cast<const char*>(data) + index * static_cast<int64_t>(dtype_size(dtype));
+  float v;
+  convert_to_f32(p, dtype, &v, 1);
+  return v;
+}
+
+std::vector<float> LoraFactor::to_f32() const {
+  std::vector<float> out(static_cast<size_t>(numel()));
+  convert_to_f32(data, dtype, out.data(), out.size());
+  return out;
+}
+
 float LoraConfig::scale() const {
   const double r = static_cast<double>(rank);
   return static_cast<float>(use_rslora ? alpha / std::sqrt(r) : alpha / r);
@@ -216,7 +232,7 @@ LoraAdapter read_lora_adapter(const std::string& dir, const Qwen3Config& model,
   const LoraConfig& c = adapter.config;
   const int64_t r = c.rank;
 
-  std::unique_ptr<SafetensorsFile> file = SafetensorsFile::open(weights_path);
+  std::shared_ptr<const SafetensorsFile> file = SafetensorsFile::open(weights_path);
   std::map<std::string, const HostTensor*> by_name;
   for (const HostTensor& t : file->tensors()) by_name[t.name] = &t;
 
@@ -248,9 +264,11 @@ LoraAdapter read_lora_adapter(const std::string& dir, const Qwen3Config& model,
                              "; F32, BF16 and F16 are accepted");
           continue;
         }
-        std::vector<float>& dst = factor == 'A' ? f.a : f.b;
-        dst.resize(static_cast<size_t>(t.numel()));
-        convert_to_f32(t.data, t.dtype, dst.data(), dst.size());
+        LoraFactor& view = factor == 'A' ? f.a : f.b;
+        view.data = t.data;
+        view.dtype = t.dtype;
+        view.rows = want[0];
+        view.cols = want[1];
       }
     }
   }
@@ -272,6 +290,9 @@ LoraAdapter read_lora_adapter(const std::string& dir, const Qwen3Config& model,
     if (problems.size() > shown) msg << "\n  ... and " << problems.size() - shown << " more";
     PAGELLM_CHECK(false) << msg.str();
   }
+  // The image builder reads every factor next; have the kernel fetch the pages meanwhile.
+  for (const HostTensor& t : file->tensors()) file->prefetch(t);
+  adapter.file = std::move(file);
   return adapter;
 }
 

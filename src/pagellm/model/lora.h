@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -57,20 +58,41 @@ LoraConfig parse_lora_config(const std::string& json_text, const std::string& so
 /// bias "none", use_dora false and peft_type "LORA").
 std::string lora_config_to_json(const LoraConfig& config);
 
-/// One module's factors in host memory, float32 row-major: a [rank, in], b [out, rank].
+/// One factor of an adapter: a read-only view of `rows` x `cols` elements of `dtype` (F32,
+/// BF16 or F16), row-major, inside the adapter's memory-mapped safetensors file. Valid while
+/// the LoraAdapter that holds it (its `file`) is alive. Loading converts and lays factors
+/// out in bulk (write_lora_image); at() and to_f32() are for tests and references.
+struct LoraFactor {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t numel() const { return rows * cols; }
+  bool empty() const { return data == nullptr; }
+  /// Element `index` (row-major) widened to float32.
+  float at(int64_t index) const;
+  /// The whole factor widened to float32, row-major.
+  std::vector<float> to_f32() const;
+};
+
+/// One module's factors: a [rank, in], b [out, rank]; both empty for a module the adapter
+/// does not target.
 struct LoraFactors {
-  std::vector<float> a;
-  std::vector<float> b;
+  LoraFactor a;
+  LoraFactor b;
   bool empty() const { return a.empty(); }
 };
 
-/// An adapter read from a PEFT folder, checked against a model: float32 factors per layer
-/// and module (empty for modules it does not target).
+/// An adapter read from a PEFT folder and checked against a model: views of its factors
+/// per layer and module (empty for modules it does not target) into the mapped
+/// adapter_model.safetensors, which the adapter keeps open (copies share it).
 struct LoraAdapter {
   std::string path;
   LoraConfig config;
   /// [num_hidden_layers][module]
   std::vector<std::array<LoraFactors, kNumLoraModules>> layers;
+  /// The mapped file the factors point into (null for an adapter made by hand).
+  std::shared_ptr<const SafetensorsFile> file;
 };
 
 /// The safetensors name of a factor: "base_model.model.model.layers.3.mlp.up_proj.lora_B.weight".
@@ -81,7 +103,8 @@ std::string lora_tensor_name(int64_t layer, LoraModule module, char factor);
 /// factor missing for some layer and target, a tensor of another shape than [r, in] /
 /// [out, r] (both named), a dtype other than F32/BF16/F16, and any tensor the engine would
 /// not use (DoRA magnitudes, biases, embeddings, layers the model lacks, untargeted
-/// modules), listed by name.
+/// modules), listed by name. Nothing is converted or copied: the factors are views into
+/// the mapped file, whose pages the kernel is asked to start reading (madvise WILLNEED).
 LoraAdapter read_lora_adapter(const std::string& dir, const Qwen3Config& model,
                               int64_t max_rank = kMaxLoraRank);
 

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <utility>
+
+#include "pagellm/model/lora_image.h"
 
 namespace pagellm {
 namespace {
@@ -329,10 +332,10 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
       const LoraFactors& f = adapter.layers[l][m];
       if (f.empty()) continue;
       const auto [out, in] = lora_module_shape(c, static_cast<LoraModule>(m));
-      PAGELLM_CHECK(f.a.size() == static_cast<size_t>(r * in) &&
-                    f.b.size() == static_cast<size_t>(out * r))
+      PAGELLM_CHECK(f.a.rows == r && f.a.cols == in && f.b.rows == out && f.b.cols == r)
           << "LoRA adapter " << adapter.path << ": layer " << l << " "
-          << lora_module_name(static_cast<LoraModule>(m)) << " factors do not match [" << r
+          << lora_module_name(static_cast<LoraModule>(m)) << " factors [" << f.a.rows << ", "
+          << f.a.cols << "] and [" << f.b.rows << ", " << f.b.cols << "] do not match [" << r
           << ", " << in << "] and [" << out << ", " << r << "]";
     }
   }
@@ -343,6 +346,7 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
     int64_t packed = -1;      // element offset of A as the backend streams it; -1: none
   };
   std::vector<std::array<Block, kNumLoraGroups>> blocks(layers_.size());
+  std::vector<LoraImageBlock> image_blocks;  // the same blocks, for write_lora_image
   int64_t total = 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     for (int g = 0; g < kNumLoraGroups; ++g) {
@@ -352,59 +356,81 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
       }
       if (!targeted) continue;
       const LoraGroup group = lora_group(l, g);
-      blocks[l][g].a = total;
-      total += lora_align(group.num_modules * r * group.in);
-      blocks[l][g].bt = total;
-      total += lora_align(r * group.width_total());
-      const size_t packed = backend_.lora_packed_a_bytes(group.num_modules * r, group.in);
-      if (packed > 0) {
-        const int64_t elem = static_cast<int64_t>(dtype_size(backend_.weight_dtype()));
-        blocks[l][g].packed = total;
-        total += lora_align((static_cast<int64_t>(packed) + elem - 1) / elem);
+      LoraImageBlock image_block;
+      image_block.layer = l;
+      image_block.num_modules = group.num_modules;
+      image_block.in = group.in;
+      for (size_t mi = 0; mi < lora_group_modules(g).size(); ++mi) {
+        image_block.modules[mi] = lora_group_modules(g)[mi];
+        image_block.width[mi] = group.width[mi];
       }
+      blocks[l][g].a = image_block.a_offset = total;
+      total += lora_align(group.num_modules * r * group.in);
+      blocks[l][g].bt = image_block.bt_offset = total;
+      total += lora_align(r * group.width_total());
+      image_block.end = total;
+      image_blocks.push_back(image_block);
     }
   }
-  // The host image, float32 (untargeted modules of a targeted group stay zero), uploaded
-  // in one piece into the backend's weight dtype.
-  std::vector<float> image(static_cast<size_t>(total), 0.0f);
+  // After the image (never uploaded: made on the device from the uploaded A), each
+  // block's A as the backend's fused products stream it, where the backend has such a
+  // layout.
+  const int64_t image_total = total;
   for (size_t l = 0; l < layers_.size(); ++l) {
     for (int g = 0; g < kNumLoraGroups; ++g) {
       if (blocks[l][g].a < 0) continue;
       const LoraGroup group = lora_group(l, g);
-      const int64_t W = group.width_total();
-      float* a = image.data() + blocks[l][g].a;
-      float* bt = image.data() + blocks[l][g].bt;
-      int64_t col = 0;
-      const std::vector<LoraModule>& modules = lora_group_modules(g);
-      for (size_t mi = 0; mi < modules.size(); ++mi) {
-        const LoraFactors& f = adapter.layers[l][static_cast<int>(modules[mi])];
-        const int64_t out = group.width[mi];
-        if (!f.empty()) {
-          std::copy(f.a.begin(), f.a.end(), a + static_cast<int64_t>(mi) * r * group.in);
-          for (int64_t j = 0; j < out; ++j) {
-            for (int64_t i = 0; i < r; ++i) bt[i * W + col + j] = f.b[static_cast<size_t>(j * r + i)];
-          }
-        }
-        col += out;
-      }
+      const size_t packed = backend_.lora_packed_a_bytes(group.num_modules * r, group.in);
+      if (packed == 0) continue;
+      const int64_t elem = static_cast<int64_t>(dtype_size(backend_.weight_dtype()));
+      blocks[l][g].packed = total;
+      total += lora_align((static_cast<int64_t>(packed) + elem - 1) / elem);
     }
   }
+  // The image in the weight dtype, written once by write_lora_image (no zero-fill first):
+  // in place where backend memory is host memory, else into the pinned staging buffer and
+  // uploaded with one copy (no conversion on the way).
   const DType dt = backend_.weight_dtype();
+  const size_t image_bytes = static_cast<size_t>(image_total) * dtype_size(dt);
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  LoraLoadTimes times;
   LoraSlot fresh;
   fresh.storage = DeviceBuffer(&backend_, static_cast<size_t>(total) * dtype_size(dt),
                                MemoryRole::kWeights);
-  Tensor flat = fresh.storage.tensor(dt, {total});
-  backend_.upload(flat, 0, image.data(), DType::F32, total);
-  const size_t elem_bytes = dtype_size(dt);
-  char* packed_base = static_cast<char*>(fresh.storage.get());
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    for (int g = 0; g < kNumLoraGroups; ++g) {
-      if (blocks[l][g].packed < 0) continue;
-      const LoraGroup group = lora_group(l, g);
-      backend_.pack_lora_a(packed_base + blocks[l][g].a * static_cast<int64_t>(elem_bytes),
-                           group.num_modules * r, group.in,
-                           packed_base + blocks[l][g].packed * static_cast<int64_t>(elem_bytes));
+  if (backend_.memory_is_host()) {
+    const auto t0 = Clock::now();
+    write_lora_image(adapter, image_blocks, dt, fresh.storage.get(), image_total);
+    times.image_seconds = seconds_since(t0);
+  } else {
+    // Free to overwrite: the previous set_lora waited for its copy before returning.
+    if (lora_staging_.size() < image_bytes) {
+      const auto t0 = Clock::now();
+      lora_staging_.reset();
+      lora_staging_ = PinnedHostBuffer(&backend_, image_bytes);
+      times.staging_seconds = seconds_since(t0);
     }
+    const auto t1 = Clock::now();
+    write_lora_image(adapter, image_blocks, dt, lora_staging_.get(), image_total);
+    times.image_seconds = seconds_since(t1);
+    const auto t2 = Clock::now();
+    Tensor flat = fresh.storage.tensor(dt, {total});
+    backend_.write_weights(flat, 0, lora_staging_.get(), dt, image_total,
+                           TensorMemory::kHostPinned);
+    char* packed_base = static_cast<char*>(fresh.storage.get());
+    const int64_t elem_bytes = static_cast<int64_t>(dtype_size(dt));
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      for (int g = 0; g < kNumLoraGroups; ++g) {
+        if (blocks[l][g].packed < 0) continue;
+        const LoraGroup group = lora_group(l, g);
+        backend_.pack_lora_a(packed_base + blocks[l][g].a * elem_bytes, group.num_modules * r,
+                             group.in, packed_base + blocks[l][g].packed * elem_bytes);
+      }
+    }
+    backend_.synchronize();
+    times.upload_seconds = seconds_since(t2);
   }
   fresh.loaded = true;
   // No forward in flight may read the old factors or table; then the table points at the
@@ -426,6 +452,7 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
   }
   upload_lora_table();
   lora_slots_[static_cast<size_t>(slot)] = std::move(fresh);
+  last_lora_load_ = times;
 }
 
 void Qwen3Model::clear_lora(int32_t slot) {

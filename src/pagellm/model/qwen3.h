@@ -122,6 +122,15 @@ class Qwen3Model {
   bool has_lora(int32_t slot) const;
   /// Bytes of backend memory slot `slot`'s factors take (0 for an empty slot).
   size_t lora_bytes(int32_t slot) const;
+  /// Where the last set_lora's time went, in seconds: pinning a larger staging buffer (0
+  /// when the kept one was large enough or the image is built in place), building the image
+  /// (write_lora_image), and the copy to the backend with the wait for it (0 in place).
+  struct LoraLoadTimes {
+    double staging_seconds = 0.0;
+    double image_seconds = 0.0;
+    double upload_seconds = 0.0;
+  };
+  const LoraLoadTimes& last_lora_load() const { return last_lora_load_; }
 
   /// Allocates activations for steps of up to max_tokens tokens and max_rows logits rows.
   /// forward() never allocates; views into this workspace are stable (CUDA graphs).
@@ -188,6 +197,11 @@ class Qwen3Model {
     DeviceBuffer storage;
   };
   std::vector<LoraSlot> lora_slots_;  // by slot number; [0] is never used
+  /// Where set_lora builds a slot's image on a backend whose memory is not the host's:
+  /// page-locked, so that the image goes up in one copy with no conversion, and kept for
+  /// the next load (pinning ~130 MB costs tens of ms); grown, never shrunk.
+  PinnedHostBuffer lora_staging_;
+  LoraLoadTimes last_lora_load_;
   int32_t lora_num_slots_ = 0;        // max_slots + 1 once enable_lora ran
   int32_t lora_max_rank_ = 0;         // enable_lora's max_rank
   /// [layers][group][slot] entries, on the host and (lora_table_) in backend memory.

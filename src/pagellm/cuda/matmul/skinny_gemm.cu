@@ -466,15 +466,36 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   // LoRA row tiles: each token's slot if it has an adapter for this group, else -1, read by
   // warps 2-3 while thread 0's copies are in flight (row slots and tables are written by
   // copies before the step: readable before the wait); the main loop's barriers publish it.
+  // Thread 64 then lists the distinct slots (a named barrier over warps 2-3 only).
   const bool expand = !lora_tile && (lora.mode == kLoraFused || lora.mode == kLoraExpand);
   __shared__ int lora_token_slot[kTokens];
-  if (expand && tid >= 64 && tid < 64 + kTokens) {
+  __shared__ int lora_list[kTokens];   // the distinct slots of the tile's tokens
+  __shared__ int lora_entry[kTokens];  // each token's index in lora_list, -1: no adapter
+  __shared__ int lora_list_size;
+  if (expand && tid >= 64 && tid < 128) {
     const int m_local = tid - 64;
-    int q = -1;
-    if (m_local < valid_tokens && lora_slot_of(lora, m0 + m_local) != nullptr) {
-      q = __ldg(lora.row_slots + m0 + m_local);
+    if (m_local < kTokens) {
+      int q = -1;
+      if (m_local < valid_tokens && lora_slot_of(lora, m0 + m_local) != nullptr) {
+        q = __ldg(lora.row_slots + m0 + m_local);
+      }
+      lora_token_slot[m_local] = q;
     }
-    lora_token_slot[m_local] = q;
+    asm volatile("bar.sync 1, 64;\n" ::: "memory");
+    if (m_local == 0) {
+      int n = 0;
+      for (int i = 0; i < kTokens; ++i) {
+        const int q = lora_token_slot[i];
+        int e = -1;
+        if (q >= 0) {
+          e = 0;
+          while (e < n && lora_list[e] != q) ++e;
+          if (e == n) lora_list[n++] = q;
+        }
+        lora_entry[i] = e;
+      }
+      lora_list_size = n;
+    }
   }
   pdl_wait();
   if (tid == 0) {
@@ -527,9 +548,6 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       reinterpret_cast<float*>(smem) + kBtOffsetFloats);
   const int bt_slot_elems = lora.max_rank * kRows;
   const int slots_per_batch = expand ? kBtBytes / (bt_slot_elems * 2) : 0;
-  __shared__ int lora_list[kTokens];   // the distinct slots of the tile's tokens
-  __shared__ int lora_entry[kTokens];  // each token's index in lora_list, -1: no adapter
-  __shared__ int lora_list_size;
   // The group column of the tile's LoRA column c, or -1 past the product.
   auto group_col = [&](int c) {
     if constexpr (kGated) {
@@ -558,22 +576,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   };
   bool lora_rows_here = false;
   if (expand) {
-    if (tid == 0) {  // from shared memory only (the prologue read the slots)
-      int n = 0;
-      for (int m_local = 0; m_local < kTokens; ++m_local) {
-        const int q = lora_token_slot[m_local];
-        int e = -1;
-        if (q >= 0) {
-          e = 0;
-          while (e < n && lora_list[e] != q) ++e;
-          if (e == n) lora_list[n++] = q;
-        }
-        lora_entry[m_local] = e;
-      }
-      lora_list_size = n;
-    }
-    __syncthreads();
-    lora_rows_here = lora_list_size > 0;
+    lora_rows_here = lora_list_size > 0;  // the prologue's list (the main loop's barriers)
     // The first batch's Bᵀ (weights) is copied while the tile is reduced and the shrink
     // finishes.
     if (lora_rows_here) stage_bt(0, min(slots_per_batch, lora_list_size));
