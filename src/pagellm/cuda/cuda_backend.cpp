@@ -498,7 +498,8 @@ std::optional<SkinnyLora> CudaBackend::skinny_lora(const LoraGroup& group,
   bool widths = group.num_modules >= 1 && group.num_modules <= LoraGroup::kMaxModules &&
                 group.col_offset == 0 && group.width_total() == product_cols;
   for (int m = 0; m < group.num_modules; ++m) widths = widths && group.width[static_cast<size_t>(m)] % 8 == 0;
-  if (!widths || group.slots == nullptr || batch.lora_slots.data == nullptr ||
+  if (!widths || group.slots == nullptr || group.num_slots > kSkinnyLoraMaxSlots ||
+      batch.lora_slots.data == nullptr ||
       batch.lora_slots.numel() != T || T <= 0 ||
       lora_skinny_s_floats(T, group.num_modules) > int64_t{16} << 20) {
     return std::nullopt;

@@ -336,14 +336,6 @@ __device__ __forceinline__ int lora_module_of(const LoraParams& l, int col) {
   return col < l.width[0] ? 0 : (col < l.width[0] + l.width[1] ? 1 : 2);
 }
 
-/// Token `t`'s slot entry if it has an adapter for this group, else null.
-__device__ __forceinline__ const LoraSlotRef* lora_slot_of(const LoraParams& l, int t) {
-  const int q = __ldg(l.row_slots + t);
-  if (q <= 0) return nullptr;
-  const LoraSlotRef* f = l.slots + q;
-  return f->a == nullptr ? nullptr : f;
-}
-
 /// Called once by every cluster (thread 0 of rank 0) at its very end in kLoraFused mode: the
 /// last cluster of the launch sets the counters back to zero for the next launch.
 __device__ __forceinline__ void lora_cluster_finished(const LoraParams& l) {
@@ -463,39 +455,17 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   if constexpr (kEpi == Epi::kQkNormRope) {
     if (!lora_tile) qk_lane = qk_lane_constants(p.qk, tile, lane);
   }
-  // LoRA row tiles: each token's slot if it has an adapter for this group, else -1, read by
-  // warps 2-3 while thread 0's copies are in flight (row slots and tables are written by
-  // copies before the step: readable before the wait); the main loop's barriers publish it.
-  // Thread 64 then lists the distinct slots (a named barrier over warps 2-3 only).
+  // LoRA row tiles: each token's slot (row slots are written by copies before the step:
+  // readable before the wait), loaded by warps 2-3 into a register now and used only after
+  // the main loop, so that nothing waits for it; the slot mask is cleared now too (the main
+  // loop's barriers publish it).
   const bool expand = !lora_tile && (lora.mode == kLoraFused || lora.mode == kLoraExpand);
-  __shared__ int lora_token_slot[kTokens];
-  __shared__ int lora_list[kTokens];   // the distinct slots of the tile's tokens
-  __shared__ int lora_entry[kTokens];  // each token's index in lora_list, -1: no adapter
-  __shared__ int lora_list_size;
-  if (expand && tid >= 64 && tid < 128) {
-    const int m_local = tid - 64;
-    if (m_local < kTokens) {
-      int q = -1;
-      if (m_local < valid_tokens && lora_slot_of(lora, m0 + m_local) != nullptr) {
-        q = __ldg(lora.row_slots + m0 + m_local);
-      }
-      lora_token_slot[m_local] = q;
-    }
-    asm volatile("bar.sync 1, 64;\n" ::: "memory");
-    if (m_local == 0) {
-      int n = 0;
-      for (int i = 0; i < kTokens; ++i) {
-        const int q = lora_token_slot[i];
-        int e = -1;
-        if (q >= 0) {
-          e = 0;
-          while (e < n && lora_list[e] != q) ++e;
-          if (e == n) lora_list[n++] = q;
-        }
-        lora_entry[i] = e;
-      }
-      lora_list_size = n;
-    }
+  __shared__ int lora_token_slot[kTokens];  // each token's slot, 0: none
+  __shared__ unsigned long long lora_mask;  // bit q: a token uses slot q
+  int my_row_slot = 0;
+  if (expand) {
+    if (tid == 0) lora_mask = 0;
+    if (tid >= 64 && tid < 64 + valid_tokens) my_row_slot = __ldg(lora.row_slots + m0 + tid - 64);
   }
   pdl_wait();
   if (tid == 0) {
@@ -548,6 +518,17 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       reinterpret_cast<float*>(smem) + kBtOffsetFloats);
   const int bt_slot_elems = lora.max_rank * kRows;
   const int slots_per_batch = expand ? kBtBytes / (bt_slot_elems * 2) : 0;
+  // The slot of the e-th set bit of the tile's mask; a token's index among the set bits
+  // (-1: no adapter slot).
+  auto list_slot = [&](int e) {
+    unsigned long long m = lora_mask;
+    for (int i = 0; i < e; ++i) m &= m - 1;
+    return __ffsll(static_cast<long long>(m)) - 1;
+  };
+  auto token_entry = [&](int m_local) {
+    const int q = lora_token_slot[m_local];
+    return q > 0 ? __popcll(lora_mask & ((1ull << q) - 1)) : -1;
+  };
   // The group column of the tile's LoRA column c, or -1 past the product.
   auto group_col = [&](int c) {
     if constexpr (kGated) {
@@ -558,11 +539,12 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       return n < lora.width_total ? n : -1;
     }
   };
-  // Copies Bᵀ rows i < rank of the slots lora_list[b0, b0 + nb) for the tile's LoRA
+  // Copies Bᵀ rows i < rank of the mask's slots [b0, b0 + nb) for the tile's LoRA
   // columns into bt_sm, 16 bytes a copy (zeros past the product), without waiting.
   auto stage_bt = [&](int b0, int nb) {
     for (int b = 0; b < nb; ++b) {
-      const LoraSlotRef& f = lora.slots[lora_list[b0 + b]];
+      const LoraSlotRef& f = lora.slots[list_slot(b0 + b)];
+      if (f.a == nullptr) continue;  // no adapter for this group: its rows' deltas are zero
       const auto* bt = static_cast<const __nv_bfloat16*>(f.bt);
       for (int idx = tid; idx < f.rank * (kRows / 8); idx += kThreads) {
         const int i = idx / (kRows / 8), c = (idx % (kRows / 8)) * 8;
@@ -574,9 +556,18 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     }
     cp_async_commit();
   };
+  // The tile's slots as a mask (shared-memory atomics, a thread a token), then each
+  // token's index among the mask's set bits: no serial scan.
   bool lora_rows_here = false;
+  int lora_list_size = 0;
   if (expand) {
-    lora_rows_here = lora_list_size > 0;  // the prologue's list (the main loop's barriers)
+    if (tid >= 64 && tid < 64 + kTokens) {
+      lora_token_slot[tid - 64] = my_row_slot;
+      if (my_row_slot > 0) atomicOr(&lora_mask, 1ull << my_row_slot);
+    }
+    __syncthreads();
+    lora_list_size = __popcll(lora_mask);
+    lora_rows_here = lora_list_size > 0;
     // The first batch's Bᵀ (weights) is copied while the tile is reduced and the shrink
     // finishes.
     if (lora_rows_here) stage_bt(0, min(slots_per_batch, lora_list_size));
@@ -679,7 +670,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       const int vecs = s_stride / 4;
       for (int idx = tid; idx < valid_tokens * vecs; idx += kThreads) {
         const int m_local = idx / vecs, v = idx % vecs;
-        if (lora_entry[m_local] < 0) continue;
+        if (lora_token_slot[m_local] <= 0) continue;
         reinterpret_cast<float4*>(s_sm + m_local * 3 * kHalf)[v] =
             __ldcg(reinterpret_cast<const float4*>(lora.s + static_cast<size_t>(m0 + m_local) * s_stride) + v);
       }
@@ -688,7 +679,13 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     auto delta_at = [&](int m_local, int c0, int b) {
       const int gc = group_col(c0);
       if (gc < 0) return;
-      const LoraSlotRef& f = lora.slots[lora_list[lora_entry[m_local]]];
+      const LoraSlotRef& f = lora.slots[lora_token_slot[m_local]];
+      float* dst = delta_sm + m_local * kRows + c0;
+      if (f.a == nullptr) {  // the slot's adapter does not target this group
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dst[j] = 0.0f;
+        return;
+      }
       const int m = lora_module_of(lora, gc);
       const __nv_bfloat16* bt = bt_sm + static_cast<size_t>(b) * bt_slot_elems + c0;
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -722,7 +719,6 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
           }
         }
       }
-      float* dst = delta_sm + m_local * kRows + c0;
 #pragma unroll
       for (int j = 0; j < 4; ++j) dst[j] = f.scale * d[j];
     };
@@ -732,7 +728,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       cp_async_wait_all();
       __syncthreads();  // Bᵀ and s are in shared memory
       auto in_batch = [&](int m_local) {
-        const int e = lora_entry[m_local];
+        const int e = token_entry(m_local);
         return e >= b0 && e < b0 + nb ? e - b0 : -1;
       };
       if constexpr (kEpi == Epi::kQkNormRope) {
@@ -758,7 +754,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     }
   }
   // Whether row m_local of the tile gets a delta (delta_sm holds it).
-  auto has_delta = [&](int m_local) { return lora_rows_here && lora_entry[m_local] >= 0; };
+  auto has_delta = [&](int m_local) { return lora_rows_here && lora_token_slot[m_local] > 0; };
   if constexpr (kEpi == Epi::kQkNormRope) {
     // The cluster's CTAs share the tile's token rows: rank r takes [lo, hi), a warp a row.
     const int lo = rank * valid_tokens / splits, hi = (rank + 1) * valid_tokens / splits;
@@ -982,11 +978,13 @@ LoraParams lora_params(const SkinnyLora* lora, Epi epi, int64_t N, int64_t inter
                 (m < lora->num_modules || lora->width[m] == 0);
   }
   PAGELLM_CHECK(epi != Epi::kF32 && widths_ok && width_total == group_cols && lora->slots &&
+                lora->num_slots <= kSkinnyLoraMaxSlots &&
                 lora->row_slots && lora->s)
       << "skinny gemm: LoRA of " << lora->num_modules << " modules of widths " << lora->width[0]
       << ", " << lora->width[1] << ", " << lora->width[2] << " on a product of " << group_cols
-      << " columns (needs 1..3 modules of widths a multiple of 8 covering the product, a bf16 "
-         "output, slot table, row slots and scratch)";
+      << " columns with " << lora->num_slots << " slots (needs 1..3 modules of widths a "
+         "multiple of 8 covering the product, at most " << kSkinnyLoraMaxSlots
+      << " slots, a bf16 output, slot table, row slots and scratch)";
   l.slots = lora->slots;
   l.row_slots = lora->row_slots;
   l.s = lora->s;

@@ -62,6 +62,10 @@ struct SkinnyLora {
   uint32_t* counters = nullptr;        // [2] device zeros (left zero), or null: two launches
 };
 
+/// Most entries of SkinnyLora::slots (slot 0 and 63 adapter slots): a tile keeps its
+/// tokens' slots as a 64-bit mask.
+constexpr int32_t kSkinnyLoraMaxSlots = 64;
+
 /// Floats of SkinnyLora::s a product of M tokens needs.
 inline int64_t lora_skinny_s_floats(int64_t M, int32_t num_modules) {
   return M * num_modules * 64;
