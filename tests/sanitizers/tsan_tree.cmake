@@ -27,3 +27,17 @@ if(NOT _tsan_rc EQUAL 0)
 endif()
 string(TIMESTAMP _tsan_t1 "%s")
 math(EXPR tsan_build_s "${_tsan_t1} - ${_tsan_t0}")
+
+# Fails the test with every report ThreadSanitizer wrote into `dir` (log_path=dir/report),
+# each named by its file; does nothing when there is none.
+function(tsan_fail_on_reports dir)
+  file(GLOB found ${dir}/report*)
+  if(found)
+    set(text "")
+    foreach(f ${found})
+      file(READ ${f} t)
+      string(APPEND text "${f}:\n${t}\n")
+    endforeach()
+    message(FATAL_ERROR "ThreadSanitizer reported:\n${text}")
+  endif()
+endfunction()

@@ -415,18 +415,13 @@ class Backend {
                                            const std::vector<SamplingRow>& rows);
 };
 
-/// Owns one allocation of a backend.
-class DeviceBuffer {
+/// Owns one allocation of a backend, given back through `kRelease` (moves, never copies).
+template <void (Backend::*kRelease)(void*)>
+class BackendAllocation {
  public:
-  DeviceBuffer() = default;
-  DeviceBuffer(Backend* backend, size_t bytes)
-      : backend_(backend), ptr_(bytes ? backend->allocate(bytes) : nullptr), bytes_(bytes) {}
-  /// An allocation whose contents are `role` (Backend::allocate_as).
-  DeviceBuffer(Backend* backend, size_t bytes, MemoryRole role)
-      : backend_(backend), ptr_(bytes ? backend->allocate_as(role, bytes) : nullptr),
-        bytes_(bytes) {}
-  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+  BackendAllocation() = default;
+  BackendAllocation(BackendAllocation&& o) noexcept { *this = std::move(o); }
+  BackendAllocation& operator=(BackendAllocation&& o) noexcept {
     if (this != &o) {
       reset();
       backend_ = o.backend_;
@@ -437,64 +432,50 @@ class DeviceBuffer {
     }
     return *this;
   }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { reset(); }
+  BackendAllocation(const BackendAllocation&) = delete;
+  BackendAllocation& operator=(const BackendAllocation&) = delete;
+  ~BackendAllocation() { reset(); }
 
   void reset() {
-    if (ptr_) backend_->deallocate(ptr_);
+    if (ptr_) (backend_->*kRelease)(ptr_);
     ptr_ = nullptr;
     bytes_ = 0;
   }
   void* get() const { return ptr_; }
   size_t size() const { return bytes_; }
-  Tensor tensor(DType dtype, std::initializer_list<int64_t> dims) const {
-    Tensor t(ptr_, dtype, dims);
-    PAGELLM_ASSERT(t.nbytes() <= bytes_) << "tensor larger than its buffer";
-    return t;
-  }
 
- private:
+ protected:
+  BackendAllocation(Backend* backend, void* ptr, size_t bytes)
+      : backend_(backend), ptr_(ptr), bytes_(bytes) {}
+
   Backend* backend_ = nullptr;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
 
+/// Owns one allocation of a backend's memory (Backend::allocate_as).
+class DeviceBuffer : public BackendAllocation<&Backend::deallocate> {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend* backend, size_t bytes)
+      : BackendAllocation(backend, bytes ? backend->allocate(bytes) : nullptr, bytes) {}
+  /// An allocation whose contents are `role` (Backend::allocate_as).
+  DeviceBuffer(Backend* backend, size_t bytes, MemoryRole role)
+      : BackendAllocation(backend, bytes ? backend->allocate_as(role, bytes) : nullptr, bytes) {}
+  Tensor tensor(DType dtype, std::initializer_list<int64_t> dims) const {
+    Tensor t(ptr_, dtype, dims);
+    PAGELLM_ASSERT(t.nbytes() <= bytes_) << "tensor larger than its buffer";
+    return t;
+  }
+};
+
 /// Owns one page-locked host allocation of a backend (Backend::allocate_host_pinned), the
 /// source of single-copy uploads (Backend::write_weights with TensorMemory::kHostPinned).
-class PinnedHostBuffer {
+class PinnedHostBuffer : public BackendAllocation<&Backend::free_host_pinned> {
  public:
   PinnedHostBuffer() = default;
   PinnedHostBuffer(Backend* backend, size_t bytes)
-      : backend_(backend), ptr_(backend->allocate_host_pinned(bytes)), bytes_(bytes) {}
-  PinnedHostBuffer(PinnedHostBuffer&& o) noexcept { *this = std::move(o); }
-  PinnedHostBuffer& operator=(PinnedHostBuffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      backend_ = o.backend_;
-      ptr_ = o.ptr_;
-      bytes_ = o.bytes_;
-      o.ptr_ = nullptr;
-      o.bytes_ = 0;
-    }
-    return *this;
-  }
-  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
-  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
-  ~PinnedHostBuffer() { reset(); }
-
-  void reset() {
-    if (ptr_) backend_->free_host_pinned(ptr_);
-    ptr_ = nullptr;
-    bytes_ = 0;
-  }
-  void* get() const { return ptr_; }
-  size_t size() const { return bytes_; }
-
- private:
-  Backend* backend_ = nullptr;
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
+      : BackendAllocation(backend, backend->allocate_host_pinned(bytes), bytes) {}
 };
 
 /// Checks copy_kv_pages' arguments for a backend named `backend`: pools of one shape
