@@ -33,6 +33,19 @@ namespace {
 // cuBLASLt workspace: 32 MiB is what cuBLAS itself uses on Hopper.
 constexpr size_t kMatmulWorkspaceBytes = size_t{32} << 20;
 
+// LoRA's float32 scratch (CudaBackend::lora_scratch): 64 MB, shared by lora_add's partial
+// sums and the fused products' shrink sums.
+constexpr int64_t kLoraWorkFloats = int64_t{16} << 20;
+
+// Whether a gated product's operands have the types and shapes the fused SiLU kernel takes:
+// x [M, K], w_gate_up [2 I, K] and out [M, I], all bf16.
+bool gated_operands_fit(const Tensor& x, const Tensor& w_gate_up, const Tensor& out) {
+  return x.dtype == DType::BF16 && w_gate_up.dtype == DType::BF16 &&
+         out.dtype == DType::BF16 && x.ndim >= 1 && w_gate_up.ndim == 2 && out.ndim >= 1 &&
+         out.size(0) == x.size(0) && w_gate_up.size(0) == 2 * out.row_elems() &&
+         w_gate_up.size(1) == x.row_elems() && x.row_elems() > 0;
+}
+
 cudaStream_t as_stream(CUstream_st* s) { return s; }
 
 void expect_dtype(const Tensor& t, DType want, const char* op, const char* what) {
@@ -485,9 +498,8 @@ float* CudaBackend::lora_scratch() {
   if (lora_work_ == nullptr) {
     PAGELLM_CHECK(!capturing()) << "cuda backend: LoRA's scratch must be made before a graph "
                                    "captures it (run one forward first)";
-    constexpr int64_t kWorkFloats = int64_t{16} << 20;  // 64 MB
-    lora_work_ = memory_->allocate(static_cast<size_t>(kWorkFloats) * sizeof(float));
-    lora_work_floats_ = kWorkFloats;
+    lora_work_ = memory_->allocate(static_cast<size_t>(kLoraWorkFloats) * sizeof(float));
+    lora_work_floats_ = kLoraWorkFloats;
   }
   return static_cast<float*>(lora_work_);
 }
@@ -501,7 +513,7 @@ std::optional<SkinnyLora> CudaBackend::skinny_lora(const LoraGroup& group,
   if (!widths || group.slots == nullptr || group.num_slots > kSkinnyLoraMaxSlots ||
       batch.lora_slots.data == nullptr ||
       batch.lora_slots.numel() != T || T <= 0 ||
-      lora_skinny_s_floats(T, group.num_modules) > int64_t{16} << 20) {
+      lora_skinny_s_floats(T, group.num_modules) > kLoraWorkFloats) {
     return std::nullopt;
   }
   SkinnyLora l;
@@ -561,14 +573,9 @@ void CudaBackend::lora_matmul_qk_norm_rope_store_kv(const Tensor& x, const Tenso
 void CudaBackend::lora_matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up,
                                        const LoraGroup& group, const BatchTensors& batch,
                                        Tensor& gate_up, Tensor& out) {
-  const bool shapes = x.dtype == DType::BF16 && w_gate_up.dtype == DType::BF16 &&
-                      out.dtype == DType::BF16 && x.ndim >= 1 && w_gate_up.ndim == 2 &&
-                      out.ndim >= 1 && out.size(0) == x.size(0) &&
-                      w_gate_up.size(0) == 2 * out.row_elems() &&
-                      w_gate_up.size(1) == x.row_elems() && x.row_elems() == group.in &&
-                      x.row_elems() > 0;
-  if (shapes && matmul_->path_for(x.data, w_gate_up.data, out.data, CUDA_R_16BF, x.size(0),
-                                  w_gate_up.size(0), x.row_elems()) == MatmulPath::kSkinny) {
+  if (gated_operands_fit(x, w_gate_up, out) && x.row_elems() == group.in &&
+      matmul_->path_for(x.data, w_gate_up.data, out.data, CUDA_R_16BF, x.size(0),
+                        w_gate_up.size(0), x.row_elems()) == MatmulPath::kSkinny) {
     if (const auto l = skinny_lora(group, batch, x.size(0), w_gate_up.size(0))) {
       launch_skinny_gemm_silu_mul(x.data, w_gate_up.data, out.data, x.size(0), out.row_elems(),
                                   x.row_elems(), as_stream(stream_), 0,
@@ -593,12 +600,7 @@ void CudaBackend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tens
   // Fused when the product would take the skinny kernel (decode batches) and every operand
   // has the shape and type the fused kernel writes; otherwise the two ops, which check
   // their operands and name what is wrong.
-  const bool fusable = x.dtype == DType::BF16 && w_gate_up.dtype == DType::BF16 &&
-                       out.dtype == DType::BF16 && x.ndim >= 1 && w_gate_up.ndim == 2 &&
-                       out.ndim >= 1 && out.size(0) == x.size(0) &&
-                       w_gate_up.size(0) == 2 * out.row_elems() &&
-                       w_gate_up.size(1) == x.row_elems() && x.row_elems() > 0;
-  if (fusable && matmul_->run_silu_mul(x.data, w_gate_up.data, out.data, x.size(0),
+  if (gated_operands_fit(x, w_gate_up, out) && matmul_->run_silu_mul(x.data, w_gate_up.data, out.data, x.size(0),
                                        out.row_elems(), x.row_elems(), as_stream(stream_),
                                        packed_->find(w_gate_up, out.row_elems()))) {
     return;

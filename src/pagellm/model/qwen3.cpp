@@ -419,33 +419,34 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
     Tensor flat = fresh.storage.tensor(dt, {total});
     backend_.write_weights(flat, 0, lora_staging_.get(), dt, image_total,
                            TensorMemory::kHostPinned);
-    char* packed_base = static_cast<char*>(fresh.storage.get());
-    const int64_t elem_bytes = static_cast<int64_t>(dtype_size(dt));
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      for (int g = 0; g < kNumLoraGroups; ++g) {
-        if (blocks[l][g].packed < 0) continue;
-        const LoraGroup group = lora_group(l, g);
-        backend_.pack_lora_a(packed_base + blocks[l][g].a * elem_bytes, group.num_modules * r,
-                             group.in, packed_base + blocks[l][g].packed * elem_bytes);
-      }
-    }
     backend_.synchronize();
     times.upload_seconds = seconds_since(t2);
+  }
+  // The packed copies of A, made from the image's A on the backend (in stream order; the
+  // wait below covers them), wherever the image was written.
+  char* packed_base = static_cast<char*>(fresh.storage.get());
+  const int64_t elem_bytes = static_cast<int64_t>(dtype_size(dt));
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    for (int g = 0; g < kNumLoraGroups; ++g) {
+      if (blocks[l][g].packed < 0) continue;
+      const LoraGroup group = lora_group(l, g);
+      backend_.pack_lora_a(packed_base + blocks[l][g].a * elem_bytes, group.num_modules * r,
+                           group.in, packed_base + blocks[l][g].packed * elem_bytes);
+    }
   }
   fresh.loaded = true;
   // No forward in flight may read the old factors or table; then the table points at the
   // new ones (a copy that completes before it returns), and only then the old ones go.
   backend_.synchronize();
-  const size_t elem = dtype_size(dt);
   const char* base = static_cast<const char*>(fresh.storage.get());
   for (size_t l = 0; l < layers_.size(); ++l) {
     for (int g = 0; g < kNumLoraGroups; ++g) {
       LoraSlotFactors& e = lora_table_host_[lora_entry(l, g, slot)];
       e = LoraSlotFactors{};
       if (blocks[l][g].a < 0) continue;
-      e.a = base + blocks[l][g].a * static_cast<int64_t>(elem);
-      e.bt = base + blocks[l][g].bt * static_cast<int64_t>(elem);
-      if (blocks[l][g].packed >= 0) e.a_packed = base + blocks[l][g].packed * static_cast<int64_t>(elem);
+      e.a = base + blocks[l][g].a * elem_bytes;
+      e.bt = base + blocks[l][g].bt * elem_bytes;
+      if (blocks[l][g].packed >= 0) e.a_packed = base + blocks[l][g].packed * elem_bytes;
       e.rank = static_cast<int32_t>(r);
       e.scale = adapter.config.scale();
     }
