@@ -2,10 +2,13 @@
 // bit, the layout built the plain way (float32 image, zero-filled, A copied, B transposed
 // element by element, narrowed once), for every source and image dtype, partial targets,
 // ranks that are not a multiple of the transpose blocks, and any thread count; and its errors.
+// lora_image_runs: the greedy split of the blocks into runs that fit a staging half, and
+// the image written run by run (rebased) equals the image written whole.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "common/expect_error.h"
@@ -215,6 +218,135 @@ TEST(LoraImage, RefusesBlocksThatDoNotFit) {
   bad[0].layer = 7;
   expect_error([&] { write_lora_image(a, bad, DType::F32, image.data(), total); },
                "the adapter has 3 layers");
+}
+
+// Blocks of the given sizes (elements), back to back from element `start`; block k is
+// "layer" k so that an error names it.
+std::vector<LoraImageBlock> blocks_of(const std::vector<int64_t>& sizes, int64_t start = 0) {
+  std::vector<LoraImageBlock> blocks;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    LoraImageBlock b;
+    b.layer = k;
+    b.a_offset = b.bt_offset = start;
+    start += sizes[k];
+    b.end = start;
+    blocks.push_back(b);
+  }
+  return blocks;
+}
+
+// The properties every split must have, checked without a reference split: each block in
+// exactly one run, in order; each run's bounds those of its blocks and within the limit;
+// greedy (a run and the next run's first block would not fit together).
+void expect_valid_runs(const std::vector<LoraImageBlock>& blocks,
+                       const std::vector<LoraImageRun>& runs, int64_t limit) {
+  size_t next_block = 0;
+  for (size_t k = 0; k < runs.size(); ++k) {
+    const LoraImageRun& run = runs[k];
+    SCOPED_TRACE("run " + std::to_string(k));
+    ASSERT_EQ(run.first_block, next_block);
+    ASSERT_LT(run.first_block, run.end_block);
+    ASSERT_LE(run.end_block, blocks.size());
+    EXPECT_EQ(run.begin, blocks[run.first_block].a_offset);
+    EXPECT_EQ(run.end, blocks[run.end_block - 1].end);
+    EXPECT_LE(run.elements(), limit);
+    if (run.end_block < blocks.size()) {
+      const LoraImageBlock& following = blocks[run.end_block];
+      EXPECT_GT(following.end - run.begin, limit) << "the next block would have fit";
+    }
+    next_block = run.end_block;
+  }
+  EXPECT_EQ(next_block, blocks.size());
+}
+
+TEST(LoraImageRuns, GreedyRunsWithinTheLimit) {
+  const std::vector<LoraImageBlock> blocks = blocks_of({5, 3, 4, 8, 1, 1, 6, 2}, 256);
+  const std::vector<LoraImageRun> runs = lora_image_runs(blocks, 8);
+  expect_valid_runs(blocks, runs, 8);
+  // 5+3 | 4 (4+8 > 8) | 8 | 1+1+6 | 2
+  const std::vector<std::pair<size_t, size_t>> want = {{0, 2}, {2, 3}, {3, 4}, {4, 7}, {7, 8}};
+  ASSERT_EQ(runs.size(), want.size());
+  for (size_t k = 0; k < want.size(); ++k) {
+    EXPECT_EQ(runs[k].first_block, want[k].first) << "run " << k;
+    EXPECT_EQ(runs[k].end_block, want[k].second) << "run " << k;
+  }
+  EXPECT_EQ(runs[0].begin, 256);
+  EXPECT_EQ(runs[0].end, 264);
+  EXPECT_EQ(runs[3].begin, 256 + 20);
+  EXPECT_EQ(runs[3].elements(), 8);
+  // A limit as large as the image: one run; the largest block as the limit: every run fits.
+  EXPECT_EQ(lora_image_runs(blocks, 30).size(), 1u);
+  EXPECT_EQ(lora_image_runs(blocks, 29).size(), 2u);
+  EXPECT_EQ(lora_image_largest_block(blocks), 8);
+}
+
+TEST(LoraImageRuns, RandomBlocksAndLimits) {
+  std::mt19937 rng(19);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<int64_t> sizes(std::uniform_int_distribution<size_t>(1, 40)(rng));
+    for (int64_t& s : sizes) s = std::uniform_int_distribution<int64_t>(1, 100)(rng);
+    const std::vector<LoraImageBlock> blocks = blocks_of(sizes);
+    const int64_t largest = lora_image_largest_block(blocks);
+    const int64_t limit = std::uniform_int_distribution<int64_t>(largest, 4 * largest)(rng);
+    SCOPED_TRACE("trial " + std::to_string(trial) + ", limit " + std::to_string(limit));
+    expect_valid_runs(blocks, lora_image_runs(blocks, limit), limit);
+  }
+}
+
+TEST(LoraImageRuns, EmptyInputAndRefusals) {
+  EXPECT_TRUE(lora_image_runs({}, 8).empty());
+  EXPECT_EQ(lora_image_largest_block({}), 0);
+  // A block larger than the limit is refused (the caller sizes its halves by the largest
+  // block); at that size it is a run of its own.
+  const std::vector<LoraImageBlock> blocks = blocks_of({3, 9, 2});
+  expect_error([&] { lora_image_runs(blocks, 8); },
+               "block 1 (layer 1) has 9 elements, more than a run's 8");
+  const std::vector<LoraImageRun> runs = lora_image_runs(blocks, lora_image_largest_block(blocks));
+  expect_valid_runs(blocks, runs, 9);
+  ASSERT_EQ(runs.size(), 3u);
+  EXPECT_EQ(runs[1].first_block, 1u);
+  EXPECT_EQ(runs[1].end_block, 2u);
+  expect_error([&] { lora_image_runs(blocks, 0); }, "a run must hold at least 1 element, got 0");
+  std::vector<LoraImageBlock> gap = blocks;
+  gap[2].a_offset += 1;  // a hole between blocks 1 and 2
+  expect_error([&] { lora_image_runs(gap, 16); },
+               "block 2 (layer 2) spans elements [13, 14); blocks must follow one another from "
+               "element 12");
+  expect_error([&] { lora_image_run_blocks(blocks, LoraImageRun{2, 4, 0, 0}); },
+               "blocks [2, 4) of 3");
+}
+
+TEST(LoraImageRuns, TheImageWrittenRunByRunEqualsTheWholeImage) {
+  const Qwen3Config mc = image_config();
+  std::vector<LoraModule> all;
+  for (int m = 0; m < kNumLoraModules; ++m) all.push_back(static_cast<LoraModule>(m));
+  TempDir dir;
+  make_lora_adapter(dir.path(), mc, config_of(12, all), 5, DType::BF16);
+  const LoraAdapter a = read_lora_adapter(dir.path(), mc);
+  int64_t total = 0;
+  const std::vector<LoraImageBlock> blocks = layout(mc, a, &total);
+  const int64_t largest = lora_image_largest_block(blocks);
+  for (DType dtype : {DType::BF16, DType::F32}) {
+    const std::vector<unsigned char> whole = written_image(a, blocks, total, dtype, 2);
+    const size_t esize = dtype_size(dtype);
+    for (int64_t limit : {largest, largest + 700, 3 * largest, total}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + ", limit " + std::to_string(limit));
+      const std::vector<LoraImageRun> runs = lora_image_runs(blocks, limit);
+      expect_valid_runs(blocks, runs, limit);
+      if (limit < total) EXPECT_GE(runs.size(), 2u);
+      std::vector<unsigned char> pieced;
+      for (const LoraImageRun& run : runs) {
+        // Each run into its own poisoned buffer, as into a staging half.
+        std::vector<unsigned char> half(static_cast<size_t>(limit) * esize, 0xA5);
+        write_lora_image(a, lora_image_run_blocks(blocks, run), dtype, half.data(),
+                         run.elements(), 2);
+        pieced.insert(pieced.end(), half.begin(),
+                      half.begin() + static_cast<std::ptrdiff_t>(run.elements() * esize));
+      }
+      ASSERT_EQ(pieced.size(), whole.size());
+      EXPECT_EQ(std::memcmp(pieced.data(), whole.data(), whole.size()), 0);
+    }
+  }
 }
 
 }  // namespace

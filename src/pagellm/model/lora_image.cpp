@@ -276,4 +276,50 @@ void write_lora_image(const LoraAdapter& adapter, const std::vector<LoraImageBlo
   if (failure) std::rethrow_exception(failure);
 }
 
+std::vector<LoraImageRun> lora_image_runs(const std::vector<LoraImageBlock>& blocks,
+                                          int64_t max_elements) {
+  PAGELLM_CHECK(max_elements >= 1)
+      << "lora_image_runs: a run must hold at least 1 element, got " << max_elements;
+  std::vector<LoraImageRun> runs;
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    const LoraImageBlock& b = blocks[k];
+    const int64_t previous_end = k == 0 ? b.a_offset : blocks[k - 1].end;
+    PAGELLM_CHECK(b.a_offset == previous_end && b.end >= b.a_offset)
+        << "lora_image_runs: block " << k << " (layer " << b.layer << ") spans elements ["
+        << b.a_offset << ", " << b.end << "); blocks must follow one another from element "
+        << previous_end;
+    PAGELLM_CHECK(b.end - b.a_offset <= max_elements)
+        << "lora_image_runs: block " << k << " (layer " << b.layer << ") has "
+        << b.end - b.a_offset << " elements, more than a run's " << max_elements
+        << " (size the runs by lora_image_largest_block)";
+    if (runs.empty() || b.end - runs.back().begin > max_elements) {
+      runs.push_back({k, k, b.a_offset, b.a_offset});
+    }
+    runs.back().end_block = k + 1;
+    runs.back().end = b.end;
+  }
+  return runs;
+}
+
+int64_t lora_image_largest_block(const std::vector<LoraImageBlock>& blocks) {
+  int64_t largest = 0;
+  for (const LoraImageBlock& b : blocks) largest = std::max(largest, b.end - b.a_offset);
+  return largest;
+}
+
+std::vector<LoraImageBlock> lora_image_run_blocks(const std::vector<LoraImageBlock>& blocks,
+                                                  const LoraImageRun& run) {
+  PAGELLM_CHECK(run.first_block <= run.end_block && run.end_block <= blocks.size())
+      << "lora_image_run_blocks: blocks [" << run.first_block << ", " << run.end_block
+      << ") of " << blocks.size();
+  std::vector<LoraImageBlock> rebased(blocks.begin() + static_cast<std::ptrdiff_t>(run.first_block),
+                                      blocks.begin() + static_cast<std::ptrdiff_t>(run.end_block));
+  for (LoraImageBlock& b : rebased) {
+    b.a_offset -= run.begin;
+    b.bt_offset -= run.begin;
+    b.end -= run.begin;
+  }
+  return rebased;
+}
+
 }  // namespace pagellm

@@ -48,4 +48,32 @@ struct LoraImageBlock {
 void write_lora_image(const LoraAdapter& adapter, const std::vector<LoraImageBlock>& blocks,
                       DType dtype, void* image, int64_t total, int threads = 0);
 
+/// A run of consecutive blocks of a slot image, [first_block, end_block) in the block list,
+/// covering image elements [begin, end): what set_lora writes into one half of its staging
+/// buffer and uploads with one copy.
+struct LoraImageRun {
+  size_t first_block = 0;
+  size_t end_block = 0;
+  int64_t begin = 0;  // elements from the image's start
+  int64_t end = 0;
+  int64_t elements() const { return end - begin; }
+};
+
+/// Splits `blocks` (ascending and back to back, as write_lora_image wants them) into runs of
+/// at most `max_elements` elements each, greedily: each run takes as many of the next blocks
+/// as fit, so every block is in exactly one run, in order, and no two neighbouring runs
+/// would fit in one. Empty input: no runs. Throws Error naming the block when one block
+/// alone is larger than `max_elements` (the caller sizes its buffer by the largest block,
+/// lora_image_largest_block) or when the blocks are not back to back.
+std::vector<LoraImageRun> lora_image_runs(const std::vector<LoraImageBlock>& blocks,
+                                          int64_t max_elements);
+
+/// The elements of the largest single block of `blocks` (0 for none).
+int64_t lora_image_largest_block(const std::vector<LoraImageBlock>& blocks);
+
+/// The blocks of `run`, their offsets taken from the run's start: a block list that
+/// write_lora_image fills into a buffer of run.elements() elements.
+std::vector<LoraImageBlock> lora_image_run_blocks(const std::vector<LoraImageBlock>& blocks,
+                                                  const LoraImageRun& run);
+
 }  // namespace pagellm
