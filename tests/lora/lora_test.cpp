@@ -1,8 +1,8 @@
 // LoRA on the CPU backend: PEFT folders (good and broken), every target-module combination
 // against the adapter merged into the base weights (W + scale·B·A run without LoRA),
 // mixed-adapter batches against each request alone, replace in place with the prefix cache,
-// the staged upload a device backend takes (pinned buffer, one copy) against the in-place
-// one, bf16 / f16 files with rsLoRA, and the engine's load / unload errors.
+// the staged upload a device backend takes (pinned halves, run by run, copies that land only
+// at the next synchronize) against the in-place one, bf16 / f16 files with rsLoRA, and the engine's load / unload errors.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +12,9 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <memory>
+#include <utility>
 
 #include "common/expect_error.h"
 #include "common/reference_qwen3.h"
@@ -322,32 +325,103 @@ TEST(LoraEngine, EveryTargetCombinationMatchesTheMergedModel) {
 }
 
 // A CPU backend that the model must treat like a device: set_lora builds the image in its
-// pinned staging buffer and sends it with write_weights, as on the cuda backend.
+// pinned staging and sends it with write_weights, as on the cuda backend. Copies from pinned
+// memory are asynchronous as there: made only at the next synchronize(), from whatever the
+// source holds then, so that a staging half rewritten before its copy was waited for sends
+// the wrong bytes (and the outputs differ from the in-place load's).
 class StagedCpuBackend : public CpuBackend {
  public:
-  explicit StagedCpuBackend(int* pinned_allocations) : pinned_allocations_(pinned_allocations) {}
   bool memory_is_host() const override { return false; }
   void* allocate_host_pinned(size_t bytes) override {
-    ++*pinned_allocations_;
-    return CpuBackend::allocate_host_pinned(bytes);
+    void* p = CpuBackend::allocate_host_pinned(bytes);
+    pinned_[p] = bytes;
+    ++pinned_allocations;
+    return p;
   }
+  void free_host_pinned(void* ptr) override {
+    const auto it = pinned_.find(ptr);
+    for (const Copy& c : pending_) {
+      const auto* base = static_cast<const char*>(ptr);
+      const auto* src = static_cast<const char*>(c.src);
+      if (it != pinned_.end() && src >= base && src < base + it->second) {
+        ADD_FAILURE() << "pinned memory freed while a copy from it is in flight";
+      }
+    }
+    if (it != pinned_.end()) pinned_.erase(it);
+    CpuBackend::free_host_pinned(ptr);
+  }
+  void write_weights(Tensor& dst, int64_t dst_offset, const void* src, DType src_dtype,
+                     int64_t n, TensorMemory memory) override {
+    if (memory != TensorMemory::kHostPinned) {
+      CpuBackend::write_weights(dst, dst_offset, src, src_dtype, n, memory);
+      return;
+    }
+    EXPECT_TRUE(in_pinned(src, n * static_cast<int64_t>(dtype_size(src_dtype))))
+        << "a kHostPinned copy from outside every pinned allocation";
+    pending_.push_back({dst, dst_offset, src, src_dtype, n});
+    pinned_copies.push_back({dst_offset, dst_offset + n});
+  }
+  void synchronize() override {
+    for (Copy& c : pending_) CpuBackend::upload(c.dst, c.dst_offset, c.src, c.src_dtype, c.n);
+    pending_.clear();
+    CpuBackend::synchronize();
+  }
+  bool idle() const { return pending_.empty(); }
+
+  int pinned_allocations = 0;
+  /// The element ranges of the slot allocation each pinned copy wrote, in issue order.
+  std::vector<std::pair<int64_t, int64_t>> pinned_copies;
 
  private:
-  int* pinned_allocations_;
+  struct Copy {
+    Tensor dst;
+    int64_t dst_offset;
+    const void* src;
+    DType src_dtype;
+    int64_t n;
+  };
+  bool in_pinned(const void* src, int64_t bytes) const {
+    for (const auto& [p, size] : pinned_) {
+      const auto* base = static_cast<const char*>(p);
+      const auto* s = static_cast<const char*>(src);
+      if (s >= base && s + bytes <= base + size) return true;
+    }
+    return false;
+  }
+  std::map<void*, size_t> pinned_;
+  std::vector<Copy> pending_;
 };
+
+// One staged engine: its backend stays reachable for the checks.
+struct StagedEngine {
+  StagedCpuBackend* backend = nullptr;
+  std::unique_ptr<Engine> engine;
+};
+
+StagedEngine make_staged_engine(const Qwen3Config& mc, const HostWeights& base,
+                                size_t staging_chunk_bytes) {
+  auto backend = std::make_unique<StagedCpuBackend>();
+  StagedEngine e;
+  e.backend = backend.get();
+  auto model = std::make_unique<Qwen3Model>(*backend, mc, base.lookup());
+  if (staging_chunk_bytes > 0) model->set_lora_staging_chunk_bytes(staging_chunk_bytes);
+  e.engine = std::make_unique<Engine>(std::move(backend), std::move(model), engine_config());
+  return e;
+}
 
 TEST(LoraEngine, HalfPrecisionFilesAndTheStagedUploadMatchTheMergedModel) {
   const Qwen3Config mc = testing::small_config();
   const HostWeights base = testing::random_weights(mc, 16);
-  int pinned_allocations = 0;
-  auto staged_backend = std::make_unique<StagedCpuBackend>(&pinned_allocations);
-  auto staged_model = std::make_unique<Qwen3Model>(*staged_backend, mc, base.lookup());
-  Engine staged(std::move(staged_backend), std::move(staged_model), engine_config());
+  // The default 16 MiB halves (each image goes up in one run) and 8 KiB halves (2048 f32
+  // elements: several runs per image, the halves used alternately; the r = 16 adapter's
+  // gate/up blocks of 2560 elements grow them).
+  StagedEngine whole = make_staged_engine(mc, base, 0);
+  StagedEngine chunked = make_staged_engine(mc, base, 8 << 10);
   std::unique_ptr<Engine> in_place = make_engine(mc, base);
   struct Case {
     LoraConfig config;
     DType file_dtype;
-    int pinned_allocations_after;  // the staging buffer grows only for a larger image
+    int chunked_pinned_allocations_after;  // the halves grow only for a larger block
   };
   const std::vector<Case> cases = {
       {lora_config(8, 12.0, {LoraModule::kK, LoraModule::kGate, LoraModule::kDown}, true),
@@ -361,20 +435,38 @@ TEST(LoraEngine, HalfPrecisionFilesAndTheStagedUploadMatchTheMergedModel) {
     const Case& c = cases[k];
     make_lora_adapter(dir.path(), mc, c.config, 40 + k, c.file_dtype, 0.2f);
     const LoraAdapter adapter = read_lora_adapter(dir.path(), mc);
-    staged.load_lora_adapter({"a", 1, dir.path()});
+    whole.backend->pinned_copies.clear();
+    chunked.backend->pinned_copies.clear();
+    whole.engine->load_lora_adapter({"a", 1, dir.path()});
+    chunked.engine->load_lora_adapter({"a", 1, dir.path()});
     in_place->load_lora_adapter({"a", 1, dir.path()});
-    EXPECT_EQ(pinned_allocations, c.pinned_allocations_after);
-    const std::vector<Generated> got = run_all(staged, {"a"});
+    // Every copy waited for before the load returned.
+    EXPECT_TRUE(whole.backend->idle());
+    EXPECT_TRUE(chunked.backend->idle());
+    EXPECT_EQ(whole.backend->pinned_allocations, 1);  // pinned once, on the first load
+    EXPECT_EQ(chunked.backend->pinned_allocations, c.chunked_pinned_allocations_after);
+    ASSERT_EQ(whole.backend->pinned_copies.size(), 1u);
+    // The runs' copies cover the image from element 0, back to back, once each.
+    const auto& runs = chunked.backend->pinned_copies;
+    if (k != 1) EXPECT_GE(runs.size(), 3u);  // case 1's image is smaller than one half
+    ASSERT_FALSE(runs.empty());
+    EXPECT_EQ(runs.front().first, 0);
+    for (size_t i = 1; i < runs.size(); ++i) EXPECT_EQ(runs[i].first, runs[i - 1].second);
+    EXPECT_EQ(runs.back().second, whole.backend->pinned_copies[0].second);
     const std::vector<Generated> same = run_all(*in_place, {"a"});
     std::unique_ptr<Engine> dense = make_engine(mc, merge(mc, base, adapter));
     const std::vector<Generated> want = run_all(*dense, {""});
-    for (size_t i = 0; i < kPrompts.size(); ++i) {
-      // One image, two ways to the slot: the same bits, so the same logprobs exactly.
-      EXPECT_EQ(got[i].tokens, same[i].tokens) << "prompt " << i;
-      EXPECT_EQ(got[i].logprobs, same[i].logprobs) << "prompt " << i;
-      ASSERT_EQ(got[i].tokens, want[i].tokens) << "prompt " << i;
-      for (size_t t = 0; t < want[i].logprobs.size(); ++t) {
-        EXPECT_NEAR(got[i].logprobs[t], want[i].logprobs[t], 2e-4f) << "prompt " << i;
+    for (StagedEngine* staged : {&whole, &chunked}) {
+      const std::vector<Generated> got = run_all(*staged->engine, {"a"});
+      SCOPED_TRACE(staged == &whole ? "one run" : "several runs");
+      for (size_t i = 0; i < kPrompts.size(); ++i) {
+        // One image, other ways to the slot: the same bits, so the same logprobs exactly.
+        EXPECT_EQ(got[i].tokens, same[i].tokens) << "prompt " << i;
+        EXPECT_EQ(got[i].logprobs, same[i].logprobs) << "prompt " << i;
+        ASSERT_EQ(got[i].tokens, want[i].tokens) << "prompt " << i;
+        for (size_t t = 0; t < want[i].logprobs.size(); ++t) {
+          EXPECT_NEAR(got[i].logprobs[t], want[i].logprobs[t], 2e-4f) << "prompt " << i;
+        }
       }
     }
   }

@@ -191,9 +191,9 @@ struct BenchmarkReport {
     double max_ms = 0;
   };
   std::optional<LoadSpread> lora_load_ms() const;
-  /// The loads' phases in milliseconds: the median image build and upload, and the
-  /// largest pinning of a staging buffer (only a load that needs a larger one pins);
-  /// absent without phases.
+  /// The loads' phases in milliseconds (Qwen3Model::LoraLoadTimes): the median image build
+  /// and upload wait, and the largest pinning of the staging halves (only the engine's first
+  /// staged load pins, or one with a block larger than a half); absent without phases.
   struct LoadPhasesMs {
     double image_median_ms = 0;
     double upload_median_ms = 0;

@@ -388,44 +388,71 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
     }
   }
   // The image in the weight dtype, written once by write_lora_image (no zero-fill first):
-  // in place where backend memory is host memory, else into the pinned staging buffer and
-  // uploaded with one copy (no conversion on the way).
+  // in place where backend memory is host memory, else run by run into the two halves of
+  // the pinned staging buffer, each run uploaded with one copy (no conversion on the way).
   const DType dt = backend_.weight_dtype();
-  const size_t image_bytes = static_cast<size_t>(image_total) * dtype_size(dt);
+  const size_t elem_size = dtype_size(dt);
   using Clock = std::chrono::steady_clock;
   const auto seconds_since = [](Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
   };
   LoraLoadTimes times;
   LoraSlot fresh;
-  fresh.storage = DeviceBuffer(&backend_, static_cast<size_t>(total) * dtype_size(dt),
+  fresh.storage = DeviceBuffer(&backend_, static_cast<size_t>(total) * elem_size,
                                MemoryRole::kWeights);
   if (backend_.memory_is_host()) {
     const auto t0 = Clock::now();
     write_lora_image(adapter, image_blocks, dt, fresh.storage.get(), image_total);
     times.image_seconds = seconds_since(t0);
   } else {
-    // Free to overwrite: the previous set_lora waited for its copy before returning.
-    if (lora_staging_.size() < image_bytes) {
+    // A half holds the default chunk or, for a model with a larger block, that block;
+    // whole 256-byte lines, so that the second half is as aligned as the first.
+    const size_t half_bytes =
+        (std::max(lora_staging_chunk_bytes_,
+                  static_cast<size_t>(lora_image_largest_block(image_blocks)) * elem_size) +
+         255) / 256 * 256;
+    if (lora_staging_half_bytes_ < half_bytes) {
       const auto t0 = Clock::now();
       lora_staging_.reset();
-      lora_staging_ = PinnedHostBuffer(&backend_, image_bytes);
+      lora_staging_half_bytes_ = 0;
+      lora_staging_ = PinnedHostBuffer(&backend_, 2 * half_bytes);
+      lora_staging_half_bytes_ = half_bytes;
       times.staging_seconds = seconds_since(t0);
     }
-    const auto t1 = Clock::now();
-    write_lora_image(adapter, image_blocks, dt, lora_staging_.get(), image_total);
-    times.image_seconds = seconds_since(t1);
-    const auto t2 = Clock::now();
+    const std::vector<LoraImageRun> runs = lora_image_runs(
+        image_blocks, static_cast<int64_t>(lora_staging_half_bytes_ / elem_size));
     Tensor flat = fresh.storage.tensor(dt, {total});
-    backend_.write_weights(flat, 0, lora_staging_.get(), dt, image_total,
-                           TensorMemory::kHostPinned);
+    // Both halves are free here: the previous set_lora waited for its copies. Run i is built
+    // into half i % 2 while run i-1's copy reads the other half; the wait before issuing
+    // run i's copy also covers run i-1's, so that half is free again when run i+1 is built.
+    try {
+      for (size_t i = 0; i < runs.size(); ++i) {
+        char* half =
+            static_cast<char*>(lora_staging_.get()) + (i % 2) * lora_staging_half_bytes_;
+        const auto t1 = Clock::now();
+        write_lora_image(adapter, lora_image_run_blocks(image_blocks, runs[i]), dt, half,
+                         runs[i].elements());
+        times.image_seconds += seconds_since(t1);
+        const auto t2 = Clock::now();
+        backend_.synchronize();
+        times.upload_seconds += seconds_since(t2);
+        backend_.write_weights(flat, runs[i].begin, half, dt, runs[i].elements(),
+                               TensorMemory::kHostPinned);
+      }
+    } catch (...) {
+      // A run refused after earlier ones went up: their copies must finish before `fresh`
+      // (their destination) is freed and the staging is written again.
+      backend_.synchronize();
+      throw;
+    }
+    const auto t3 = Clock::now();
     backend_.synchronize();
-    times.upload_seconds = seconds_since(t2);
+    times.upload_seconds += seconds_since(t3);
   }
   // The packed copies of A, made from the image's A on the backend (in stream order; the
   // wait below covers them), wherever the image was written.
   char* packed_base = static_cast<char*>(fresh.storage.get());
-  const int64_t elem_bytes = static_cast<int64_t>(dtype_size(dt));
+  const auto elem_bytes = static_cast<int64_t>(elem_size);
   for (size_t l = 0; l < layers_.size(); ++l) {
     for (int g = 0; g < kNumLoraGroups; ++g) {
       if (blocks[l][g].packed < 0) continue;
@@ -454,6 +481,14 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
   upload_lora_table();
   lora_slots_[static_cast<size_t>(slot)] = std::move(fresh);
   last_lora_load_ = times;
+}
+
+void Qwen3Model::set_lora_staging_chunk_bytes(size_t bytes) {
+  PAGELLM_CHECK(bytes >= 1) << "set_lora_staging_chunk_bytes: a staging half needs at least 1 "
+                               "byte, got 0";
+  lora_staging_.reset();
+  lora_staging_half_bytes_ = 0;
+  lora_staging_chunk_bytes_ = bytes;
 }
 
 void Qwen3Model::clear_lora(int32_t slot) {

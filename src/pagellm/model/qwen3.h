@@ -8,6 +8,7 @@
 // q/k/v and gate/up are stored fused, so each is one matrix product.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
@@ -122,15 +123,23 @@ class Qwen3Model {
   bool has_lora(int32_t slot) const;
   /// Bytes of backend memory slot `slot`'s factors take (0 for an empty slot).
   size_t lora_bytes(int32_t slot) const;
-  /// Where the last set_lora's time went, in seconds: pinning a larger staging buffer (0
-  /// when the kept one was large enough or the image is built in place), building the image
-  /// (write_lora_image), and the copy to the backend with the wait for it (0 in place).
+  /// Where the last set_lora's time went, in seconds. staging: pinning the staging buffer
+  /// (only the first staged load, or one with a block larger than a half; 0 in place).
+  /// image: building the image on the host (write_lora_image, every run). upload: waiting
+  /// for copies to the backend, the part of the upload not hidden behind building the next
+  /// run (at least the last run's copy; 0 in place).
   struct LoraLoadTimes {
     double staging_seconds = 0.0;
     double image_seconds = 0.0;
     double upload_seconds = 0.0;
   };
   const LoraLoadTimes& last_lora_load() const { return last_lora_load_; }
+  /// The default bytes of each half of set_lora's pinned staging buffer (see lora_staging_).
+  static constexpr size_t kLoraStagingChunkBytes = size_t{16} << 20;
+  /// Sets the bytes of each staging half for the next staged load (the kept buffer is
+  /// released; the next load pins anew); a half still grows to the largest block. Tests use
+  /// small halves to make a small model's image go up in several runs. Between loads.
+  void set_lora_staging_chunk_bytes(size_t bytes);
 
   /// Allocates activations for steps of up to max_tokens tokens and max_rows logits rows.
   /// forward() never allocates; views into this workspace are stable (CUDA graphs).
@@ -197,10 +206,15 @@ class Qwen3Model {
     DeviceBuffer storage;
   };
   std::vector<LoraSlot> lora_slots_;  // by slot number; [0] is never used
-  /// Where set_lora builds a slot's image on a backend whose memory is not the host's:
-  /// page-locked, so that the image goes up in one copy with no conversion, and kept for
-  /// the next load (pinning ~130 MB costs tens of ms); grown, never shrunk.
+  /// Where set_lora builds a slot's image on a backend whose memory is not the host's, run
+  /// by run (lora_image_runs): two halves of lora_staging_half_bytes_, used alternately,
+  /// so that the host builds run i in one half while run i-1's copy (no conversion) reads
+  /// the other. Page-locked and bounded (32 MiB, not the whole image: ~132 MB for r = 32 on
+  /// Qwen3-4B, whose pinning cost 50-80 ms), pinned on the first staged load and kept;
+  /// re-pinned only when an adapter has a block larger than a half.
   PinnedHostBuffer lora_staging_;
+  size_t lora_staging_chunk_bytes_ = kLoraStagingChunkBytes;  // the default half
+  size_t lora_staging_half_bytes_ = 0;  // each half of lora_staging_ (0: not pinned yet)
   LoraLoadTimes last_lora_load_;
   int32_t lora_num_slots_ = 0;        // max_slots + 1 once enable_lora ran
   int32_t lora_max_rank_ = 0;         // enable_lora's max_rank
