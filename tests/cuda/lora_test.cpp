@@ -331,9 +331,11 @@ struct LoraEngineRun {
 LoraEngineRun run_lora_engine(const std::string& backend_name, const Qwen3Config& c,
                               const testing::HostWeights& w,
                               const std::vector<std::string>& adapter_dirs,
-                              const std::vector<std::string>& loras) {
+                              const std::vector<std::string>& loras,
+                              size_t staging_chunk_bytes = 0) {
   auto backend = create_backend(backend_name);
   auto model = std::make_unique<Qwen3Model>(*backend, c, w.lookup());
+  if (staging_chunk_bytes > 0) model->set_lora_staging_chunk_bytes(staging_chunk_bytes);
   EngineConfig ec;
   ec.backend = backend_name;
   ec.page_size = 16;
@@ -415,6 +417,39 @@ TEST(CudaLora, MixedAdapterBatchTracksTheCpuBackend) {
   // Decode steps with adapters replay LoRA graphs, as the base model's replay its graphs.
   EXPECT_GT(gpu.graph_steps, 0);
   EXPECT_GT(gpu_base.graph_steps, 0);
+}
+
+// set_lora's staged upload in several runs (4 KiB halves grow to the largest block, so
+// each adapter's image, 8 blocks of up to ~147 KB, goes up in at least 2 runs through both
+// halves) lands the same factors as in one run (16 MiB halves): the logits agree far
+// more closely than the adapter moves them. A half rewritten before its copy finished, or
+// a run copied to the wrong offset, would corrupt the factors.
+TEST(CudaLora, StagedUploadInSeveralRunsEqualsOneRun) {
+  if (test::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  const uint64_t seed = test::test_seed();
+  const Qwen3Config c = testing::small_gpu_config();
+  const testing::HostWeights w = testing::random_weights(c, seed);
+  testing::TempDir d0, d1;
+  LoraConfig cfg;
+  cfg.rank = 32;
+  cfg.alpha = 64;
+  cfg.target_modules = {LoraModule::kQ,    LoraModule::kK,  LoraModule::kV,   LoraModule::kO,
+                        LoraModule::kGate, LoraModule::kUp, LoraModule::kDown};
+  make_lora_adapter(d0.path(), c, cfg, seed + 3, DType::BF16, 0.05f);
+  cfg.rank = 16;
+  cfg.target_modules = {LoraModule::kV, LoraModule::kUp, LoraModule::kDown};
+  make_lora_adapter(d1.path(), c, cfg, seed + 4, DType::F32, 0.05f);
+  const std::vector<std::string> dirs = {d0.path(), d1.path()};
+  const std::vector<std::string> loras = {"a0", "a1", "a0", "a1"};
+  const LoraEngineRun one_run = run_lora_engine("cuda", c, w, dirs, loras);
+  const LoraEngineRun runs = run_lora_engine("cuda", c, w, dirs, loras, 4 << 10);
+  const LoraEngineRun base = run_lora_engine("cuda", c, w, {}, std::vector<std::string>(4, ""));
+  for (int64_t id = 1; id <= static_cast<int64_t>(loras.size()); ++id) {
+    const double err = logits_error(runs, one_run, id);
+    EXPECT_LT(err, 1e-3) << "request " << id << " (" << loras[id - 1] << "), seed " << seed;
+    EXPECT_GT(logits_error(base, one_run, id), 10 * std::max(err, 1e-4))
+        << "the adapter barely moved request " << id << "'s logits; seed " << seed;
+  }
 }
 
 }  // namespace
