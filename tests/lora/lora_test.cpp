@@ -415,6 +415,12 @@ TEST(LoraEngine, HalfPrecisionFilesAndTheStagedUploadMatchTheMergedModel) {
   // The default 16 MiB halves (each image goes up in one run) and 8 KiB halves (2048 f32
   // elements: several runs per image, the halves used alternately; the r = 16 adapter's
   // gate/up blocks of 2560 elements grow them).
+  {
+    CpuBackend cpu;
+    Qwen3Model model(cpu, mc, base.lookup());
+    expect_error([&] { model.set_lora_staging_chunk_bytes(0); },
+                 "a staging half needs at least 1 byte, got 0");
+  }
   StagedEngine whole = make_staged_engine(mc, base, 0);
   StagedEngine chunked = make_staged_engine(mc, base, 8 << 10);
   std::unique_ptr<Engine> in_place = make_engine(mc, base);
