@@ -28,7 +28,9 @@ cd "$(dirname "$0")/.."
 BUNDLE=${1:-gpu-bundle}
 LOG=${2:-gpu-logs}
 shift 2 || true
-B=/tmp/pagellm-gpu
+# Where the bundle is unpacked (PAGELLM_GPU_DIR): a second suite started while one runs
+# (a soak in the background) needs its own.
+B=${PAGELLM_GPU_DIR:-/tmp/pagellm-gpu}
 rm -rf "$B" && mkdir -p "$B" && xz -dc "$BUNDLE/bundle.tar.xz" | tar -C "$B" -xf - || exit 1
 STEPS=${*:-tests e2e logprobs bench rl python lora serve trace attn gemm stream calib hf}
 mkdir -p "$LOG"

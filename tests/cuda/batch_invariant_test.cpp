@@ -333,8 +333,7 @@ TEST(BatchInvariantEngine, LoraRequestBitsDoNotDependOnTheBatch) {
   LoraConfig cfg;
   cfg.rank = 16;
   cfg.alpha = 32;
-  cfg.target_modules = {LoraModule::kQ,    LoraModule::kK,  LoraModule::kV,   LoraModule::kO,
-                        LoraModule::kGate, LoraModule::kUp, LoraModule::kDown};
+  cfg.target_modules = {kAllLoraModules.begin(), kAllLoraModules.end()};
   make_lora_adapter(d0.path(), c, cfg, 31, DType::BF16, 0.05f);
   cfg.rank = 8;
   cfg.target_modules = {LoraModule::kQ, LoraModule::kV, LoraModule::kDown};

@@ -386,11 +386,7 @@ TEST(CudaLora, MixedAdapterBatchTracksTheCpuBackend) {
   for (auto& [name, values] : w.data)
     for (float& v : values) v = bf16_to_f32(f32_to_bf16(v));  // the same numbers on both
   testing::TempDir d0, d1;
-  LoraConfig cfg;
-  cfg.rank = 32;
-  cfg.alpha = 64;
-  cfg.target_modules = {LoraModule::kQ,    LoraModule::kK,  LoraModule::kV,   LoraModule::kO,
-                        LoraModule::kGate, LoraModule::kUp, LoraModule::kDown};
+  LoraConfig cfg = testing::all_modules_lora_config(32);
   make_lora_adapter(d0.path(), c, cfg, seed + 1, DType::BF16, 0.05f);
   cfg.rank = 8;
   make_lora_adapter(d1.path(), c, cfg, seed + 2, DType::BF16, 0.05f);
@@ -430,11 +426,7 @@ TEST(CudaLora, StagedUploadInSeveralRunsEqualsOneRun) {
   const Qwen3Config c = testing::small_gpu_config();
   const testing::HostWeights w = testing::random_weights(c, seed);
   testing::TempDir d0, d1;
-  LoraConfig cfg;
-  cfg.rank = 32;
-  cfg.alpha = 64;
-  cfg.target_modules = {LoraModule::kQ,    LoraModule::kK,  LoraModule::kV,   LoraModule::kO,
-                        LoraModule::kGate, LoraModule::kUp, LoraModule::kDown};
+  LoraConfig cfg = testing::all_modules_lora_config(32);
   make_lora_adapter(d0.path(), c, cfg, seed + 3, DType::BF16, 0.05f);
   cfg.rank = 16;
   cfg.target_modules = {LoraModule::kV, LoraModule::kUp, LoraModule::kDown};

@@ -33,21 +33,12 @@ SamplingParams greedy() {
   return p;
 }
 
-LoraConfig all_modules(int64_t rank) {
-  LoraConfig c;
-  c.rank = rank;
-  c.alpha = 2.0 * static_cast<double>(rank);
-  c.target_modules = {LoraModule::kQ,    LoraModule::kK,  LoraModule::kV,   LoraModule::kO,
-                      LoraModule::kGate, LoraModule::kUp, LoraModule::kDown};
-  return c;
-}
-
 TEST(LoraApi, GenerateWithAdapters) {
   const std::string model = testing::tiny_model_dir();
   const Qwen3Config mc = load_qwen3_config(model);
   testing::TempDir a, b;
-  make_lora_adapter(a.path(), mc, all_modules(8), 1, DType::BF16, 0.5f);
-  make_lora_adapter(b.path(), mc, all_modules(4), 2, DType::F32, 0.5f);
+  make_lora_adapter(a.path(), mc, testing::all_modules_lora_config(8), 1, DType::BF16, 0.5f);
+  make_lora_adapter(b.path(), mc, testing::all_modules_lora_config(4), 2, DType::F32, 0.5f);
   LLM llm(model, small_engine());
   const std::vector<Prompt> prompts = {Prompt::from_token_ids({10, 20, 30, 40}),
                                        Prompt::from_token_ids({7, 8, 9})};

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "pagellm/common/check.h"
+#include "pagellm/model/lora.h"
 
 namespace pagellm::testing {
 
@@ -69,6 +70,15 @@ std::string error_of(Fn&& fn) {
   }
   ADD_FAILURE() << "expected a pagellm::Error";
   return "";
+}
+
+/// An adapter config of `rank` on all seven modules, lora_alpha = 2 · rank.
+inline LoraConfig all_modules_lora_config(int64_t rank) {
+  LoraConfig c;
+  c.rank = rank;
+  c.alpha = 2.0 * static_cast<double>(rank);
+  c.target_modules = {kAllLoraModules.begin(), kAllLoraModules.end()};
+  return c;
 }
 
 }  // namespace pagellm::testing

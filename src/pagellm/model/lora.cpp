@@ -18,18 +18,14 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr std::array<LoraModule, kNumLoraModules> kAllModules = {
-    LoraModule::kQ,    LoraModule::kK,  LoraModule::kV,   LoraModule::kO,
-    LoraModule::kGate, LoraModule::kUp, LoraModule::kDown};
-
 std::string accepted_modules() {
   std::string s;
-  for (LoraModule m : kAllModules) s += std::string(s.empty() ? "" : ", ") + lora_module_name(m);
+  for (LoraModule m : kAllLoraModules) s += std::string(s.empty() ? "" : ", ") + lora_module_name(m);
   return s;
 }
 
 bool module_from_name(const std::string& name, LoraModule* out) {
-  for (LoraModule m : kAllModules) {
+  for (LoraModule m : kAllLoraModules) {
     if (name == lora_module_name(m)) {
       *out = m;
       return true;
@@ -170,7 +166,7 @@ LoraConfig parse_lora_config(const std::string& json_text, const std::string& so
         << source << ": target_modules " << targets.dump()
         << " is a regex, which is not supported; give a list of modules among "
         << accepted_modules() << ", or \"all-linear\"";
-    for (LoraModule m : kAllModules) chosen.insert(static_cast<int>(m));
+    for (LoraModule m : kAllLoraModules) chosen.insert(static_cast<int>(m));
   } else {
     PAGELLM_CHECK(targets.is_array() && !targets.empty())
         << source << ": target_modules must be a non-empty list of modules among "

@@ -23,6 +23,10 @@ namespace pagellm {
 /// The seven linear modules of a Qwen3 layer an adapter may target, in the engine's order.
 enum class LoraModule : int { kQ, kK, kV, kO, kGate, kUp, kDown };
 constexpr int kNumLoraModules = 7;
+/// Every module, in the engine's order.
+constexpr std::array<LoraModule, kNumLoraModules> kAllLoraModules = {
+    LoraModule::kQ,    LoraModule::kK,  LoraModule::kV,   LoraModule::kO,
+    LoraModule::kGate, LoraModule::kUp, LoraModule::kDown};
 /// The largest rank this engine serves (Backend::lora_add's shrink workspace is this wide).
 constexpr int64_t kMaxLoraRank = 64;
 

@@ -128,6 +128,7 @@ struct LoraParams {
   int width[3] = {0, 0, 0};
   int width_total = 0;     // Bᵀ's row stride
   unsigned shrink_clusters = 0;  // kLoraFused: clusters the expand waits for
+  int num_slots = 0;       // entries of slots (slot 0 unused)
 };
 
 struct Params {
@@ -324,6 +325,10 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
                "r"(valid ? 16 : 0)
                : "memory");
 }
+/// Starts bringing `bytes` (a multiple of 16) from 16-byte aligned global `p` into L2.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -334,6 +339,15 @@ __device__ __forceinline__ void cp_async_wait_all() {
 /// The module a column of the group belongs to (Bᵀ's columns are the group's columns).
 __device__ __forceinline__ int lora_module_of(const LoraParams& l, int col) {
   return col < l.width[0] ? 0 : (col < l.width[0] + l.width[1] ? 1 : 2);
+}
+
+/// The share [lo, hi) of `count` items that rank `rank` of a cluster of `splits` CTAs takes.
+struct RankShare {
+  int lo, hi;
+};
+__device__ __forceinline__ RankShare rank_share(int rank, int count, int splits) {
+  return {static_cast<int>(static_cast<int64_t>(rank) * count / splits),
+          static_cast<int>(static_cast<int64_t>(rank + 1) * count / splits)};
 }
 
 /// Called once by every cluster (thread 0 of rank 0) at its very end in kLoraFused mode: the
@@ -407,6 +421,19 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       }
       return;
     }
+    // The slot's whole Bᵀ (every row tile's columns) starts into L2 now, next to the weight
+    // stream, so that the row tiles' copies after their main loops find it there: 16 KiB a
+    // request, spread over warp 0 of the cluster's CTAs (of the first LoRA tile of the slot
+    // and the first token tile).
+    if (lora_h0 == 0 && blockIdx.z == 0 && tid < 32) {
+      constexpr uint32_t kPiece = 16384;
+      const uint32_t bytes = static_cast<uint32_t>(f.rank) * lora.width_total * 2;
+      const char* bt = static_cast<const char*>(f.bt);
+      for (uint32_t off = (static_cast<uint32_t>(split) * 32 + tid) * kPiece; off < bytes;
+           off += static_cast<uint32_t>(p.splits) * 32 * kPiece) {
+        bulk_prefetch_l2(bt + off, min(kPiece, bytes - off));
+      }
+    }
   }
   const int box_row0 = lora_tile ? 0 : static_cast<int>(half_first_row(tile, 0, kGated ? p.inter : 0));
   const int box_row1 = lora_tile ? 0 : static_cast<int>(half_first_row(tile, 1, kGated ? p.inter : 0));
@@ -462,10 +489,28 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   const bool expand = !lora_tile && (lora.mode == kLoraFused || lora.mode == kLoraExpand);
   __shared__ int lora_token_slot[kTokens];  // each token's slot, 0: none
   __shared__ unsigned long long lora_mask;  // bit q: a token uses slot q
+  // What the expand needs of each slot q (written after the main loop): Bᵀ, the rank (0:
+  // the slot's adapter does not target this group) and the scale.
+  __shared__ const __nv_bfloat16* lora_q_bt[kSkinnyLoraMaxSlots];
+  __shared__ int lora_q_rank[kSkinnyLoraMaxSlots];
+  __shared__ float lora_q_scale[kSkinnyLoraMaxSlots];
   int my_row_slot = 0;
+  // Warpgroup 1's threads 1 .. num_slots - 1 load slot q = tid - 128's entry the same way
+  // (the slot table changes only between steps).
+  const int my_q = tid - 128;
+  const bool loads_slot = expand && my_q >= 1 && my_q < lora.num_slots;
+  const __nv_bfloat16* my_q_bt = nullptr;
+  int my_q_rank = 0;
+  float my_q_scale = 0.0f;
   if (expand) {
     if (tid == 0) lora_mask = 0;
     if (tid >= 64 && tid < 64 + valid_tokens) my_row_slot = __ldg(lora.row_slots + m0 + tid - 64);
+    if (loads_slot) {
+      const LoraSlotRef& f = lora.slots[my_q];
+      my_q_bt = static_cast<const __nv_bfloat16*>(f.bt);
+      my_q_rank = f.a == nullptr ? 0 : f.rank;
+      my_q_scale = f.scale;
+    }
   }
   pdl_wait();
   if (tid == 0) {
@@ -543,10 +588,10 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   // columns into bt_sm, 16 bytes a copy (zeros past the product), without waiting.
   auto stage_bt = [&](int b0, int nb) {
     for (int b = 0; b < nb; ++b) {
-      const LoraSlotRef& f = lora.slots[list_slot(b0 + b)];
-      if (f.a == nullptr) continue;  // no adapter for this group: its rows' deltas are zero
-      const auto* bt = static_cast<const __nv_bfloat16*>(f.bt);
-      for (int idx = tid; idx < f.rank * (kRows / 8); idx += kThreads) {
+      const int q = list_slot(b0 + b);
+      const int rank_q = lora_q_rank[q];  // 0: no adapter for this group (zero deltas)
+      const __nv_bfloat16* bt = lora_q_bt[q];
+      for (int idx = tid; idx < rank_q * (kRows / 8); idx += kThreads) {
         const int i = idx / (kRows / 8), c = (idx % (kRows / 8)) * 8;
         const int gc = group_col(c);
         const __nv_bfloat16* src = gc >= 0 ? bt + static_cast<size_t>(i) * lora.width_total + gc : bt;
@@ -564,6 +609,11 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     if (tid >= 64 && tid < 64 + kTokens) {
       lora_token_slot[tid - 64] = my_row_slot;
       if (my_row_slot > 0) atomicOr(&lora_mask, 1ull << my_row_slot);
+    }
+    if (loads_slot) {
+      lora_q_bt[my_q] = my_q_bt;
+      lora_q_rank[my_q] = my_q_rank;
+      lora_q_scale[my_q] = my_q_scale;
     }
     __syncthreads();
     lora_list_size = __popcll(lora_mask);
@@ -620,10 +670,8 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     // i = j mod r of module j / r, stored at s[token][module · 64 + i].
     const int r = lora.slots[lora_slot].rank;
     const int s_stride = lora.modules * kHalf;
-    const int groups = valid_tokens * (kRows / 4);
-    const int lo = static_cast<int>(static_cast<int64_t>(rank) * groups / splits);
-    const int hi = static_cast<int>(static_cast<int64_t>(rank + 1) * groups / splits);
-    for (int grp = lo + tid; grp < hi; grp += kThreads) {
+    const RankShare share = rank_share(rank, valid_tokens * (kRows / 4), splits);
+    for (int grp = share.lo + tid; grp < share.hi; grp += kThreads) {
       const int m_local = grp / (kRows / 4), c0 = (grp % (kRows / 4)) * 4;
       const int token = m0 + m_local;
       const int j0 = lora_h0 * kHalf + c0;
@@ -666,22 +714,25 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       __syncthreads();
     }
     if constexpr (kSmemS) {
-      // The sums of the tokens with an adapter, in one round of loads (L2).
+      // The sums of the tokens with an adapter, copied from L2 in one round (cp.async:
+      // every copy in flight at once; the Bᵀ wait below covers them).
       const int vecs = s_stride / 4;
       for (int idx = tid; idx < valid_tokens * vecs; idx += kThreads) {
         const int m_local = idx / vecs, v = idx % vecs;
         if (lora_token_slot[m_local] <= 0) continue;
-        reinterpret_cast<float4*>(s_sm + m_local * 3 * kHalf)[v] =
-            __ldcg(reinterpret_cast<const float4*>(lora.s + static_cast<size_t>(m0 + m_local) * s_stride) + v);
+        cp_async16(smem_addr(s_sm + m_local * 3 * kHalf + 4 * v),
+                   lora.s + static_cast<size_t>(m0 + m_local) * s_stride + 4 * v, true);
       }
+      cp_async_commit();
     }
     // Delta of the 4 LoRA columns c0.. of row m_local, whose slot's Bᵀ is at b of the batch.
     auto delta_at = [&](int m_local, int c0, int b) {
       const int gc = group_col(c0);
       if (gc < 0) return;
-      const LoraSlotRef& f = lora.slots[lora_token_slot[m_local]];
+      const int q = lora_token_slot[m_local];
+      const int rank_q = lora_q_rank[q];
       float* dst = delta_sm + m_local * kRows + c0;
-      if (f.a == nullptr) {  // the slot's adapter does not target this group
+      if (rank_q == 0) {  // the slot's adapter does not target this group
 #pragma unroll
         for (int j = 0; j < 4; ++j) dst[j] = 0.0f;
         return;
@@ -689,7 +740,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       const int m = lora_module_of(lora, gc);
       const __nv_bfloat16* bt = bt_sm + static_cast<size_t>(b) * bt_slot_elems + c0;
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int i0 = 0; i0 < f.rank; i0 += 32) {
+      for (int i0 = 0; i0 < rank_q; i0 += 32) {
         float sv[32];
         if constexpr (kSmemS) {
           const float* s_row = s_sm + m_local * 3 * kHalf + m * kHalf + i0;
@@ -708,7 +759,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
         }
 #pragma unroll
         for (int k = 0; k < 32; ++k) {
-          if (i0 + k < f.rank) {
+          if (i0 + k < rank_q) {
             const uint2 raw = *reinterpret_cast<const uint2*>(bt + (i0 + k) * kRows);
             const __nv_bfloat162 lo2 = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
             const __nv_bfloat162 hi2 = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
@@ -720,7 +771,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
         }
       }
 #pragma unroll
-      for (int j = 0; j < 4; ++j) dst[j] = f.scale * d[j];
+      for (int j = 0; j < 4; ++j) dst[j] = lora_q_scale[q] * d[j];
     };
     for (int b0 = 0; b0 < lora_list_size; b0 += slots_per_batch) {
       const int nb = min(slots_per_batch, lora_list_size - b0);
@@ -732,17 +783,16 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
         return e >= b0 && e < b0 + nb ? e - b0 : -1;
       };
       if constexpr (kEpi == Epi::kQkNormRope) {
-        const int lo = rank * valid_tokens / splits, hi = (rank + 1) * valid_tokens / splits;
-        for (int item = lo * (kRows / 4) + tid; item < hi * (kRows / 4); item += kThreads) {
+        const RankShare rows = rank_share(rank, valid_tokens, splits);
+        for (int item = rows.lo * (kRows / 4) + tid; item < rows.hi * (kRows / 4);
+             item += kThreads) {
           const int m_local = item / (kRows / 4), b = in_batch(m_local);
           if (b >= 0) delta_at(m_local, (item % (kRows / 4)) * 4, b);
         }
       } else {
         constexpr int kGroupsPerToken = (kGated ? kHalf : kRows) / 4;
-        const int groups = valid_tokens * kGroupsPerToken;
-        const int lo = static_cast<int>(static_cast<int64_t>(rank) * groups / splits);
-        const int hi = static_cast<int>(static_cast<int64_t>(rank + 1) * groups / splits);
-        for (int grp = lo + tid; grp < hi; grp += kThreads) {
+        const RankShare share = rank_share(rank, valid_tokens * kGroupsPerToken, splits);
+        for (int grp = share.lo + tid; grp < share.hi; grp += kThreads) {
           const int m_local = grp / kGroupsPerToken, c0 = (grp % kGroupsPerToken) * 4;
           const int b = in_batch(m_local);
           if (b < 0) continue;
@@ -750,15 +800,18 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
           if constexpr (kGated) delta_at(m_local, kHalf + c0, b);
         }
       }
-      __syncthreads();  // the next batch's Bᵀ overwrites this one's
+      // The next batch's Bᵀ overwrites this one's. After the last batch only the qkv
+      // epilogue needs a barrier: the others read each delta in the thread that wrote it
+      // (the same rank_share and the same groups a thread).
+      if (kEpi == Epi::kQkNormRope || b0 + nb < lora_list_size) __syncthreads();
     }
   }
   // Whether row m_local of the tile gets a delta (delta_sm holds it).
   auto has_delta = [&](int m_local) { return lora_rows_here && lora_token_slot[m_local] > 0; };
   if constexpr (kEpi == Epi::kQkNormRope) {
-    // The cluster's CTAs share the tile's token rows: rank r takes [lo, hi), a warp a row.
-    const int lo = rank * valid_tokens / splits, hi = (rank + 1) * valid_tokens / splits;
-    for (int m_local = lo + (tid >> 5); m_local < hi; m_local += kThreads / 32) {
+    // The cluster's CTAs share the tile's token rows (rank_share), a warp a row.
+    const RankShare rows = rank_share(rank, valid_tokens, splits);
+    for (int m_local = rows.lo + (tid >> 5); m_local < rows.hi; m_local += kThreads / 32) {
       const float4 sum = cluster_sum4(m_local * kPartialStride + 4 * lane);
       if (has_delta(m_local)) {
         const float4 d = *reinterpret_cast<const float4*>(delta_sm + m_local * kRows + 4 * lane);
@@ -771,12 +824,10 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     if (fused && tid == 0 && rank == 0) lora_cluster_finished(lora);
     return;
   }
-  // The cluster's CTAs share the tile's groups of 4 columns: rank r takes [lo, hi).
+  // The cluster's CTAs share the tile's groups of 4 columns (rank_share).
   constexpr int kGroupsPerToken = (kGated ? kHalf : kRows) / 4;
-  const int groups = valid_tokens * kGroupsPerToken;
-  const int lo = static_cast<int>(static_cast<int64_t>(rank) * groups / splits);
-  const int hi = static_cast<int>(static_cast<int64_t>(rank + 1) * groups / splits);
-  for (int grp = lo + tid; grp < hi; grp += kThreads) {
+  const RankShare share = rank_share(rank, valid_tokens * kGroupsPerToken, splits);
+  for (int grp = share.lo + tid; grp < share.hi; grp += kThreads) {
     const int m_local = grp / kGroupsPerToken, c0 = (grp % kGroupsPerToken) * 4;
     const size_t out_row = static_cast<size_t>(m0 + m_local);
     if constexpr (kGated) {
@@ -986,6 +1037,7 @@ LoraParams lora_params(const SkinnyLora* lora, Epi epi, int64_t N, int64_t inter
          "multiple of 8 covering the product, at most " << kSkinnyLoraMaxSlots
       << " slots, a bf16 output, slot table, row slots and scratch)";
   l.slots = lora->slots;
+  l.num_slots = lora->num_slots;
   l.row_slots = lora->row_slots;
   l.s = lora->s;
   l.counters = lora->counters;
