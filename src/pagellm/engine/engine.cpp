@@ -603,7 +603,7 @@ std::vector<ScoreOutput> Engine::score(const std::vector<std::vector<int32_t>>& 
           indices.push_back(offset + p - begin);
           targets.emplace_back(g, p);
         }
-        out.scheduled.push_back(ScheduledSeq{&seq, count, false});
+        out.scheduled.push_back(ScheduledSeq{&seq, count, false, {}});
         out.num_tokens += count;
         tokens_left -= count;
         rows_left -= std::max(0, begin + count - std::max(begin, first_row));
