@@ -333,7 +333,9 @@ TEST(LoraImageRuns, TheImageWrittenRunByRunEqualsTheWholeImage) {
       SCOPED_TRACE(std::string(dtype_name(dtype)) + ", limit " + std::to_string(limit));
       const std::vector<LoraImageRun> runs = lora_image_runs(blocks, limit);
       expect_valid_runs(blocks, runs, limit);
-      if (limit < total) EXPECT_GE(runs.size(), 2u);
+      if (limit < total) {
+        EXPECT_GE(runs.size(), 2u);
+      }
       std::vector<unsigned char> pieced;
       for (const LoraImageRun& run : runs) {
         // Each run into its own poisoned buffer, as into a staging half.

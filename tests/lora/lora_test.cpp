@@ -454,7 +454,9 @@ TEST(LoraEngine, HalfPrecisionFilesAndTheStagedUploadMatchTheMergedModel) {
     ASSERT_EQ(whole.backend->pinned_copies.size(), 1u);
     // The runs' copies cover the image from element 0, back to back, once each.
     const auto& runs = chunked.backend->pinned_copies;
-    if (k != 1) EXPECT_GE(runs.size(), 3u);  // case 1's image is smaller than one half
+    if (k != 1) {  // case 1's image is smaller than one half
+      EXPECT_GE(runs.size(), 3u);
+    }
     ASSERT_FALSE(runs.empty());
     EXPECT_EQ(runs.front().first, 0);
     for (size_t i = 1; i < runs.size(); ++i) EXPECT_EQ(runs[i].first, runs[i - 1].second);

@@ -411,16 +411,15 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
         (std::max(lora_staging_chunk_bytes_,
                   static_cast<size_t>(lora_image_largest_block(image_blocks)) * elem_size) +
          255) / 256 * 256;
-    if (lora_staging_half_bytes_ < half_bytes) {
+    if (lora_staging_.size() / 2 < half_bytes) {
       const auto t0 = Clock::now();
       lora_staging_.reset();
-      lora_staging_half_bytes_ = 0;
       lora_staging_ = PinnedHostBuffer(&backend_, 2 * half_bytes);
-      lora_staging_half_bytes_ = half_bytes;
       times.staging_seconds = seconds_since(t0);
     }
+    const size_t staging_half = lora_staging_.size() / 2;
     const std::vector<LoraImageRun> runs = lora_image_runs(
-        image_blocks, static_cast<int64_t>(lora_staging_half_bytes_ / elem_size));
+        image_blocks, static_cast<int64_t>(staging_half / elem_size));
     Tensor flat = fresh.storage.tensor(dt, {total});
     // Both halves are free here: the previous set_lora waited for its copies. Run i is built
     // into half i % 2 while run i-1's copy reads the other half; the wait before issuing
@@ -428,7 +427,7 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
     try {
       for (size_t i = 0; i < runs.size(); ++i) {
         char* half =
-            static_cast<char*>(lora_staging_.get()) + (i % 2) * lora_staging_half_bytes_;
+            static_cast<char*>(lora_staging_.get()) + (i % 2) * staging_half;
         const auto t1 = Clock::now();
         write_lora_image(adapter, lora_image_run_blocks(image_blocks, runs[i]), dt, half,
                          runs[i].elements());
@@ -487,7 +486,6 @@ void Qwen3Model::set_lora_staging_chunk_bytes(size_t bytes) {
   PAGELLM_CHECK(bytes >= 1) << "set_lora_staging_chunk_bytes: a staging half needs at least 1 "
                                "byte, got 0";
   lora_staging_.reset();
-  lora_staging_half_bytes_ = 0;
   lora_staging_chunk_bytes_ = bytes;
 }
 

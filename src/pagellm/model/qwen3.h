@@ -207,14 +207,13 @@ class Qwen3Model {
   };
   std::vector<LoraSlot> lora_slots_;  // by slot number; [0] is never used
   /// Where set_lora builds a slot's image on a backend whose memory is not the host's, run
-  /// by run (lora_image_runs): two halves of lora_staging_half_bytes_, used alternately,
+  /// by run (lora_image_runs): its two halves (size() / 2 each) used alternately,
   /// so that the host builds run i in one half while run i-1's copy (no conversion) reads
   /// the other. Page-locked and bounded (32 MiB, not the whole image: ~132 MB for r = 32 on
   /// Qwen3-4B, whose pinning cost 50-80 ms), pinned on the first staged load and kept;
   /// re-pinned only when an adapter has a block larger than a half.
   PinnedHostBuffer lora_staging_;
   size_t lora_staging_chunk_bytes_ = kLoraStagingChunkBytes;  // the default half
-  size_t lora_staging_half_bytes_ = 0;  // each half of lora_staging_ (0: not pinned yet)
   LoraLoadTimes last_lora_load_;
   int32_t lora_num_slots_ = 0;        // max_slots + 1 once enable_lora ran
   int32_t lora_max_rank_ = 0;         // enable_lora's max_rank
