@@ -3,7 +3,7 @@
 # compiler or package needed there beyond the CUDA toolkit, python3 with torch and
 # transformers). Usage: scripts/gpu_suite.sh BUNDLE_DIR LOG_DIR [steps...]
 # BUNDLE_DIR holds bundle.tar.xz (bin/ and lib/) as scripts/build_gpu.sh leaves it.
-# Steps (default: all but ablate and soak): tests e2e logprobs bench rl python lora serve trace ablate attn gemm stream calib hf soak
+# Steps (default: all but ablate and soak): tests e2e logprobs bench rl python lora serve trace prefill ablate attn gemm stream calib hf soak
 # "python" installs the bundle's wheel (pagellm-*-cp312-*.whl) into /tmp/pagellm-site and
 # runs scripts/grpo_loop.py: 20 GRPO steps with torch, weights pushed by update_weights,
 # pagellm's score() checked against torch after each push.
@@ -22,6 +22,8 @@
 # Qwen3-0.6B with two random r = 32 adapters (LORA_PRESET), and the W1 LoRA benchmarks: one
 # r = 32 adapter and 8 adapters, each as a fraction of W1 without LoRA (--lora-compare).
 # "trace" records 8 mid-decode W1 steps' kernels (CUPTI) and prints where the time goes.
+# "prefill" runs `pagellm bench` at 16 x 2,048 and 4 x 8,192 prompt tokens beside
+# bench/peers/hf_prefill.py (transformers, SDPA) and traces the 16 x 2,048 prefill.
 # "ablate" re-runs W1 with one optimisation off at a time (ABLATIONS: VAR=VALUE items).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +34,7 @@ shift 2 || true
 # (a soak in the background) needs its own.
 B=${PAGELLM_GPU_DIR:-/tmp/pagellm-gpu}
 rm -rf "$B" && mkdir -p "$B" && xz -dc "$BUNDLE/bundle.tar.xz" | tar -C "$B" -xf - || exit 1
-STEPS=${*:-tests e2e logprobs bench rl python lora serve trace attn gemm stream calib hf}
+STEPS=${*:-tests e2e logprobs bench rl python lora serve trace prefill attn gemm stream calib hf}
 mkdir -p "$LOG"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONUNBUFFERED=1
@@ -132,6 +134,18 @@ fi
 if has trace; then
   step "W1 kernel trace: where a decode step's time goes"
   "$B/bin/pagellm" bench --trace-steps 8 --trace-out "$LOG/trace_w1.csv" 2>&1 | grep -v building | tee "$LOG/trace_w1.log"
+fi
+
+if has prefill; then
+  step "prefill throughput (issue 20): pagellm beside transformers, and a traced prefill"
+  for shape in "16 2048" "4 8192"; do
+    set -- $shape
+    "$B/bin/pagellm" bench --batch "$1" --prompt-len "$2" --output-len 2 --json-out "$LOG/prefill.jsonl" 2>&1 \
+      | grep -v building | tee -a "$LOG/prefill.log"
+    timeout 300 python3 bench/peers/hf_prefill.py --batch "$1" --prompt-len "$2" 2>&1 | tail -1 | tee -a "$LOG/prefill.log"
+  done
+  "$B/bin/pagellm" bench --batch 16 --prompt-len 2048 --output-len 2 --trace-prefill \
+    --trace-out "$LOG/trace_prefill.csv" 2>&1 | grep -v building | tee "$LOG/trace_prefill.log"
 fi
 
 if has ablate; then

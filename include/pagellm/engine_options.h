@@ -20,8 +20,12 @@ struct EngineOptions {
   int64_t num_pages = 0;
   /// Most requests (samples) running at once.
   int32_t max_num_seqs = 256;
-  /// Most tokens in one step (chunked prefill's budget); at least max_num_seqs.
-  int32_t max_num_batched_tokens = 2048;
+  /// Most tokens in one step (chunked prefill's budget); at least max_num_seqs. 0: the
+  /// backend's preferred chunk (Backend::preferred_batched_tokens: 8,192 on the cuda
+  /// backend, where larger products run closer to the tensor-core rate; 2,048 on cpu),
+  /// raised to max_num_seqs. Larger chunks prefill faster; smaller ones stall running
+  /// decodes for less time per step (docs/design.md, "The engine step").
+  int32_t max_num_batched_tokens = 0;
   /// Longest prompt + output. 0: the model's max_position_embeddings; above it is an error.
   int32_t max_model_len = 0;
   /// Decode steps replay captured graphs (backends that have them).

@@ -36,7 +36,7 @@ class AsyncLLM:
                  max_num_seqs: int = 256, kv_cache_gb: Optional[float] = None,
                  max_model_len: Optional[int] = None, attention_backend: str = "auto",
                  batch_invariant: bool = False, page_size: int = 16,
-                 num_pages: Optional[int] = None, max_num_batched_tokens: int = 2048,
+                 num_pages: Optional[int] = None, max_num_batched_tokens: int = 0,
                  enforce_eager: bool = False, float32_head: bool = False,
                  enable_prefix_caching: bool = True, max_loras: int = 8,
                  max_lora_rank: int = 64) -> None:

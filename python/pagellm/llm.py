@@ -196,7 +196,7 @@ class LLM:
                  max_model_len: Optional[int] = None, attention_backend: str = "auto",
                  batch_invariant: bool = False, seed: Optional[int] = None,
                  page_size: int = 16, num_pages: Optional[int] = None,
-                 max_num_batched_tokens: int = 2048, enforce_eager: bool = False,
+                 max_num_batched_tokens: int = 0, enforce_eager: bool = False,
                  float32_head: bool = False, enable_prefix_caching: bool = True,
                  max_loras: int = 8, max_lora_rank: int = 64) -> None:
         options = _engine_options(

@@ -37,6 +37,7 @@ struct BenchArgs {
   std::optional<uint64_t> seed;
   std::string json_out;
   int trace_steps = 0;
+  bool trace_prefill = false;
   std::string trace_out;
   int repeats = 5;  // weight-update: full updates per source
   LoraBenchConfig lora;    // --lora-rank, --lora-adapters
@@ -82,17 +83,17 @@ DecodeWorkload workload_of(const BenchArgs& a) {
   return w;
 }
 
-/// Prints where the traced decode steps' device time went (common/kernel_timeline.h).
-void print_trace(const KernelTimeline& t, int steps) {
+/// Prints where the traced steps' device time went (common/kernel_timeline.h).
+void print_trace(const KernelTimeline& t, int steps, const char* phase) {
   if (t.kernels == 0 || steps <= 0) {
     std::printf("  kernel trace: no kernels recorded\n");
     return;
   }
   const double per_step = 1e-3 / steps;  // ns over all steps -> us per step
-  std::printf("  kernel trace over %d decode steps: %lld kernels and copies (%.1f per step), %.1f us per "
+  std::printf("  kernel trace over %d %s steps: %lld kernels and copies (%.1f per step), %.1f us per "
               "step, of which the device is busy %.1f us and idle %.1f us (%.1f %%; tracing "
               "slows graph launches, so idle time between steps is larger than untraced)\n",
-              steps, static_cast<long long>(t.kernels), static_cast<double>(t.kernels) / steps,
+              steps, phase, static_cast<long long>(t.kernels), static_cast<double>(t.kernels) / steps,
               t.wall_ns * per_step, (t.wall_ns - t.idle_ns) * per_step, t.idle_ns * per_step,
               100.0 * t.idle_ns / t.wall_ns);
   std::printf("    %-44s %9s %12s %7s %12s\n", "kernel (attributed: instants it is the oldest "
@@ -197,8 +198,9 @@ void print_report(const BenchmarkReport& r) {
     }
   }
   if (r.trace) {
-    std::printf("  (the decode figures above include the %d traced steps)\n", r.trace->steps);
-    print_trace(r.trace->timeline, r.trace->steps);
+    std::printf("  (the %s figures above include the %d traced steps)\n",
+                r.trace->prefill ? "prefill" : "decode", r.trace->steps);
+    print_trace(r.trace->timeline, r.trace->steps, r.trace->prefill ? "prefill" : "decode");
   }
 }
 
@@ -365,6 +367,7 @@ void run_bench(const BenchArgs& args) {
     options.lora_adapters = adapters.names;
   }
   options.trace_steps = args.trace_steps;
+  options.trace_prefill = args.trace_prefill;
   BenchmarkReport report = run_benchmark(*engine, workload, options);
   report.lora_load_seconds = adapters.load_seconds;
   report.lora_load_phases = adapters.load_phases;
@@ -415,7 +418,11 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--trace-steps", a->trace_steps,
                   "record this many decode steps' kernels (CUPTI) and print where the time goes")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--trace-out", a->trace_out, "with --trace-steps: write the kernels as CSV");
+  cmd->add_flag("--trace-prefill", a->trace_prefill,
+                "record the prefill phase's kernels (every step until each request has its "
+                "first token) and print where the time goes; not with --trace-steps");
+  cmd->add_option("--trace-out", a->trace_out,
+                  "with --trace-steps or --trace-prefill: write the kernels as CSV");
   cmd->add_option("--repeats", a->repeats, "weight-update: full updates timed per source")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -17,8 +17,10 @@ void add_engine_options(CLI::App* cmd, EngineSettings& s) {
   cmd->add_option("--max-num-seqs", s.config.max_num_seqs, "most requests running at once")
       ->capture_default_str();
   cmd->add_option("--max-batched-tokens", s.config.max_num_batched_tokens,
-                  "most tokens in one step")
-      ->capture_default_str();
+                  "most tokens in one step, the chunked-prefill budget (default 0: the "
+                  "backend's choice, 8192 on cuda and 2048 on cpu, at least --max-num-seqs)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-model-len", s.config.max_model_len,
                   "longest prompt + output (default: the model's)");
   cmd->add_option("--attention-backend", s.config.attention_backend,

@@ -25,6 +25,26 @@ DecodeWorkload tiny_workload() {
   return w;
 }
 
+// fraction_of_limit and limit_tok_s as defined from the report's counts: the step's bytes
+// (weights + the window's mean KV) over the mean step time, against the measured bandwidth;
+// the limit is the window's tokens at the time those bytes take at that bandwidth.
+void expect_limit_figures_consistent(const BenchmarkReport& r) {
+  ASSERT_TRUE(r.bandwidth_bytes_per_s.has_value());
+  ASSERT_GT(*r.bandwidth_bytes_per_s, 0.0);
+  ASSERT_GT(r.decode_steps, 0);
+  const double step_bytes = r.weight_read_bytes + r.kv_read_bytes;
+  const double mean_step = r.decode_seconds / static_cast<double>(r.decode_steps);
+  EXPECT_NEAR(r.achieved_bytes_per_s, step_bytes / mean_step, 1e-9 * r.achieved_bytes_per_s);
+  ASSERT_TRUE(r.fraction_of_limit().has_value());
+  const double fraction = *r.fraction_of_limit();
+  EXPECT_GT(fraction, 0.0);
+  EXPECT_NEAR(fraction, r.achieved_bytes_per_s / *r.bandwidth_bytes_per_s, 1e-12 * fraction);
+  ASSERT_TRUE(r.limit_tok_s().has_value());
+  const double limit_seconds = step_bytes * r.decode_steps / *r.bandwidth_bytes_per_s;
+  EXPECT_NEAR(*r.limit_tok_s(), r.decode_tokens / limit_seconds, 1e-9 * *r.limit_tok_s());
+  EXPECT_NEAR(*r.limit_tok_s() * fraction, r.decode_tok_s(), 1e-9 * r.decode_tok_s());
+}
+
 EngineConfig cpu_config() {
   EngineConfig c;
   c.backend = "cpu";
@@ -96,6 +116,58 @@ TEST(BenchmarkTest, EngineConfigHoldsTheWorkloadAsOneBatch) {
   EXPECT_EQ(benchmark_engine_config(w, base).max_model_len, 64);
 }
 
+// --trace-prefill records the prefill phase; on the cpu backend there is no trace and the
+// run goes on (the reason kept); asking for both traces is refused before any work.
+TEST(BenchmarkTest, PrefillTraceIsExclusiveWithDecodeTraceAndOptional) {
+  const DecodeWorkload w = tiny_workload();
+  std::unique_ptr<Engine> engine = make_benchmark_engine(w, cpu_config());
+  BenchmarkOptions options;
+  options.trace_prefill = true;
+  const BenchmarkReport r = run_benchmark(*engine, w, options);
+  EXPECT_FALSE(r.trace.has_value());
+  EXPECT_NE(r.trace_unavailable.find("cpu backend has no kernel trace"), std::string::npos)
+      << r.trace_unavailable;
+  EXPECT_EQ(r.generated_tokens, 18);
+  options.trace_steps = 2;
+  try {
+    run_benchmark(*engine, w, options);
+    ADD_FAILURE() << "both traces accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("trace either the prefill phase or decode steps"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(engine->has_unfinished());
+}
+
+// max_num_batched_tokens 0 (the default) is the backend's preferred chunk, raised to
+// max_num_seqs; an explicit value is kept, a negative one refused by name.
+TEST(BenchmarkTest, ZeroBatchedTokensIsTheBackendsChunk) {
+  DecodeWorkload w = tiny_workload();
+  EngineConfig c = cpu_config();
+  ASSERT_EQ(c.max_num_batched_tokens, 0) << "the documented default";
+  EXPECT_EQ(benchmark_engine_config(w, c).max_num_batched_tokens, 0) << "left to the engine";
+  std::unique_ptr<Engine> engine = make_benchmark_engine(w, c);
+  const int32_t preferred = engine->backend().preferred_batched_tokens();
+  EXPECT_EQ(preferred, 2048);
+  EXPECT_EQ(engine->scheduler_config().max_num_batched_tokens, preferred);
+  EXPECT_EQ(engine->config().max_num_batched_tokens, preferred);
+  w.batch = 3000;  // more sequences than the backend's chunk: the budget follows them
+  c.max_num_seqs = 3000;
+  EXPECT_EQ(make_benchmark_engine(w, c)->scheduler_config().max_num_batched_tokens, 3000);
+  c.max_num_seqs = 1;
+  w.batch = 3;
+  c.max_num_batched_tokens = 7;
+  EXPECT_EQ(make_benchmark_engine(w, c)->scheduler_config().max_num_batched_tokens, 7);
+  c.max_num_batched_tokens = -1;
+  try {
+    make_benchmark_engine(w, c);
+    ADD_FAILURE() << "max_num_batched_tokens -1 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_num_batched_tokens must be >= 0"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(BenchmarkTest, TinyRunOnCpuHasExactCountsAndConsistentRates) {
   const DecodeWorkload w = tiny_workload();
   std::unique_ptr<Engine> engine = make_benchmark_engine(w, cpu_config());
@@ -138,11 +210,10 @@ TEST(BenchmarkTest, TinyRunOnCpuHasExactCountsAndConsistentRates) {
                    2.0 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * kv_size * 8 * 3);
   ASSERT_TRUE(r.bandwidth_bytes_per_s.has_value());
   EXPECT_GT(*r.bandwidth_bytes_per_s, 0);
-  ASSERT_TRUE(r.fraction_of_limit().has_value());
-  EXPECT_GT(*r.fraction_of_limit(), 0.0);
-  EXPECT_LE(*r.fraction_of_limit(), 1.0);
-  ASSERT_TRUE(r.limit_tok_s().has_value());
-  EXPECT_GT(*r.limit_tok_s(), r.decode_tok_s());  // below the limit, as the fraction says
+  // The limit figures follow from the counted bytes and the measured bandwidth. (Whether
+  // they stay under 1 is the GPU's physics; a tiny model decoding out of the CPU's caches can
+  // beat a memcpy measured while other processes load the machine.)
+  expect_limit_figures_consistent(r);
 
   // The engine is idle again and holds no page.
   EXPECT_FALSE(engine->has_unfinished());
@@ -307,10 +378,7 @@ TEST(BenchmarkTest, ChunkedPrefillCountsOnlyTheWindowsTokensAndBytes) {
                           dtype_size(engine->backend().kv_dtype());
   EXPECT_GT(r.kv_read_bytes, 0.0);
   EXPECT_LE(r.kv_read_bytes, kv_token * 3 * (12 + 6));
-  ASSERT_TRUE(r.fraction_of_limit().has_value());
-  EXPECT_LE(*r.fraction_of_limit(), 1.0);
-  ASSERT_TRUE(r.limit_tok_s().has_value());
-  EXPECT_GT(*r.limit_tok_s(), r.decode_tok_s());
+  expect_limit_figures_consistent(r);
   engine->check_invariants();
   EXPECT_EQ(engine->allocator().num_free(), engine->allocator().num_usable());
 }

@@ -139,6 +139,10 @@ class Backend {
   virtual DType kv_dtype() const = 0;
   /// Bytes of memory free for weights and KV pages.
   virtual size_t free_memory() const = 0;
+  /// The chunked-prefill budget (tokens per step) the engine uses when none is configured
+  /// (EngineOptions::max_num_batched_tokens 0): the size from which a step's products run
+  /// close to their best rate here, without holding activations for more.
+  virtual int32_t preferred_batched_tokens() const { return 2048; }
 
   // ---- memory -------------------------------------------------------------------------
   virtual void* allocate(size_t bytes) = 0;

@@ -162,6 +162,17 @@ void VmmArena::unmap_chunk(Chunk& chunk) noexcept {
 }
 
 void VmmArena::release_all_chunks() noexcept {
+  if (chunks_.empty()) return;
+  // cuMemUnmap does not wait for work in flight (cudaFree does, implicitly): a kernel still
+  // reading or writing the range would fault with an illegal address, and the fault is
+  // sticky. The arena serves several streams (the backend's, cuBLASLt's, cuDNN's), so wait
+  // for the device, as cudaFree would. Only the last free of an arena and its destruction
+  // come here, never a step.
+  const cudaError_t waited = cudaDeviceSynchronize();
+  if (waited != cudaSuccess) {
+    std::fprintf(stderr, "pagellm: waiting for the device before releasing the %s failed: %s\n",
+                 name_.c_str(), cudaGetErrorString(waited));
+  }
   for (Chunk& c : chunks_) unmap_chunk(c);
   chunks_.clear();
   mapped_ = 0;

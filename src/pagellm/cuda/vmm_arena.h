@@ -45,7 +45,9 @@ class VmmArena {
   bool owns(const void* ptr) const;
   /// Bytes of the allocation at `ptr` (0 when not owned).
   size_t size_of(const void* ptr) const;
-  /// Frees an owned allocation; reports failures on stderr, never throws.
+  /// Frees an owned allocation; reports failures on stderr, never throws. Freeing the last
+  /// live allocation gives every chunk back, after waiting for the device (work in flight
+  /// may still use the range; cuMemUnmap does not wait for it).
   void deallocate(void* ptr) noexcept;
 
   /// Bytes of physical memory mapped now (0 while released).

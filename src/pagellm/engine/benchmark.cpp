@@ -103,7 +103,9 @@ DecodeWorkload named_workload(const std::string& name) {
 EngineConfig benchmark_engine_config(const DecodeWorkload& workload, EngineConfig config) {
   if (config.max_model_len <= 0) config.max_model_len = workload.prompt_len + workload.output_len;
   config.max_num_seqs = std::max(config.max_num_seqs, workload.batch);
-  config.max_num_batched_tokens = std::max(config.max_num_batched_tokens, config.max_num_seqs);
+  if (config.max_num_batched_tokens > 0) {  // 0: the backend's choice (raised by the engine)
+    config.max_num_batched_tokens = std::max(config.max_num_batched_tokens, config.max_num_seqs);
+  }
   return config;
 }
 
@@ -151,6 +153,8 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
   workload.validate();
   PAGELLM_CHECK(options.trace_steps >= 0)
       << "trace steps must be non-negative, got " << options.trace_steps;
+  PAGELLM_CHECK(!(options.trace_prefill && options.trace_steps > 0))
+      << "trace either the prefill phase or decode steps, not both";
   PAGELLM_CHECK(!engine.has_unfinished())
       << "run_benchmark needs an idle engine; this one has unfinished requests";
   const SchedulerConfig& sc = engine.scheduler_config();
@@ -227,7 +231,21 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
     }
     return true;
   };
-  while (!all_started()) engine.step();
+  BenchmarkTrace trace;
+  bool tracing = false;
+  if (options.trace_prefill) {
+    r.trace_unavailable = backend.begin_kernel_trace();
+    tracing = r.trace_unavailable.empty();
+    trace.prefill = true;
+  }
+  while (!all_started()) {
+    engine.step();
+    if (tracing) ++trace.steps;
+  }
+  if (tracing) {
+    trace.spans = backend.end_kernel_trace();
+    tracing = false;
+  }
   const auto t1 = Clock::now();
   const EngineStats before = engine.stats();
 
@@ -237,8 +255,6 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
       options.trace_steps > 0
           ? std::max<int64_t>(0, (workload.output_len - 1 - options.trace_steps) / 2)
           : -1;
-  bool tracing = false;
-  BenchmarkTrace trace;
   std::vector<double> step_seconds;
   // Honest counts (issue 20): with chunked prefill the first requests decode while later
   // ones still prefill, so phase 1 already produces tokens and phase 2 is not `batch`
@@ -317,7 +333,7 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
   const double mean_step = r.decode_steps > 0 ? r.decode_seconds / r.decode_steps : 0.0;
   r.achieved_bytes_per_s = mean_step > 0 ? (r.weight_read_bytes + r.kv_read_bytes) / mean_step : 0.0;
 
-  if (options.trace_steps > 0 && trace.steps > 0) {
+  if ((options.trace_steps > 0 || options.trace_prefill) && trace.steps > 0) {
     trace.timeline = summarize_kernel_timeline(trace.spans);
     r.trace = std::move(trace);
   }
@@ -752,7 +768,9 @@ DecodeWorkload GrpoWorkload::model_workload() const {
 EngineConfig grpo_engine_config(const GrpoWorkload& workload, EngineConfig config) {
   if (config.max_model_len <= 0) config.max_model_len = workload.max_prompt_len + workload.max_output_len;
   config.max_num_seqs = std::max(config.max_num_seqs, workload.prompts * workload.n);
-  config.max_num_batched_tokens = std::max(config.max_num_batched_tokens, config.max_num_seqs);
+  if (config.max_num_batched_tokens > 0) {  // 0: the backend's choice (raised by the engine)
+    config.max_num_batched_tokens = std::max(config.max_num_batched_tokens, config.max_num_seqs);
+  }
   return config;
 }
 

@@ -106,6 +106,9 @@ struct BenchmarkOptions {
   /// Record this many decode steps' kernels (Backend::begin_kernel_trace) in the middle of
   /// the decode, where the context is the run's average. 0: no trace.
   int32_t trace_steps = 0;
+  /// Record the prefill phase's kernels instead: every step until each request has its
+  /// first token. Not with trace_steps.
+  bool trace_prefill = false;
   /// Measure the backend's copy bandwidth (Backend::measure_copy_bandwidth) for the
   /// fraction-of-limit figures. Without it those figures are absent.
   bool measure_bandwidth = true;
@@ -116,7 +119,8 @@ struct BenchmarkOptions {
 
 /// Where the traced decode steps' device time went.
 struct BenchmarkTrace {
-  int32_t steps = 0;                // decode steps recorded (the figures include them)
+  int32_t steps = 0;                // steps recorded (the figures include them)
+  bool prefill = false;             // the prefill phase's steps (trace_prefill), not decode's
   std::vector<KernelSpan> spans;    // every kernel, copy and host runtime call
   KernelTimeline timeline;          // summarize_kernel_timeline(spans)
 };

@@ -36,7 +36,7 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
   try {
     backend->set_attention_backend(config_.attention_backend);
     backend->set_batch_invariant(config_.batch_invariant);
-    resolve_config(model->config());
+    resolve_config(model->config(), *backend);
     // Before the runner reserves activations and captures graphs over the forward.
     const bool float32_throughout =
         backend->activation_dtype() == DType::F32 && backend->weight_dtype() == DType::F32;
@@ -74,13 +74,20 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
   scheduler_ = std::make_unique<Scheduler>(scheduler_config_, *kv_cache_);
 }
 
-void Engine::resolve_config(const Qwen3Config& mc) {
+void Engine::resolve_config(const Qwen3Config& mc, const Backend& backend) {
   PAGELLM_CHECK(config_.page_size > 0 && config_.page_size <= 1024)
       << "page size must be in [1, 1024], got " << config_.page_size;
   PAGELLM_CHECK(config_.max_num_seqs > 0) << "max_num_seqs must be positive";
   PAGELLM_CHECK(config_.max_loras >= 0) << "max_loras must be >= 0, got " << config_.max_loras;
   PAGELLM_CHECK(config_.max_lora_rank >= 1 && config_.max_lora_rank <= kMaxLoraRank)
       << "max_lora_rank must be in [1, " << kMaxLoraRank << "], got " << config_.max_lora_rank;
+  PAGELLM_CHECK(config_.max_num_batched_tokens >= 0)
+      << "max_num_batched_tokens must be >= 0 (0: the backend's preferred chunk), got "
+      << config_.max_num_batched_tokens;
+  if (config_.max_num_batched_tokens == 0) {
+    config_.max_num_batched_tokens =
+        std::max(backend.preferred_batched_tokens(), config_.max_num_seqs);
+  }
   PAGELLM_CHECK(config_.max_num_batched_tokens >= config_.max_num_seqs)
       << "max_num_batched_tokens (" << config_.max_num_batched_tokens
       << ") must be at least max_num_seqs (" << config_.max_num_seqs << ")";

@@ -241,7 +241,7 @@ class Engine {
 
  private:
   /// Checks config_ and derives what it leaves at 0 (max_model_len) and scheduler_config_.
-  void resolve_config(const Qwen3Config& model_config);
+  void resolve_config(const Qwen3Config& model_config, const Backend& backend);
   /// Adds the step's computed tokens to the prefill and decode counters.
   void count_tokens(const SchedulerOutput& out);
 
