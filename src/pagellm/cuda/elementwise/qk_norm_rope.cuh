@@ -17,15 +17,15 @@ __device__ __forceinline__ float rope_inv_freq(float theta, int i, int head_dim)
   return 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
 }
 
-/// Where head `head` (of the Hq + 2 Hkv heads of a qkv row) of token `token` is stored: its
-/// q_out row for q heads, its page slot in the K or V pool for k and v heads; nullptr for a
-/// k/v head of a padding token (negative slot) or a slot past the pool, which are skipped.
+/// Where head `head` (of the Hq + 2 Hkv heads of a qkv row) of token `token`, whose KV slot
+/// is `slot` (slot_mapping[token]), is stored: its q_out row for q heads, its page slot in
+/// the K or V pool for k and v heads; nullptr for a k/v head of a padding token (negative
+/// slot) or a slot past the pool, which are skipped.
 __device__ __forceinline__ __nv_bfloat16* qk_destination(const QkNormRopeArgs& a, int64_t token,
-                                                         int head, int head_dim) {
+                                                         int head, int head_dim, int32_t slot) {
   if (head < a.num_q_heads) {
     return static_cast<__nv_bfloat16*>(a.q_out) + (token * a.num_q_heads + head) * head_dim;
   }
-  const int32_t slot = a.slot_mapping[token];
   if (slot < 0) return nullptr;  // padding token: nothing to cache
   const int64_t page = slot / a.page_size, offset = slot % a.page_size;
   if (page >= a.num_pages) return nullptr;  // never write outside the pool
@@ -33,6 +33,13 @@ __device__ __forceinline__ __nv_bfloat16* qk_destination(const QkNormRopeArgs& a
   const int kv_head = is_v ? head - a.num_q_heads - a.num_kv_heads : head - a.num_q_heads;
   return static_cast<__nv_bfloat16*>(is_v ? a.v_pool : a.k_pool) +
          ((page * a.num_kv_heads + kv_head) * a.page_size + offset) * head_dim;
+}
+
+/// The same, reading the token's slot from slot_mapping only for k/v heads.
+__device__ __forceinline__ __nv_bfloat16* qk_destination(const QkNormRopeArgs& a, int64_t token,
+                                                         int head, int head_dim) {
+  return qk_destination(a, token, head, head_dim,
+                        head < a.num_q_heads ? 0 : a.slot_mapping[token]);
 }
 
 }  // namespace pagellm::cuda
