@@ -24,6 +24,11 @@ struct BatchFacts {
   int64_t work = 0;  // query heads x causal pairs, saturated at INT64_MAX
 };
 
+// The class of a consistent batch: its real maxima, and whether its query lengths differ.
+ShapeClass shape_class_of(const BatchFacts& f) {
+  return classify_shape(f.max_query_len, f.max_kv_len, f.min_query_len != f.max_query_len);
+}
+
 int64_t saturate(__int128 x) { return x > INT64_MAX ? INT64_MAX : static_cast<int64_t>(x); }
 
 // Rule 2: the declared totals and maxima agree with the per-request lengths. Computes the
@@ -195,8 +200,7 @@ void AttentionPlanner::evaluate(const AttentionDomain& d, const AttentionBatchVi
     p.max_kv_len = facts.max_kv_len;
     p.work = facts.work;
     p.phase = facts.max_query_len <= 1 ? AttentionPhase::kDecode : AttentionPhase::kPrefill;
-    p.shape_class = classify_shape(facts.max_query_len, facts.max_kv_len,
-                                   facts.min_query_len != facts.max_query_len);
+    p.shape_class = shape_class_of(facts);
     p.class_known = true;
   }
   for (int rule : {kDomain, kConsistency}) {
@@ -382,8 +386,7 @@ void AttentionPlanner::replan_bound(const AttentionDomain& d, const AttentionBat
     p.max_kv_len = facts.max_kv_len;
     p.work = p.work_lo = p.work_hi = facts.work;
     p.phase = facts.max_query_len <= 1 ? AttentionPhase::kDecode : AttentionPhase::kPrefill;
-    p.shape_class = classify_shape(facts.max_query_len, facts.max_kv_len,
-                                   facts.min_query_len != facts.max_query_len);
+    p.shape_class = shape_class_of(facts);
     p.class_known = true;
   }
   if (bound_provider_ == AttentionProvider::kNative) {
