@@ -8,7 +8,8 @@
 //     for cuDNN prefill, one upload per forward of --layers calls), prints each route's
 //     speedup of auto over native, and the spread of auto/native over the routes auto kept
 //     on native (plan() overhead: must stay within the native-vs-native noise, also
-//     printed). Prints Markdown for docs/PERFORMANCE.md.
+//     printed), each route's shape class and whether auto picked the faster provider
+//     ("tie" within 5 %). Prints Markdown for docs/PERFORMANCE.md.
 //
 // Each call's time is the mean over a loop of back-to-back launches between two CUDA
 // events (eager: host submission cost included whenever it exceeds the kernel's time), by
@@ -64,7 +65,7 @@ struct Args {
                "%s%s"
                "usage: attention_route_bench routes [--table FILE|DIR]... [--iters 20] [--layers 36]\n"
                "                                    [--quick] [--seed 1]\n"
-               "  --quick: 10 iterations (about a minute on an H200). From a bundle, pass --table\n"
+               "  --quick: 10 iterations (a minute or two on an H200). From a bundle, pass --table\n"
                "  explicitly (data/attention is otherwise looked for beside the binary).\n"
                "  Crossover tables are measured by `pagellm calibrate-attention`.\n",
                error ? error : "", error ? "\n" : "");
@@ -131,6 +132,20 @@ std::string format_us(double us) {
   return buf;
 }
 
+// Two providers within this fraction of each other are a tie (noise, not a wrong pick).
+constexpr double kTieFraction = 0.05;
+
+// "yes" when auto chose the faster provider, "tie" when the two are within kTieFraction,
+// "no" otherwise (cuDNN failing counts as native being faster).
+std::string picked_faster(AttentionProvider chosen, double native_us, double cudnn_us) {
+  if (cudnn_us <= 0) return chosen == AttentionProvider::kNative ? "yes" : "no";
+  const double lo = std::min(native_us, cudnn_us), hi = std::max(native_us, cudnn_us);
+  if (hi <= lo * (1 + kTieFraction)) return "tie";
+  const AttentionProvider faster =
+      cudnn_us < native_us ? AttentionProvider::kCudnn : AttentionProvider::kNative;
+  return chosen == faster ? "yes" : "no";
+}
+
 // ---- routes -------------------------------------------------------------------------------
 
 std::vector<AttentionCallShape> route_grid(std::mt19937& rng) {
@@ -155,8 +170,24 @@ std::vector<AttentionCallShape> route_grid(std::mt19937& rng) {
   std::vector<int32_t> q(64, 1), kv(64, 1);
   q[0] = kv[0] = 2048;
   add("ragged 1x2048 + 63x1", q, kv);
-  add("chunk 512 after 8192", {512}, {8704});
+  // Chunked prefill over cached prefixes (prefix-cache hits, long prompts in chunks): the
+  // classes where cuDNN may win.
+  for (int32_t prefix : {8192, 32768}) {
+    for (int32_t chunk : {128, 512, 2048}) {
+      add("chunk " + std::to_string(chunk) + " after " + std::to_string(prefix), {chunk},
+          {prefix + chunk});
+    }
+  }
   add("chunks 8x256 after 4096", rep(8, 256), rep(8, 4352));
+  // The engine's mixed steps: a chunk after a cached prefix and 63 one-token decode rows.
+  for (int32_t chunk : {512, 2048}) {
+    std::vector<int32_t> mq(64, 1), mkv(64);
+    std::uniform_int_distribution<int32_t> row_kv(16, 4096);
+    for (int32_t& x : mkv) x = row_kv(rng);
+    mq[0] = chunk;
+    mkv[0] = 8192 + chunk;
+    add("chunk " + std::to_string(chunk) + " after 8192 + 63x1", mq, mkv);
+  }
   add("decode 1x4096", {1}, {4096});
   add("decode 64x1024", rep(64, 1), rep(64, 1024));
   add("decode 64x8192", rep(64, 1), rep(64, 8192));
@@ -242,9 +273,11 @@ int run_routes(const Args& a) {
               "(and for cuDNN prefill one upload) per %d calls.\n\n",
               table ? table->origin.c_str() : "none for this device (auto stays native)", a.iters,
               a.layers);
-  std::printf("| route | work | auto | native us | cuDNN us | auto us | auto speedup | native "
-              "roofline | cuDNN roofline |\n|---|---:|---|---:|---:|---:|---:|---|---|\n");
+  std::printf("| route | class | work | auto | native us | cuDNN us | auto us | auto speedup | "
+              "auto picked the faster | native roofline | cuDNN roofline |\n"
+              "|---|---|---:|---|---:|---:|---:|---:|---|---|---|\n");
   std::vector<double> kept_ratio, noise_ratio;
+  int slower_picks = 0;
   for (const AttentionCallShape& pt : grid) {
     timer.load(pt, rng);
     const double native_us = timer.time_native(LaunchMode::kEager, a.iters, a.layers);
@@ -282,11 +315,13 @@ int run_routes(const Args& a) {
       kept_ratio.push_back(auto_us / native_us);
       noise_ratio.push_back(native_again / native_us);
     }
-    std::printf("| %s | %lld | %s | %.1f | %s | %.1f | %.2fx | %s | %s |\n", pt.label.c_str(),
+    const std::string picked = picked_faster(chosen, native_us, cudnn_us);
+    slower_picks += picked == "no";
+    std::printf("| %s | %s | %lld | %s | %.1f | %s | %.1f | %.2fx | %s | %s | %s |\n",
+                pt.label.c_str(), shape_class_name(pt.shape_class()).c_str(),
                 static_cast<long long>(pt.work()), provider_name(chosen), native_us,
-                format_us(cudnn_us).c_str(),
-                auto_us, native_us / auto_us, roofline(pt, native_us).c_str(),
-                roofline(pt, cudnn_us).c_str());
+                format_us(cudnn_us).c_str(), auto_us, native_us / auto_us, picked.c_str(),
+                roofline(pt, native_us).c_str(), roofline(pt, cudnn_us).c_str());
     std::fflush(stdout);
   }
   const auto spread = [](const std::vector<double>& v) {
@@ -298,7 +333,9 @@ int run_routes(const Args& a) {
     std::snprintf(buf, sizeof buf, "%.3f .. %.3f (mean %.3f)", *lo, *hi, mean / v.size());
     return std::string(buf);
   };
-  std::printf("\nauto / native over the %zu routes auto kept on native: %s\n", kept_ratio.size(),
+  std::printf("\nroutes where auto picked a provider slower by more than %.0f %%: %d of %zu\n",
+              100 * kTieFraction, slower_picks, grid.size());
+  std::printf("auto / native over the %zu routes auto kept on native: %s\n", kept_ratio.size(),
               spread(kept_ratio).c_str());
   std::printf("native / native (noise) over the same routes: %s\n", spread(noise_ratio).c_str());
   std::printf("cuDNN plan cache after the routes: %zu plans, %.1f MiB of device memory "

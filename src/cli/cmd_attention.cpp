@@ -229,9 +229,9 @@ void run_calibrate(const CalibrateArgs& a) {
     const char* verdict = m.cudnn_us <= 0 ? "(cudnn failed)"
                           : m.native_us > m.cudnn_us * (1 + a.options.margin) ? "cudnn"
                                                                                : "native";
-    std::printf("  %-34s %-5s work %14lld  native %9.2f us  cudnn %9.2f us  %s\n",
-                m.label.c_str(), mode_name(m.mode), static_cast<long long>(m.work), m.native_us,
-                m.cudnn_us, verdict);
+    std::printf("  %-40s %-5s %-32s work %14lld  native %9.2f us  cudnn %9.2f us  %s\n",
+                m.label.c_str(), mode_name(m.mode), shape_class_name(m.shape_class).c_str(),
+                static_cast<long long>(m.work), m.native_us, m.cudnn_us, verdict);
     std::fflush(stdout);
   };
   const CrossoverTable table = calibrate_attention(a.options, observer);
@@ -239,18 +239,20 @@ void run_calibrate(const CalibrateArgs& a) {
   std::printf("%zu measurements in %.0f s; %zu crossover entries:\n", table.measurements.size(),
               seconds, table.entries.size());
   for (const CrossoverEntry& e : table.entries) {
-    std::printf("  %s %s head_dim %d: cuDNN from work %lld (of %d points, %d admitted)\n",
+    std::printf("  %s %s head_dim %d class %s: cuDNN from work %lld (of %d points, %d admitted)\n",
                 mode_name(e.mode), phase_name(e.phase), e.head_dim,
-                static_cast<long long>(e.min_work), e.points, e.admitted_points);
+                shape_class_name(e.shape_class).c_str(), static_cast<long long>(e.min_work),
+                e.points, e.admitted_points);
   }
-  std::printf("\n| mode | phase | head_dim | cuDNN from work | up to work | page sizes | GQA | "
-              "points (admitted) |\n|---|---|---:|---:|---:|---|---|---:|\n");
+  std::printf("\n| mode | phase | head_dim | class | cuDNN from work | up to work | page sizes | "
+              "GQA | points (admitted) |\n|---|---|---:|---|---:|---:|---|---|---:|\n");
   for (const CrossoverEntry& e : table.entries) {
     std::string pages, gqa;
     for (int32_t x : e.page_sizes) pages += (pages.empty() ? "" : ",") + std::to_string(x);
     for (int32_t x : e.gqa_ratios) gqa += (gqa.empty() ? "" : ",") + std::to_string(x);
-    std::printf("| %s | %s | %d | %lld | %lld | %s | %s | %d (%d) |\n", mode_name(e.mode),
-                phase_name(e.phase), e.head_dim, static_cast<long long>(e.min_work),
+    std::printf("| %s | %s | %d | %s | %lld | %lld | %s | %s | %d (%d) |\n", mode_name(e.mode),
+                phase_name(e.phase), e.head_dim, shape_class_name(e.shape_class).c_str(),
+                static_cast<long long>(e.min_work),
                 static_cast<long long>(e.max_work), pages.c_str(), gqa.c_str(), e.points,
                 e.admitted_points);
   }
@@ -312,7 +314,7 @@ void register_attention_commands(CLI::App& app) {
                   "table file, or an existing folder for crossover-<device>-...-cudnn<version>.json "
                   "(default: data/attention)");
   cal->add_flag("--quick", c->options.quick,
-                "a smaller grid (one head configuration; about a minute on an H200)");
+                "a smaller grid (one head configuration, 80 shapes; about two minutes on an H200)");
   cal->add_option("--page-sizes", c->options.page_sizes, "KV page sizes to measure, e.g. 16,32")
       ->delimiter(',')
       ->capture_default_str();

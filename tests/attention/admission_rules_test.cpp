@@ -370,7 +370,7 @@ TEST(AdmissionRules, RaggedBatchIsJudgedByRealWorkNotByMaxima) {
   CrossoverTable t = test::standard_table();
   t.entries[0].min_work = real + 1000;  // between the real work and the product of maxima
   ASSERT_LT(t.entries[0].min_work, maxima);
-  s.tables.add(t);
+  s.tables.add(test::every_prefill_class(t));
   OwnedBatch b = make_batch(q, kv);
   AttentionPlanner planner = make_planner(s);
   const AttentionPlan& p = planner.plan(s.domain, b.view());
@@ -407,7 +407,7 @@ TEST(AdmissionRules, WorkThresholdExactlyAtAndAroundTheEdge) {
     CrossoverTable t = test::standard_table();
     t.entries[0].min_work = c.min_work;
     t.entries[0].max_work = c.max_work;
-    s.tables.add(t);
+    s.tables.add(test::every_prefill_class(t));
     AttentionPlanner planner = make_planner(s);
     const AttentionPlan& p = planner.plan(s.domain, b.view());
     EXPECT_EQ(p.provider, c.expected) << p.summary();
@@ -417,6 +417,82 @@ TEST(AdmissionRules, WorkThresholdExactlyAtAndAroundTheEdge) {
       EXPECT_EQ(p.decided_by, kWorkRule);
     }
   }
+}
+
+// ---- rules 3 and 4 per shape class ------------------------------------------------------
+
+// A table that admits cuDNN only for chunks of 257-1024 tokens over 4097-16384 keys (what an
+// H200 measured: chunk 512 after 8192, 296 against 389 us), from work `min_work`.
+CrossoverTables chunk_only_tables(int64_t min_work = 0) {
+  CrossoverTable t = test::standard_table();
+  t.entries = {test::entry(LaunchMode::kEager, AttentionPhase::kPrefill, 128, min_work,
+                           int64_t{1} << 40)};
+  t.entries[0].shape_class = classify_shape(512, 8704, false);
+  CrossoverTables tables;
+  tables.add(t);
+  return tables;
+}
+
+TEST(AdmissionRules, TheCallsClassEntryDecidesAndNoOtherClassIsAdmitted) {
+  Scenario s;
+  s.tables = chunk_only_tables();
+  AttentionPlanner planner = make_planner(s);
+  // Chunk 512 after 8192 cached tokens: its class has an entry.
+  OwnedBatch chunk = make_batch({512}, {8704});
+  const AttentionPlan& p = planner.plan(s.domain, chunk.view());
+  EXPECT_EQ(p.provider, AttentionProvider::kCudnn) << p.summary();
+  ASSERT_NE(p.entry, nullptr);
+  EXPECT_EQ(p.entry->shape_class, p.shape_class);
+  // Fresh 2048 (more work, another class) and the chunk with 63 decode rows (ragged) are
+  // native by rule 4, which names the class that has no entry.
+  OwnedBatch fresh = make_batch({2048}, {2048});
+  std::vector<int32_t> q(64, 1), kv(64, 100);
+  q[0] = 512;
+  kv[0] = 8704;
+  OwnedBatch mixed = make_batch(q, kv);
+  OwnedBatch wider = make_batch({512}, {20000});  // the next KV bucket up
+  struct Case {
+    const OwnedBatch* batch;
+    const char* cls;
+  };
+  for (const Case& c : {Case{&fresh, "q1025-4096 kv1025-4096 uniform"},
+                        Case{&mixed, "q257-1024 kv4097-16384 ragged"},
+                        Case{&wider, "q257-1024 kv16385-65536 uniform"}}) {
+    SCOPED_TRACE(c.cls);
+    const AttentionPlan& n = planner.plan(s.domain, c.batch->view());
+    EXPECT_EQ(n.provider, AttentionProvider::kNative);
+    EXPECT_EQ(n.decided_by, kDeviceRule);
+    EXPECT_EQ(n.rules[kDeviceRule].reason, Reason::kNoEntry);
+    EXPECT_EQ(n.rules[kWorkRule].reason, Reason::kNoThreshold);  // no entry, no threshold
+    EXPECT_EQ(shape_class_name(n.shape_class), c.cls);
+    EXPECT_EQ(n.entry, nullptr);
+    EXPECT_NE(describe(AdmissionRule::kDevice, n.rules[kDeviceRule]).find(c.cls),
+              std::string::npos)
+        << describe(AdmissionRule::kDevice, n.rules[kDeviceRule]);
+  }
+}
+
+TEST(AdmissionRules, RuleThreeUsesTheRangeOfTheCallsClassEntry) {
+  OwnedBatch chunk = make_batch({512}, {8704});
+  const int64_t W = test::work_of({512}, {8704}, 32);
+  Scenario s;
+  CrossoverTable t = test::every_prefill_class(test::standard_table());
+  // Every other class admits from 0; the chunk's own class only from W + 1.
+  for (CrossoverEntry& e : t.entries) {
+    e.min_work = e.shape_class == classify_shape(512, 8704, false) ? W + 1 : 0;
+  }
+  s.tables = CrossoverTables{};
+  s.tables.add(t);
+  AttentionPlanner planner = make_planner(s);
+  const AttentionPlan& p = planner.plan(s.domain, chunk.view());
+  EXPECT_EQ(p.provider, AttentionProvider::kNative);
+  EXPECT_EQ(p.decided_by, kWorkRule);
+  EXPECT_EQ(p.rules[kWorkRule].reason, Reason::kBelowThreshold);
+  EXPECT_EQ(p.rules[kWorkRule].limit, W + 1);
+  EXPECT_EQ(p.min_work, W + 1);
+  s.tables = chunk_only_tables(W);
+  AttentionPlanner at_edge = make_planner(s);
+  EXPECT_EQ(at_edge.plan(s.domain, chunk.view()).provider, AttentionProvider::kCudnn);
 }
 
 // ---- rule 4: device ----------------------------------------------------------------------
@@ -719,6 +795,52 @@ TEST(AdmissionRules, ExplainNamesTheDecidingRule) {
   const std::string json = explain_json(p, s.domain, s.device);
   EXPECT_NE(json.find("\"decided_by\": 3"), std::string::npos) << json;
   EXPECT_NE(json.find("\"provider\": \"native\""), std::string::npos) << json;
+}
+
+TEST(AdmissionRules, ExplainShowsTheClassAndItsEntryOrItsAbsence) {
+  Scenario s;
+  s.tables = chunk_only_tables(1000);
+  AttentionPlanner planner = make_planner(s);
+  OwnedBatch chunk = make_batch({512}, {8704});
+  const AttentionPlan& p = planner.plan(s.domain, chunk.view());
+  std::string text = explain_text(p, s.domain, s.device);
+  EXPECT_NE(text.find("class:       q257-1024 kv4097-16384 uniform (largest query 512, largest "
+                      "KV 8704, query lengths equal)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("entry:       cuDNN measured faster in this class for work in [1000, "),
+            std::string::npos)
+      << text;
+  std::string json = explain_json(p, s.domain, s.device);
+  EXPECT_NE(json.find("\"class\": \"q257-1024 kv4097-16384 uniform\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"min_work\": 1000"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"table_consulted\": true"), std::string::npos) << json;
+
+  OwnedBatch fresh = make_batch({2048}, {2048});
+  const AttentionPlan& q = planner.plan(s.domain, fresh.view());
+  text = explain_text(q, s.domain, s.device);
+  EXPECT_NE(text.find("entry:       none: the device's table has no entry for shape class "
+                      "q1025-4096 kv1025-4096 uniform"),
+            std::string::npos)
+      << text;
+  json = explain_json(q, s.domain, s.device);
+  EXPECT_NE(json.find("\"entry\": null"), std::string::npos) << json;
+
+  // A decode call names its one class; with no table at all, no entry line is claimed
+  // beyond rule 4's reason.
+  s.tables = CrossoverTables{};
+  AttentionPlanner bare = make_planner(s);
+  OwnedBatch decode = uniform_batch(8, 1, 3000);
+  text = explain_text(bare.plan(s.domain, decode.view()), s.domain, s.device);
+  EXPECT_NE(text.find("class:       decode (every query one token"), std::string::npos) << text;
+  EXPECT_NE(text.find("entry:       none: no crossover table was measured on this device"),
+            std::string::npos)
+      << text;
+  // Explicit native consults nothing: no class entry line.
+  s.choice = AttentionBackendChoice::kNative;
+  AttentionPlanner native = make_planner(s);
+  text = explain_text(native.plan(s.domain, decode.view()), s.domain, s.device);
+  EXPECT_EQ(text.find("entry:"), std::string::npos) << text;
 }
 
 }  // namespace

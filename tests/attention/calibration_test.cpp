@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -45,9 +46,18 @@ TEST(CalibrationGridTest, QuickGridHasEveryCombination) {
   const std::vector<AttentionCallShape> grid = calibration_grid(o, rng);
   // Prefill: (batch, query) with batch x query <= 32768 of {1, 16, 64} x {32, 512, 4096}
   // gives 7 pairs, 3 of them batch 1 (not ragged): 3 x 2 prefixes + 4 x 2 prefixes x 2.
+  // Chunks: 6 query lengths x 3 prefixes at batch 1, and at batch 4 after 8192 and 32768.
+  // Mixed: 4 chunk sets x 3 prefixes with 63 rows, and with 255 rows after 8192.
   // Decode: {8, 64, 256} x {512, 8192} x uniform/ragged.
-  EXPECT_EQ(count_if(grid, [](const auto& s) { return !s.decode(); }), 22u);
+  const auto kind = [](const char* prefix) {
+    return [prefix](const AttentionCallShape& s) { return s.label.rfind(prefix, 0) == 0; };
+  };
+  EXPECT_EQ(count_if(grid, kind("prefill ")), 22u);
+  EXPECT_EQ(count_if(grid, kind("chunk ")), 30u);
+  EXPECT_EQ(count_if(grid, kind("mixed ")), 16u);
+  EXPECT_EQ(count_if(grid, kind("decode ")), 12u);
   EXPECT_EQ(count_if(grid, [](const auto& s) { return s.decode(); }), 12u);
+  EXPECT_EQ(grid.size(), 80u);
   std::set<std::string> labels;
   for (const AttentionCallShape& s : grid) {
     labels.insert(s.label);
@@ -62,7 +72,10 @@ TEST(CalibrationGridTest, QuickGridHasEveryCombination) {
     if (!s.ragged) {
       EXPECT_FALSE(lengths_differ) << s.label;
     }
-    EXPECT_EQ(s.ragged, s.label.find("ragged") != std::string::npos) << s.label;
+    const bool mixed = s.label.rfind("mixed ", 0) == 0;
+    EXPECT_EQ(s.ragged, mixed || s.label.find("ragged") != std::string::npos) << s.label;
+    // Ragged in the class's sense (query lengths differ) exactly for ragged prefill points.
+    EXPECT_EQ(s.ragged_query(), s.ragged && !s.decode()) << s.label;
     for (size_t i = 0; i < s.q.size(); ++i) {
       EXPECT_GE(s.kv[i], s.q[i]) << s.label;  // a query never exceeds its KV
       EXPECT_GE(s.q[i], 1) << s.label;
@@ -74,16 +87,18 @@ TEST(CalibrationGridTest, QuickGridHasEveryCombination) {
 TEST(CalibrationGridTest, FullGridAndPageSizesMultiply) {
   CalibrationOptions o;
   std::mt19937 rng(o.seed);
-  // Per head configuration: prefill 10 (batch 1) + 20 (4) + 16 (16) + 12 (64) = 58, decode
-  // 3 (batch 1) + 4 x 3 x 2 = 27; three head configurations.
+  // Per head configuration: prefill 10 (batch 1) + 20 (4) + 16 (16) + 12 (64) = 58; chunks
+  // 6 query lengths x 5 prefixes x batches {1, 4, 16}, less batch 16 after 32768 (over 2^19
+  // KV tokens) = 84; mixed 7 chunk sets x 4 prefixes x 2 row counts = 56; decode 3 (batch 1)
+  // + 4 x 3 x 2 = 27; three head configurations.
   const std::vector<AttentionCallShape> full = calibration_grid(o, rng);
-  EXPECT_EQ(full.size(), 3u * 85u);
-  EXPECT_EQ(count_if(full, [](const auto& s) { return s.num_q_heads == 64; }), 85u);
+  EXPECT_EQ(full.size(), 3u * 225u);
+  EXPECT_EQ(count_if(full, [](const auto& s) { return s.num_q_heads == 64; }), 225u);
   o.quick = true;
   o.page_sizes = {16, 32};
   const std::vector<AttentionCallShape> two = calibration_grid(o, rng);
-  EXPECT_EQ(two.size(), 68u);
-  EXPECT_EQ(count_if(two, [](const auto& s) { return s.page_size == 32; }), 34u);
+  EXPECT_EQ(two.size(), 160u);
+  EXPECT_EQ(count_if(two, [](const auto& s) { return s.page_size == 32; }), 80u);
 }
 
 TEST(CalibrationGridTest, PrefillShapesAreWhatTheLabelSays) {
@@ -101,6 +116,79 @@ TEST(CalibrationGridTest, PrefillShapesAreWhatTheLabelSays) {
     return;
   }
   FAIL() << "the grid has no 'prefill 32/8 16x512+4096 ragged'";
+}
+
+TEST(CalibrationGridTest, ChunkAndMixedShapesAreWhatTheLabelSays) {
+  CalibrationOptions o;
+  o.quick = true;
+  std::mt19937 rng(o.seed);
+  bool chunk_seen = false, mixed_seen = false;
+  for (const AttentionCallShape& s : calibration_grid(o, rng)) {
+    if (s.label == "chunk 32/8 4x512+32768") {
+      chunk_seen = true;
+      EXPECT_EQ(s.q, std::vector<int32_t>(4, 512));
+      EXPECT_EQ(s.kv, std::vector<int32_t>(4, 32768 + 512));
+      EXPECT_EQ(shape_class_name(s.shape_class()), "q257-1024 kv16385-65536 uniform");
+    }
+    if (s.label == "mixed 32/8 1x2048+8192 + 255x1") {
+      // The engine's largest mixed step: a 2048-token chunk after a cached prefix and 255
+      // one-token decode rows.
+      mixed_seen = true;
+      ASSERT_EQ(s.q.size(), 256u);
+      EXPECT_EQ(s.q[0], 2048);
+      EXPECT_EQ(s.kv[0], 2048 + 8192);
+      for (size_t i = 1; i < s.q.size(); ++i) {
+        EXPECT_EQ(s.q[i], 1);
+        EXPECT_GE(s.kv[i], 1);
+        EXPECT_LE(s.kv[i], 8192);
+      }
+      EXPECT_TRUE(s.ragged_query());
+      EXPECT_EQ(shape_class_name(s.shape_class()), "q1025-4096 kv4097-16384 ragged");
+    }
+  }
+  EXPECT_TRUE(chunk_seen);
+  EXPECT_TRUE(mixed_seen);
+}
+
+// Where cuDNN may win (uniform chunks over more than 4096 keys), each class the quick grid
+// touches has at least two points, so that an entry never rests on one measurement.
+TEST(CalibrationGridTest, ChunkClassesPastFourThousandKeysHaveSeveralPoints) {
+  CalibrationOptions o;
+  o.quick = true;
+  std::mt19937 rng(o.seed);
+  std::map<int32_t, int> points;
+  std::set<int32_t> chunk_classes;
+  for (const AttentionCallShape& s : calibration_grid(o, rng)) {
+    const ShapeClass c = s.shape_class();
+    ++points[c.code()];
+    if (s.label.rfind("chunk ", 0) == 0 && c.kv_bucket >= kv_bucket(4097)) {
+      chunk_classes.insert(c.code());
+    }
+  }
+  EXPECT_GE(chunk_classes.size(), 8u);  // 4 query buckets x 2 KV buckets
+  for (int32_t c : chunk_classes) {
+    EXPECT_GE(points[c], 2) << shape_class_name(ShapeClass::from_code(c));
+  }
+}
+
+// The quick grid stays quick: its compute at 300 TFLOP/s (4 x head_dim FLOPs per causal
+// pair), for both providers, three warm-up and 20 timed calls each (graph timings replay
+// 36 layers 5 times), stays under 20 seconds; with about a second of overhead per shape
+// (upload, a cuDNN plan build) the run stays well under 3 minutes.
+TEST(CalibrationGridTest, QuickGridComputeStaysUnderTwentySeconds) {
+  CalibrationOptions o;
+  o.quick = true;
+  std::mt19937 rng(o.seed);
+  double seconds = 0;
+  for (const AttentionCallShape& s : calibration_grid(o, rng)) {
+    const double call_s = 4.0 * s.head_dim * static_cast<double>(s.work()) / 300e12;
+    const int calls = (3 + o.iters) + (s.decode() ? 3 + 36 * std::max(2, o.iters / 4) : 0);
+    seconds += 2 * calls * call_s;
+  }
+  EXPECT_LT(seconds, 20.0);
+  EXPECT_GT(seconds, 1.0);  // the estimate measures something
+  std::printf("quick calibration grid: about %.1f s of attention compute at 300 TFLOP/s\n",
+              seconds);
 }
 
 TEST(CalibrationGridTest, SameSeedSameGrid) {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "fixtures.h"
 
@@ -29,8 +30,10 @@ CrossoverMeasurement point(int64_t work, double native_us, double cudnn_us, int3
   m.num_kv_heads = hkv;
   m.num_seqs = seqs;
   m.num_tokens = seqs * 64;
-  m.max_query_len = 64;
-  m.max_kv_len = static_cast<int32_t>(std::min<int64_t>(work, 1 << 20));
+  // One class per phase (q2-64 kv1025-4096 uniform, or decode) whatever the work.
+  m.max_query_len = phase == AttentionPhase::kDecode ? 1 : 64;
+  m.max_kv_len = 4096;
+  m.shape_class = classify_shape(m.max_query_len, m.max_kv_len, false);
   m.work = work;
   m.native_us = native_us;
   m.cudnn_us = cudnn_us;
@@ -69,15 +72,23 @@ TEST(CrossoverTable, RoundTrip) {
   EXPECT_EQ(u.measured_on, "2026-11-29");
   EXPECT_DOUBLE_EQ(u.margin, 0.05);
   ASSERT_EQ(u.entries.size(), 2u);
-  const CrossoverEntry* e = u.find(LaunchMode::kEager, AttentionPhase::kPrefill, 128);
+  const CrossoverEntry* e =
+      u.find(LaunchMode::kEager, AttentionPhase::kPrefill, 128, test::chunk_class());
   ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->shape_class, test::chunk_class());
+  // Another class of the same mode, phase and head_dim has no entry.
+  EXPECT_EQ(u.find(LaunchMode::kEager, AttentionPhase::kPrefill, 128,
+                   classify_shape(2048, 2048, false)),
+            nullptr);
   EXPECT_EQ(e->min_work, 1000000);
   EXPECT_EQ(e->max_work, int64_t{1} << 40);
   EXPECT_EQ(e->page_sizes, (std::vector<int32_t>{16, 32}));
   EXPECT_EQ(e->gqa_ratios, (std::vector<int32_t>{1, 4, 8}));
   EXPECT_EQ(e->max_kv_len, 32768);
-  EXPECT_EQ(u.find(LaunchMode::kEager, AttentionPhase::kDecode, 128), nullptr);
+  EXPECT_EQ(u.find(LaunchMode::kEager, AttentionPhase::kDecode, 128, ShapeClass{}), nullptr);
+  EXPECT_NE(u.find(LaunchMode::kGraph, AttentionPhase::kDecode, 128, ShapeClass{}), nullptr);
   ASSERT_EQ(u.measurements.size(), 1u);
+  EXPECT_EQ(u.measurements[0].shape_class, t.measurements[0].shape_class);
   EXPECT_EQ(u.measurements[0].work, 5000);
   EXPECT_DOUBLE_EQ(u.measurements[0].cudnn_us, 20.0);
   EXPECT_EQ(u.measurements[0].label, "uniform 4x64");
@@ -88,7 +99,17 @@ TEST(CrossoverTable, EveryMalformedFieldIsNamed) {
   ASSERT_NO_THROW(parse_crossover_table(good, "table.json"));
   expect_parse_error("{", "not valid JSON");
   expect_parse_error("[]", "must be a JSON object");
-  expect_parse_error(with_field(good, "pagellm.attention.crossover.v1", "v0"), "format");
+  expect_parse_error(with_field(good, kCrossoverFormat, "v0"), "format");
+  expect_parse_error(with_field(good, "\"class\": \"q257-1024 kv4097-16384 uniform\"",
+                                "\"class\": \"q9 kv1-256 uniform\""),
+                     "shape class \"q9 kv1-256 uniform\"");
+  // A prefill entry cannot hold the decode class (nor the reverse).
+  expect_parse_error(with_field(good, "\"class\": \"q257-1024 kv4097-16384 uniform\"",
+                                "\"class\": \"decode\""),
+                     "\"class\" is \"decode\" but \"phase\" is prefill");
+  expect_parse_error(with_field(good, "\"class\": \"decode\"",
+                                "\"class\": \"q2-64 kv1-256 uniform\""),
+                     "entries[1]");
   expect_parse_error(with_field(good, "\"name\": \"NVIDIA H200\"", "\"name\": \"\""), "name");
   expect_parse_error(with_field(good, "\"sm_count\": 132", "\"sm_count\": -1"), "sm_count");
   expect_parse_error(with_field(good, "\"compute_capability\": \"9.0\"",
@@ -281,6 +302,104 @@ TEST(CrossoverTable, DeviceProfileJson) {
                Error);
 }
 
+// A point of class `c` (largest query q, largest KV kv).
+CrossoverMeasurement class_point(int32_t q, int32_t kv, bool ragged, int64_t work,
+                                 double native_us, double cudnn_us) {
+  CrossoverMeasurement m = point(work, native_us, cudnn_us);
+  m.max_query_len = q;
+  m.max_kv_len = kv;
+  m.ragged = ragged;
+  m.shape_class = classify_shape(q, kv, ragged);
+  return m;
+}
+
+TEST(CrossoverTable, DerivationIsPerShapeClassAndAWinNeverAdmitsAnotherClass) {
+  // Chunks after long prefixes win; fresh prompts of larger work lose; mixed steps lose.
+  // Under one threshold per (mode, phase, head_dim), the fresh losses at the top would have
+  // hidden the chunk wins (no entry at all), and a win at the top would have admitted the
+  // fresh prompts.
+  const std::vector<CrossoverMeasurement> ms = {
+      class_point(512, 8704, false, 100000, 389, 296),   // chunk 512 after 8192
+      class_point(1024, 9216, false, 200000, 700, 560),  // chunk 1024 after 8192
+      class_point(2048, 2048, false, 150000, 129, 187),  // fresh 2048
+      class_point(2048, 4096, false, 400000, 300, 420),  // 2048 after 2048: same class
+      class_point(2048, 2048, true, 160000, 167, 1188),  // 2048 + 63 one-token rows
+  };
+  const std::vector<CrossoverEntry> es = derive_crossover_entries(ms, 0.05);
+  ASSERT_EQ(es.size(), 1u);
+  EXPECT_EQ(es[0].shape_class, classify_shape(512, 8704, false));
+  EXPECT_EQ(es[0].min_work, 100000);
+  EXPECT_EQ(es[0].max_work, 200000);
+  EXPECT_EQ(es[0].points, 2);
+  EXPECT_EQ(es[0].max_query_len, 1024);  // ranges are the class's own
+  EXPECT_EQ(es[0].max_kv_len, 9216);
+  CrossoverTable t = test::standard_table();
+  t.entries = es;
+  for (const CrossoverMeasurement& m : ms) {
+    const bool admitted_class = m.shape_class == es[0].shape_class;
+    EXPECT_EQ(t.find(LaunchMode::kEager, AttentionPhase::kPrefill, 128, m.shape_class) != nullptr,
+              admitted_class)
+        << shape_class_name(m.shape_class);
+  }
+  // The same wins in two classes give two entries with their own thresholds.
+  std::vector<CrossoverMeasurement> two = ms;
+  two.push_back(class_point(2048, 34816, false, 5000000, 9000, 7000));  // chunk 2048 after 32k
+  two.push_back(class_point(1536, 34304, false, 4000000, 7000, 6000));
+  EXPECT_EQ(derive_crossover_entries(two, 0.05).size(), 2u);
+}
+
+TEST(CrossoverTable, MeasurementClassMustAgreeWithItsShape) {
+  CrossoverTable t = test::standard_table();
+  t.measurements.push_back(class_point(300, 20000, false, 1000, 10, 5));
+  const std::string good = crossover_table_to_json(t);
+  ASSERT_NO_THROW(parse_crossover_table(good, "table.json"));
+  const std::string field = "\"class\": \"q257-1024 kv16385-65536 uniform\"";
+  expect_parse_error(with_field(good, field, "\"class\": \"q257-1024 kv1-256 uniform\""),
+                     "measurements[0]: \"class\" is \"q257-1024 kv1-256 uniform\" but max_query_len "
+                     "300, max_kv_len 20000");
+  // A ragged class needs a ragged point.
+  expect_parse_error(with_field(good, field, "\"class\": \"q257-1024 kv16385-65536 ragged\""),
+                     "measurements[0]");
+}
+
+// The v1 text of `t`: format v1, no "class" fields.
+std::string as_v1(const CrossoverTable& t) {
+  std::istringstream in(crossover_table_to_json(t));
+  std::string line, out;
+  while (std::getline(in, line)) {
+    if (line.find("\"class\":") != std::string::npos) continue;
+    out += line + "\n";
+  }
+  return with_field(out, kCrossoverFormat, kCrossoverFormatV1);
+}
+
+TEST(CrossoverTable, V1WithoutEntriesLoadsAndItsMeasurementsGetTheirClasses) {
+  CrossoverTable t = test::standard_table();
+  t.entries.clear();
+  t.measurements = {class_point(512, 8704, false, 1000, 10, 5),
+                    class_point(2048, 2048, true, 2000, 10, 50),
+                    point(300, 5, 6, 16, 32, 8, AttentionPhase::kDecode, LaunchMode::kGraph)};
+  t.measurements[2].ragged = true;  // v1 decode "ragged" meant KV lengths: still decode
+  const std::string v1 = as_v1(t);
+  ASSERT_EQ(v1.find("\"class\""), std::string::npos);
+  const CrossoverTable u = parse_crossover_table(v1, "old.json");
+  EXPECT_TRUE(u.entries.empty());
+  ASSERT_EQ(u.measurements.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(u.measurements[i].shape_class, t.measurements[i].shape_class) << i;
+  }
+  EXPECT_EQ(shape_class_name(u.measurements[1].shape_class), "q1025-4096 kv1025-4096 ragged");
+  EXPECT_TRUE(u.measurements[2].shape_class.decode());
+  // Written back, it is v2.
+  EXPECT_NE(crossover_table_to_json(u).find(kCrossoverFormat), std::string::npos);
+}
+
+TEST(CrossoverTable, V1EntriesAreRefusedBecauseTheyHaveNoClass) {
+  const std::string v1 = as_v1(test::standard_table());
+  expect_parse_error(v1, "has 2 entries without a shape class");
+  expect_parse_error(v1, "pagellm calibrate-attention");
+}
+
 // Every table shipped with the project parses, and claims nothing it could not have
 // measured (ordered work ranges, non-empty measured sets, a real cuDNN version).
 TEST(CrossoverTable, ShippedTablesAreWellFormed) {
@@ -305,7 +424,7 @@ TEST(CrossoverTable, ShippedTablesAreWellFormed) {
       const std::vector<CrossoverEntry> derived = derive_crossover_entries(t.measurements, t.margin);
       EXPECT_EQ(derived.size(), t.entries.size());
       for (const CrossoverEntry& d : derived) {
-        const CrossoverEntry* e = t.find(d.mode, d.phase, d.head_dim);
+        const CrossoverEntry* e = t.find(d.mode, d.phase, d.head_dim, d.shape_class);
         ASSERT_NE(e, nullptr);
         EXPECT_EQ(e->min_work, d.min_work);
         EXPECT_EQ(e->max_work, d.max_work);

@@ -45,3 +45,24 @@ if(TARGET pagellm_cli)
       --attention-backend native --prompt-ids 1,2,3 --max-tokens 2)
   set_tests_properties(attention_backend_cli_native_on_cpu PROPERTIES FIXTURES_REQUIRED attn_tiny)
 endif()
+
+# Shape classes in the explain output: a table whose only entry is for chunks of 257-1024
+# tokens over 4097-16384 keys admits chunk 512 after 8192 and names its class and entry; a
+# fresh 2048-token prompt (another class) is native and the missing entry names its class.
+if(TARGET pagellm_cli)
+  set(_class_table ${CMAKE_CURRENT_LIST_DIR}/data/crossover-class-test.json)
+  set(_class_args ${_plan_args} --table ${_class_table} --device-from-table)
+  add_test(NAME attention_plan_cli_class_entry
+    COMMAND $<TARGET_FILE:pagellm_cli> ${_class_args} --q-lens 512 --kv-lens 8704)
+  set_tests_properties(attention_plan_cli_class_entry PROPERTIES
+    PASS_REGULAR_EXPRESSION "provider: +cudnn.*class: +q257-1024 kv4097-16384 uniform \\(largest query 512, largest KV 8704, query lengths equal\\)\nentry: +cuDNN measured faster in this class for work in \\[100000000, 1000000000\\]")
+  add_test(NAME attention_plan_cli_class_no_entry
+    COMMAND $<TARGET_FILE:pagellm_cli> ${_class_args} --q-lens 2048)
+  set_tests_properties(attention_plan_cli_class_no_entry PROPERTIES
+    PASS_REGULAR_EXPRESSION "provider: +native.*class: +q1025-4096 kv1025-4096 uniform.*entry: +none: the device's table has no entry for shape class q1025-4096 kv1025-4096 uniform")
+  add_test(NAME attention_plan_cli_class_ragged_json
+    COMMAND $<TARGET_FILE:pagellm_cli> ${_class_args} --q-lens 512,1x63 --kv-lens 8704,100x63
+      --json)
+  set_tests_properties(attention_plan_cli_class_ragged_json PROPERTIES
+    PASS_REGULAR_EXPRESSION "\"class\": \"q257-1024 kv4097-16384 ragged\",.*\"entry\": null,.*\"provider\": \"native\"")
+endif()

@@ -90,12 +90,17 @@ inline DeviceProfile h200(CudnnVersion cudnn = 91400) {
   return p;
 }
 
+/// The class of a chunk of 512 after 4096 cached tokens (what fixture prefill entries use
+/// unless told otherwise).
+inline ShapeClass chunk_class() { return classify_shape(512, 4608, false); }
+
 inline CrossoverEntry entry(LaunchMode mode, AttentionPhase phase, int32_t head_dim,
                             int64_t min_work, int64_t max_work) {
   CrossoverEntry e;
   e.mode = mode;
   e.phase = phase;
   e.head_dim = head_dim;
+  e.shape_class = phase == AttentionPhase::kDecode ? ShapeClass{} : chunk_class();
   e.min_work = min_work;
   e.max_work = max_work;
   e.page_sizes = {16, 32};
@@ -123,9 +128,44 @@ inline CrossoverTable standard_table(CudnnVersion cudnn = 91400) {
   return t;
 }
 
+/// Every prefill class there is (5 query buckets x 6 KV buckets x uniform/ragged).
+inline std::vector<ShapeClass> all_prefill_classes() {
+  std::vector<ShapeClass> out;
+  for (int q = 1; q < kNumQueryBuckets; ++q) {
+    for (int kv = 0; kv < kNumKvBuckets; ++kv) {
+      for (bool ragged : {false, true}) {
+        ShapeClass c;
+        c.query_bucket = static_cast<int8_t>(q);
+        c.kv_bucket = static_cast<int8_t>(kv);
+        c.ragged = ragged;
+        out.push_back(c);
+      }
+    }
+  }
+  return out;
+}
+
+/// `t` with each prefill entry repeated for every prefill class, so that the tests of the
+/// other rules can judge batches of any shape against one threshold. Decode entries and
+/// their order are kept (entries[0] stays a prefill entry, of its own class).
+inline CrossoverTable every_prefill_class(CrossoverTable t) {
+  const size_t n = t.entries.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (t.entries[i].phase != AttentionPhase::kPrefill) continue;
+    for (const ShapeClass& c : all_prefill_classes()) {
+      if (c == t.entries[i].shape_class) continue;
+      CrossoverEntry copy = t.entries[i];
+      copy.shape_class = c;
+      t.entries.push_back(copy);
+    }
+  }
+  return t;
+}
+
+/// standard_table() with its eager prefill threshold in every prefill class.
 inline CrossoverTables standard_tables() {
   CrossoverTables t;
-  t.add(standard_table());
+  t.add(every_prefill_class(standard_table()));
   return t;
 }
 

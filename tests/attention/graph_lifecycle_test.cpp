@@ -69,6 +69,47 @@ TEST(GraphLifecycle, GraphDecisionMustHoldForEveryReplayUpToTheCapacity) {
   EXPECT_EQ(q.rules[2].value, 64 * 32);
 }
 
+// Decode is one shape class for every KV length, so a graph's replays (KV 1 .. capacity)
+// never leave it; rule 3 judges the whole capacity's work range against that entry.
+TEST(GraphLifecycle, DecodeGraphIsJudgedOverTheCapacityInItsOneClass) {
+  const AttentionDomain d = standard_domain();
+  const GraphCapacity cap = decode_capacity(16, 40960);
+  OwnedBatch rep = decode_batch(16, 1, cap);
+  const int64_t hi = int64_t{16} * 32 * 40960;
+  for (int64_t max_work : {hi - 1, hi}) {
+    SCOPED_TRACE(max_work);
+    CrossoverTables tables;
+    CrossoverTable t = test::standard_table();
+    t.entries[1].min_work = 16 * 32;  // the smallest replay: every KV one token
+    t.entries[1].max_work = max_work;
+    t.entries[1].max_kv_len = 40960;
+    tables.add(t);
+    AttentionPlanner planner(config(&tables));
+    const AttentionPlan& p = planner.bind_to_graph(d, cap, rep.view());
+    EXPECT_TRUE(p.shape_class.decode());
+    EXPECT_EQ(p.work_lo, 16 * 32);
+    EXPECT_EQ(p.work_hi, hi);
+    if (max_work < hi) {
+      EXPECT_EQ(p.provider, AttentionProvider::kNative);
+      EXPECT_EQ(p.rules[2].reason, Reason::kAboveMeasured);
+    } else {
+      EXPECT_EQ(p.provider, AttentionProvider::kCudnn) << p.summary();
+    }
+  }
+  // The graph's replays keep the decode class whatever their KV lengths (one to the
+  // capacity), so the binding holds in every class a replay can meet.
+  CrossoverTables tables;
+  CrossoverTable t = test::standard_table();
+  t.entries[1].max_kv_len = 40960;
+  tables.add(t);
+  AttentionPlanner planner(config(&tables));
+  planner.bind_to_graph(d, cap, rep.view());
+  for (int32_t kv : {1, 256, 257, 4097, 16385, 40960}) {
+    OwnedBatch b = decode_batch(16, kv, cap);
+    EXPECT_TRUE(planner.plan(d, b.view()).shape_class.decode()) << kv;
+  }
+}
+
 TEST(GraphLifecycle, BoundCudnnPlannerKeepsItsProviderAndPlanAcrossReplans) {
   const AttentionDomain d = standard_domain();
   const GraphCapacity cap = decode_capacity(32, 8192);

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "pagellm/attention/device_profile.h"
+#include "pagellm/attention/shape_class.h"
 #include "pagellm/common/dtype.h"
 
 namespace pagellm {
@@ -149,8 +150,10 @@ std::string describe(AdmissionRule rule, const RuleResult& r) {
         << cudnn_version_string(static_cast<CudnnVersion>(r.value));
       break;
     case Reason::kNoEntry:
-      s << "the device's table has no entry for this launch mode, phase and head_dim "
-           "(cuDNN never won there, or it was not measured)";
+      s << "the device's table has no entry for shape class "
+        << shape_class_name(ShapeClass::from_code(r.value))
+        << " at this launch mode, phase and head_dim (cuDNN never won there, or it was not "
+           "measured)";
       break;
     case Reason::kPageSizeNotMeasured:
       s << "page size " << r.value << " was not measured";

@@ -69,7 +69,7 @@ enum class Reason : uint8_t {
   // device
   kUnknownDevice,        // no table for this device
   kOtherCudnnVersion,    // value: this cuDNN, limit: a version a table exists for
-  kNoEntry,              // the table has no entry for this mode, phase and head dim
+  kNoEntry,              // value: ShapeClass::code(); no entry for this mode, phase, head dim, class
   kPageSizeNotMeasured,  // value: page size
   kGqaNotMeasured,       // value: GQA ratio
   kBatchNotMeasured,     // value: sequences, limit: largest measured

@@ -31,14 +31,18 @@ struct AttentionCallShape {
   int32_t num_tokens() const;
   /// Every query is one token.
   bool decode() const;
+  /// Query lengths differ between sequences (what the shape class calls ragged).
+  bool ragged_query() const;
+  /// classify_shape of the largest query and KV lengths and ragged_query().
+  ShapeClass shape_class() const;
   /// Query heads x causal query-key pairs: the crossover tables' measure of work.
   int64_t work() const;
 };
 
 /// How to calibrate. The defaults are what `pagellm calibrate-attention` runs.
 struct CalibrationOptions {
-  /// A smaller grid (one head configuration, fewer batches and lengths): about a minute
-  /// on an H200 instead of several.
+  /// A smaller grid (one head configuration, fewer batches and lengths; 80 shapes): about
+  /// two minutes on an H200 instead of tens.
   bool quick = false;
   std::vector<int32_t> page_sizes = {16};
   /// A point counts as a cuDNN win when native_us > cudnn_us * (1 + margin).
@@ -71,9 +75,19 @@ struct CalibrationObserver {
 };
 
 /// The grid calibration times: for each page size and head configuration (32/8 when quick;
-/// 16/8, 32/8 and 64/8 otherwise), prefill batches (fresh and after a 4096-token prefix;
-/// uniform and ragged: one long request, the rest a sixteenth of it; at most 32768 tokens)
-/// and decode batches (uniform and ragged KV lengths drawn from `rng`). head_dim 128.
+/// 16/8, 32/8 and 64/8 otherwise), head_dim 128:
+///   prefill  fresh and after a 4096-token prefix; uniform and ragged (one long request, the
+///            rest a sixteenth of it); at most 32768 tokens;
+///   chunk    uniform chunks of 64..2048 tokens after cached prefixes of 2048..32768 (two
+///            query lengths per query bucket, prefixes in three KV buckets), batch 1 and 4
+///            (and 16 in the full grid; the quick grid times batch 4 after 8192 and
+///            32768 only);
+///   mixed    one or a few chunks after a prefix (0, 8192, 32768, ...) plus 63 or 255
+///            one-token decode rows with KV lengths drawn from `rng` in [1, 8192]: the
+///            engine's mixed steps (ragged);
+///   decode   uniform and ragged KV lengths drawn from `rng`.
+/// The classes cuDNN may win (short chunks over long prefixes) get several points each, so
+/// that a class's entry rests on more than one measurement.
 std::vector<AttentionCallShape> calibration_grid(const CalibrationOptions& options,
                                                  std::mt19937& rng);
 

@@ -77,7 +77,18 @@ struct Reader {
 
 constexpr int64_t kMaxWork = int64_t{1} << 62;
 
-CrossoverMeasurement parse_measurement(const json& j, const Reader& r) {
+// A "class" field: parsed, and required to agree with the phase.
+ShapeClass read_shape_class(const json& j, const Reader& r, AttentionPhase phase) {
+  const std::string name =
+      r.string(j, "class", "a shape class such as \"decode\" or \"q257-1024 kv4097-16384 uniform\"");
+  const ShapeClass c = r.wrap([&] { return parse_shape_class(name); });
+  PAGELLM_CHECK(shape_class_phase(c) == phase)
+      << r.prefix() << "\"class\" is \"" << name << "\" but \"phase\" is " << phase_name(phase)
+      << " (decode calls have the class \"decode\", prefill calls a query bucket from q2-64)";
+  return c;
+}
+
+CrossoverMeasurement parse_measurement(const json& j, const Reader& r, bool v1) {
   PAGELLM_CHECK(j.is_object()) << r.prefix() << "a measurement must be an object";
   CrossoverMeasurement m;
   const std::string mode = r.string(j, "mode", "\"eager\" or \"graph\"");
@@ -99,6 +110,19 @@ CrossoverMeasurement parse_measurement(const json& j, const Reader& r) {
   m.native_us = r.number(j, "native_us", "microseconds per call");
   m.cudnn_us = r.number(j, "cudnn_us", "microseconds per call, negative when cuDNN failed");
   PAGELLM_CHECK(m.native_us > 0) << r.prefix() << "\"native_us\" must be positive";
+  if (v1) {
+    // v1 grids were ragged in their query lengths whenever a prefill point was ragged.
+    m.shape_class = classify_shape(m.max_query_len, m.max_kv_len,
+                                   m.ragged && m.phase == AttentionPhase::kPrefill);
+  } else {
+    m.shape_class = read_shape_class(j, r, m.phase);
+    const ShapeClass derived = classify_shape(m.max_query_len, m.max_kv_len, m.shape_class.ragged);
+    PAGELLM_CHECK(derived == m.shape_class && (!m.shape_class.ragged || m.ragged))
+        << r.prefix() << "\"class\" is \"" << shape_class_name(m.shape_class)
+        << "\" but max_query_len " << m.max_query_len << ", max_kv_len " << m.max_kv_len
+        << " and ragged " << (m.ragged ? "true" : "false") << " make it \""
+        << shape_class_name(classify_shape(m.max_query_len, m.max_kv_len, m.ragged)) << "\"";
+  }
   if (j.contains("label") && j["label"].is_string()) m.label = j["label"].get<std::string>();
   return m;
 }
@@ -111,6 +135,7 @@ CrossoverEntry parse_entry(const json& j, const Reader& r) {
   e.mode = r.wrap([&] { return parse_launch_mode(mode); });
   e.phase = r.wrap([&] { return parse_attention_phase(phase); });
   e.head_dim = static_cast<int32_t>(r.integer(j, "head_dim", 1, 1024, "a head dim in [1, 1024]"));
+  e.shape_class = read_shape_class(j, r, e.phase);
   e.min_work = r.integer(j, "min_work", 0, kMaxWork, "a non-negative work count");
   e.max_work = r.integer(j, "max_work", e.min_work, kMaxWork, "a work count >= min_work");
   e.page_sizes = r.int_list(j, "page_sizes", "a non-empty list of measured page sizes");
@@ -138,6 +163,7 @@ json measurement_json(const CrossoverMeasurement& m) {
             {"max_query_len", m.max_query_len},
             {"max_kv_len", m.max_kv_len},
             {"ragged", m.ragged},
+            {"class", shape_class_name(m.shape_class)},
             {"work", m.work},
             {"native_us", m.native_us},
             {"cudnn_us", m.cudnn_us}};
@@ -156,9 +182,12 @@ std::string read_file(const std::string& path) {
 }  // namespace
 
 const CrossoverEntry* CrossoverTable::find(LaunchMode mode, AttentionPhase phase,
-                                           int32_t head_dim) const {
+                                           int32_t head_dim, const ShapeClass& shape_class) const {
   for (const CrossoverEntry& e : entries) {
-    if (e.mode == mode && e.phase == phase && e.head_dim == head_dim) return &e;
+    if (e.mode == mode && e.phase == phase && e.head_dim == head_dim &&
+        e.shape_class == shape_class) {
+      return &e;
+    }
   }
   return nullptr;
 }
@@ -173,8 +202,10 @@ CrossoverTable parse_crossover_table(const std::string& text, const std::string&
   Reader r{origin, ""};
   PAGELLM_CHECK(j.is_object()) << origin << ": a crossover table must be a JSON object";
   const std::string format = r.string(j, "format", kCrossoverFormat);
-  PAGELLM_CHECK(format == kCrossoverFormat)
-      << origin << ": format \"" << format << "\" is not \"" << kCrossoverFormat << "\"";
+  PAGELLM_CHECK(format == kCrossoverFormat || format == kCrossoverFormatV1)
+      << origin << ": format \"" << format << "\" is not \"" << kCrossoverFormat << "\" (or \""
+      << kCrossoverFormatV1 << "\" without entries)";
+  const bool v1 = format == kCrossoverFormatV1;
   CrossoverTable t;
   t.origin = origin;
   {
@@ -216,12 +247,19 @@ CrossoverTable parse_crossover_table(const std::string& text, const std::string&
   }
   const json& entries = r.field(j, "entries", "a list of crossover entries");
   PAGELLM_CHECK(entries.is_array()) << origin << ": \"entries\" must be a list";
+  PAGELLM_CHECK(!v1 || entries.empty())
+      << origin << ": format \"" << kCrossoverFormatV1 << "\" has " << entries.size()
+      << " entries without a shape class; their single work threshold per mode, phase and "
+         "head_dim cannot say in which shape classes cuDNN won, so they are not used. "
+         "Re-measure with `pagellm calibrate-attention` (writes \""
+      << kCrossoverFormat << "\"), or remove the file";
   for (size_t i = 0; i < entries.size(); ++i) {
     Reader er{origin, "entries[" + std::to_string(i) + "]"};
     CrossoverEntry e = parse_entry(entries[i], er);
-    PAGELLM_CHECK(t.find(e.mode, e.phase, e.head_dim) == nullptr)
+    PAGELLM_CHECK(t.find(e.mode, e.phase, e.head_dim, e.shape_class) == nullptr)
         << er.prefix() << "a second entry for " << mode_name(e.mode) << " " << phase_name(e.phase)
-        << " head_dim " << e.head_dim << " (each combination may appear once)";
+        << " head_dim " << e.head_dim << " class " << shape_class_name(e.shape_class)
+        << " (each combination may appear once)";
     t.entries.push_back(std::move(e));
   }
   if (j.contains("measurements")) {
@@ -229,7 +267,7 @@ CrossoverTable parse_crossover_table(const std::string& text, const std::string&
     PAGELLM_CHECK(ms.is_array()) << origin << ": \"measurements\" must be a list";
     for (size_t i = 0; i < ms.size(); ++i) {
       Reader mr{origin, "measurements[" + std::to_string(i) + "]"};
-      t.measurements.push_back(parse_measurement(ms[i], mr));
+      t.measurements.push_back(parse_measurement(ms[i], mr, v1));
     }
   }
   return t;
@@ -241,6 +279,7 @@ std::string crossover_table_to_json(const CrossoverTable& t) {
     entries.push_back({{"mode", mode_name(e.mode)},
                        {"phase", phase_name(e.phase)},
                        {"head_dim", e.head_dim},
+                       {"class", shape_class_name(e.shape_class)},
                        {"min_work", e.min_work},
                        {"max_work", e.max_work},
                        {"page_sizes", e.page_sizes},
@@ -269,10 +308,12 @@ std::string crossover_table_to_json(const CrossoverTable& t) {
 
 std::vector<CrossoverEntry> derive_crossover_entries(
     const std::vector<CrossoverMeasurement>& measurements, double margin) {
-  using Group = std::tuple<int, int, int32_t>;  // mode, phase, head_dim
+  using Group = std::tuple<int, int, int32_t, int32_t>;  // mode, phase, head_dim, class
   std::map<Group, std::vector<const CrossoverMeasurement*>> groups;
   for (const CrossoverMeasurement& m : measurements) {
-    groups[{static_cast<int>(m.mode), static_cast<int>(m.phase), m.head_dim}].push_back(&m);
+    groups[{static_cast<int>(m.mode), static_cast<int>(m.phase), m.head_dim,
+            m.shape_class.code()}]
+        .push_back(&m);
   }
   const auto win = [margin](const CrossoverMeasurement* m) {
     return m->cudnn_us > 0 && m->native_us > m->cudnn_us * (1.0 + margin);
@@ -294,6 +335,7 @@ std::vector<CrossoverEntry> derive_crossover_entries(
     e.mode = static_cast<LaunchMode>(std::get<0>(key));
     e.phase = static_cast<AttentionPhase>(std::get<1>(key));
     e.head_dim = std::get<2>(key);
+    e.shape_class = ShapeClass::from_code(std::get<3>(key));
     e.min_work = points[k]->work;
     e.max_work = points[n - 1]->work;
     std::set<int32_t> pages, ratios;

@@ -25,6 +25,51 @@ std::string decision_line(const AttentionPlan& p) {
   return s.str();
 }
 
+// Whether rule 4 looked the call up in a table (so "no entry" means something).
+bool table_consulted(const AttentionPlan& p) {
+  const Verdict v = p.rules[static_cast<int>(AdmissionRule::kDevice)].verdict;
+  return v == Verdict::kPass || v == Verdict::kFail;
+}
+
+std::string class_line(const AttentionPlan& p) {
+  std::ostringstream s;
+  s << shape_class_name(p.shape_class);
+  if (p.shape_class.decode()) {
+    s << " (every query one token; one class for every KV length)";
+  } else {
+    s << " (largest query " << p.max_query_len << ", largest KV " << p.max_kv_len << ", query "
+      << (p.shape_class.ragged ? "lengths differ" : "lengths equal") << ")";
+  }
+  return s.str();
+}
+
+std::string entry_line(const AttentionPlan& p) {
+  std::ostringstream s;
+  if (p.entry != nullptr) {
+    const CrossoverEntry& e = *p.entry;
+    s << "cuDNN measured faster in this class for work in [" << e.min_work << ", " << e.max_work
+      << "] (" << e.admitted_points << " of " << e.points << " points; up to " << e.max_num_seqs
+      << " sequences, query " << e.max_query_len << ", KV " << e.max_kv_len << ")";
+  } else {
+    const RuleResult& device = p.rules[static_cast<int>(AdmissionRule::kDevice)];
+    s << "none: " << describe(AdmissionRule::kDevice, device);
+  }
+  return s.str();
+}
+
+nlohmann::json entry_json(const CrossoverEntry& e) {
+  return {{"class", shape_class_name(e.shape_class)},
+          {"min_work", e.min_work},
+          {"max_work", e.max_work},
+          {"points", e.points},
+          {"admitted_points", e.admitted_points},
+          {"page_sizes", e.page_sizes},
+          {"gqa_ratios", e.gqa_ratios},
+          {"max_num_seqs", e.max_num_seqs},
+          {"max_query_len", e.max_query_len},
+          {"max_kv_len", e.max_kv_len}};
+}
+
 }  // namespace
 
 std::string explain_text(const AttentionPlan& p, const AttentionDomain& d,
@@ -47,10 +92,8 @@ std::string explain_text(const AttentionPlan& p, const AttentionDomain& d,
     }
     s << "\n";
   }
-  if (p.min_work >= 0) {
-    s << "crossover:   cuDNN measured faster for work in [" << p.min_work << ", " << p.max_work
-      << "]\n";
-  }
+  if (p.class_known) s << "class:       " << class_line(p) << "\n";
+  if (table_consulted(p)) s << "entry:       " << entry_line(p) << "\n";
   s << "rules:\n";
   for (int i = 0; i < kNumAdmissionRules; ++i) {
     const AdmissionRule r = static_cast<AdmissionRule>(i);
@@ -104,6 +147,9 @@ std::string explain_json(const AttentionPlan& p, const AttentionDomain& d,
       {"work_range", {p.work_lo, p.work_hi}},
       {"min_work", p.min_work},
       {"max_work", p.max_work},
+      {"class", p.class_known ? nlohmann::json(shape_class_name(p.shape_class)) : nlohmann::json()},
+      {"table_consulted", table_consulted(p)},
+      {"entry", p.entry ? entry_json(*p.entry) : nlohmann::json()},
       {"rules", rules}};
   if (p.provider == AttentionProvider::kCudnn) j["cudnn_plan"] = p.cudnn_key.describe();
   return j.dump(2) + "\n";

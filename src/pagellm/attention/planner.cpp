@@ -18,10 +18,16 @@ constexpr int kPlanReady = static_cast<int>(AdmissionRule::kPlanReady);
 
 // What rule 2 learns from the per-request lengths.
 struct BatchFacts {
+  int32_t min_query_len = 0;
   int32_t max_query_len = 0;
   int32_t max_kv_len = 0;
   int64_t work = 0;  // query heads x causal pairs, saturated at INT64_MAX
 };
+
+// The class of a consistent batch: its real maxima, and whether its query lengths differ.
+ShapeClass shape_class_of(const BatchFacts& f) {
+  return classify_shape(f.max_query_len, f.max_kv_len, f.min_query_len != f.max_query_len);
+}
 
 int64_t saturate(__int128 x) { return x > INT64_MAX ? INT64_MAX : static_cast<int64_t>(x); }
 
@@ -47,7 +53,7 @@ RuleResult check_consistency(const AttentionDomain& d, const AttentionBatchView&
     return RuleResult::fail(Reason::kOffsetsEnd, b.query_start[B], b.num_tokens);
   }
   const int64_t row_tokens = int64_t{b.max_pages_per_seq} * d.page_size;
-  int32_t max_q = 0, max_kv = 0;
+  int32_t min_q = INT32_MAX, max_q = 0, max_kv = 0;
   __int128 pairs = 0;
   for (int64_t s = 0; s < B; ++s) {
     const int64_t q = int64_t{b.query_start[s + 1]} - b.query_start[s];
@@ -56,6 +62,7 @@ RuleResult check_consistency(const AttentionDomain& d, const AttentionBatchView&
     if (q <= 0) return RuleResult::fail(Reason::kQueryNotPositive, q, 0, index);
     if (q > kv) return RuleResult::fail(Reason::kQueryExceedsKv, q, kv, index);
     if (kv > row_tokens) return RuleResult::fail(Reason::kKvExceedsTable, kv, row_tokens, index);
+    min_q = std::min(min_q, static_cast<int32_t>(q));
     max_q = std::max(max_q, static_cast<int32_t>(q));
     max_kv = std::max(max_kv, static_cast<int32_t>(kv));
     pairs += causal_pairs(q, kv);
@@ -67,6 +74,7 @@ RuleResult check_consistency(const AttentionDomain& d, const AttentionBatchView&
   if (b.kv_len_capacity > 0 && b.kv_len_capacity < max_kv) {
     return RuleResult::fail(Reason::kCapacityBelowKv, b.kv_len_capacity, max_kv);
   }
+  facts.min_query_len = B > 0 ? min_q : 0;
   facts.max_query_len = max_q;
   facts.max_kv_len = max_kv;
   facts.work = saturate(pairs * d.num_q_heads);
@@ -143,6 +151,9 @@ void AttentionPlanner::reset_plan(const AttentionBatchView& batch, LaunchMode mo
   p.kv_bound = 0;
   p.work = p.work_lo = p.work_hi = -1;
   p.min_work = p.max_work = -1;
+  p.shape_class = ShapeClass{};
+  p.class_known = false;
+  p.entry = nullptr;
   p.cudnn_key = CudnnPlanKey{};
   p.cudnn_plan_missing = false;
   p.cudnn_seq_len_q.clear();  // keeps capacity: no allocation within what was reserved
@@ -189,6 +200,8 @@ void AttentionPlanner::evaluate(const AttentionDomain& d, const AttentionBatchVi
     p.max_kv_len = facts.max_kv_len;
     p.work = facts.work;
     p.phase = facts.max_query_len <= 1 ? AttentionPhase::kDecode : AttentionPhase::kPrefill;
+    p.shape_class = shape_class_of(facts);
+    p.class_known = true;
   }
   for (int rule : {kDomain, kConsistency}) {
     if (p.rules[rule].failed()) {
@@ -216,7 +229,12 @@ void AttentionPlanner::evaluate(const AttentionDomain& d, const AttentionBatchVi
     p.reason = Reason::kExplicitChoice;
   } else {
     const CrossoverTable* table = config_.tables ? config_.tables->find(config_.device) : nullptr;
-    const CrossoverEntry* entry = table ? table->find(mode, p.phase, d.head_dim) : nullptr;
+    // The entry of the call's shape class. A graph is decode here (rule 1 refused prefill
+    // graphs), and decode is one class for every KV length a replay can bring, so the
+    // entry holds for the whole capacity; rule 3 judges the capacity's work range in it.
+    const CrossoverEntry* entry =
+        table ? table->find(mode, p.phase, d.head_dim, p.shape_class) : nullptr;
+    p.entry = entry;
     // Rule 3: the causal work, never a product of maxima.
     if (entry == nullptr) {
       p.rules[kWork] = {Verdict::kNotEvaluated, Reason::kNoThreshold, 0, 0, -1};
@@ -240,7 +258,7 @@ void AttentionPlanner::evaluate(const AttentionDomain& d, const AttentionBatchVi
                                                   other->device.cudnn_version)
                                : RuleResult::fail(Reason::kUnknownDevice);
     } else if (entry == nullptr) {
-      p.rules[kDevice] = RuleResult::fail(Reason::kNoEntry);
+      p.rules[kDevice] = RuleResult::fail(Reason::kNoEntry, p.shape_class.code());
     } else {
       p.rules[kDevice] =
           check_measured_range(*entry, d, batch.num_seqs, p.max_query_len, p.kv_bound);
@@ -368,6 +386,8 @@ void AttentionPlanner::replan_bound(const AttentionDomain& d, const AttentionBat
     p.max_kv_len = facts.max_kv_len;
     p.work = p.work_lo = p.work_hi = facts.work;
     p.phase = facts.max_query_len <= 1 ? AttentionPhase::kDecode : AttentionPhase::kPrefill;
+    p.shape_class = shape_class_of(facts);
+    p.class_known = true;
   }
   if (bound_provider_ == AttentionProvider::kNative) {
     // Native serves anything the kernels accept; the graph keeps it whatever this batch is.

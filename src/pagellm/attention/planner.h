@@ -16,8 +16,10 @@
 //   3. work:        Hq x sum_b q_b (2 kv_b - q_b + 1) / 2 (the causal pairs actually
 //                   computed, never a product of maxima) within the measured crossover
 //   4. device:      a measured table for this device and cuDNN version, with an entry for
-//                   the launch mode, phase and head dim, covering the page size, GQA ratio
-//                   and ranges of this call
+//                   the launch mode, phase, head dim and shape class (shape_class.h: the
+//                   buckets of the largest query and KV lengths, and whether query lengths
+//                   differ; decode is one class), covering the page size, GQA ratio and
+//                   ranges of this call; rule 3 uses that entry's work range
 //   5. plan:        the cuDNN execution plan for this shape is already built (checked only
 //                   when a registry is attached; a miss is requested for later)
 // `native` skips all rules. `cudnn` applies rules 1 and 2 and throws Error when either
@@ -91,6 +93,12 @@ struct AttentionPlan {
   int64_t work_hi = -1;
   int64_t min_work = -1;  // the matching entry's crossover, -1 when none
   int64_t max_work = -1;
+  /// The call's shape class (valid when class_known: rule 2 passed) and the table entry of
+  /// that class that rules 3 and 4 used (nullptr when none; points into the planner's
+  /// tables, valid while they are not changed).
+  ShapeClass shape_class;
+  bool class_known = false;
+  const CrossoverEntry* entry = nullptr;
 
   // For the cuDNN route (valid when provider == kCudnn).
   CudnnPlanKey cudnn_key;

@@ -55,6 +55,7 @@ CrossoverTable calibrate_attention(const CalibrationOptions& options,
       m.max_query_len = *std::max_element(shape.q.begin(), shape.q.end());
       m.max_kv_len = *std::max_element(shape.kv.begin(), shape.kv.end());
       m.ragged = shape.ragged;
+      m.shape_class = shape.shape_class();
       m.work = shape.work();
       m.label = shape.label;
       m.native_us = timer.time_native(mode, options.iters, options.layers);
