@@ -1,0 +1,409 @@
+// Paged prefill attention on Hopper (sm_90a): TMA K/V pages, wgmma, warp-specialised
+// producer / consumer warpgroups ("wgmma" prefill variant; attention_prefill_variants.h).
+//
+// What: the contract of paged_prefill_attention (attention.h) for head_dim 128 and pages
+// of a multiple of 16 tokens: out = softmax(q · Kᵀ · scale) · V over keys 0 .. kv - q + i
+// (bottom-right causal), K/V read through the page table, ragged batches, cached prefixes,
+// GQA. The grid, tile order and edge cases are v2's (attention_prefill.cu,
+// locate_prefill_tile): one CTA per (128-row query tile, query head), heads fastest, the
+// tiles of a sequence last-first, KV tiles above the diagonal never loaded, q == 0 rows
+// writing nothing and rows that see no key writing zeros.
+//
+// Why this shape (FlashAttention-3's scheme). v2 runs mma.sync, which reaches about 2/3 of
+// the tensor-core rate and makes every warp copy its K/V fragments out of shared memory
+// (ldmatrix): 295-330 TFLOP/s on the H200. wgmma reads both operands of S = Q Kᵀ, and the
+// B operand of O += P V, straight from shared memory, 64 query rows per warpgroup, so the
+// shared-memory traffic per flop drops by the 4 warps that no longer each load the tile.
+//  - CTA = 3 warpgroups (384 threads), one CTA per SM (161 KB of shared memory):
+//    warpgroup 0 is the producer: one warp issues the TMA copies, the other three exit;
+//    it gives its registers to the consumers (setmaxnreg 24 / 240).
+//    Warpgroups 1 and 2 are consumers of 64 query rows each (BM = 128).
+//  - K/V tiles of BN = 128 keys in a 2-stage ring, each tile [128 keys][128 d] stored as two
+//    [128][64] halves in the 128-byte-swizzled layout that TMA writes and wgmma reads
+//    (wgmma.cuh). A 16-key chunk never crosses a page (pages are a multiple of 16 tokens), so
+//    the producer warp's lane j loads chunk j of the tile: one page-table read and four TMA
+//    boxes (64 d x 16 keys, K and V, both halves) from tensor maps of the pools seen as
+//    [num_pages * Hkv * page_size, 128] matrices (the decode TMA kernel's maps). Chunks past
+//    kv are not loaded at all (their page id would be garbage); the tile's expected byte
+//    count shrinks with them. Full barrier per stage: the producer's arrive with the byte
+//    count; empty barrier per stage: one arrival per consumer thread.
+//  - Q (this tile's 128 rows of one head, row stride Hq * D in q) is copied once by the
+//    consumers with cp.async into the same swizzled layout (rows past the sequence zero).
+//  - S = Q Kᵀ: 8 wgmma m64n128k16 (A = Q, B = K, both K-major in shared memory), f32.
+//    Online softmax in f32 in the log2 domain (scale · log2 e folded into one FMA); each
+//    row of the accumulator lives in one quad of 4 lanes, as with mma.sync.
+//  - O += P V: P stays in registers: the S accumulator fragment, rounded to bf16, is the A
+//    fragment of wgmma (register A). V [keys][d] with d contiguous is an MN-major B
+//    operand (transpose bit); the 128 columns of O are two m64n64k16 products per 16 keys,
+//    so that every B operand spans exactly one 128-byte swizzle row (no leading-byte-offset
+//    striding to get wrong).
+//  - Masking only on KV tiles that straddle the diagonal or the end of the sequence: scores
+//    of keys past a row's last key become -inf by a select (so whatever K rows past kv hold,
+//    NaN included, never reaches P). V rows past kv (the tail of the last page, or chunks
+//    not loaded) are zeroed in shared memory before P V, since 0 · NaN is NaN. A consumer
+//    warpgroup skips the math of KV tiles that lie entirely above its own 64 rows'
+//    diagonal (it still releases the stage).
+//  - Programmatic dependent launch as v2: every thread waits first; the consumers let the
+//    next kernel launch once their KV loop is done.
+// Not done yet (the next steps towards FA3's rate): the two consumers' softmax overlapping
+// each other's GEMMs by named-barrier ping-pong, issuing the next S = Q Kᵀ before the
+// current softmax (intra-warpgroup overlap), and a 3-stage ring.
+// Roofline: 4 · D · Σ(causal pairs) flops per query head at the wgmma rate (~790 TFLOP/s
+// dense bf16 on the H200, 806 measured by the lead); per 128 x 128 tile a consumer reads
+// 2 x 32 KB of K/V from shared memory for 8.4 MFLOP (with Q: 256 flops/byte against
+// wgmma's ~ 6.2 (TFLOP/s) / (SM smem B/s) need), so shared memory is not a ceiling; the
+// softmax (one ex2 and ~6 other instructions per score, ~1/8 of the tensor-core time at
+// full overlap) is, and is what the missing overlap steps hide.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "pagellm/common/check.h"
+#include "pagellm/cuda/attention/attention.h"
+#include "pagellm/cuda/attention/attention_common.cuh"
+#include "pagellm/cuda/attention/attention_prefill_variants.h"
+#include "pagellm/cuda/support/cuda_check.h"
+#include "pagellm/cuda/support/device_info.h"
+#include "pagellm/cuda/support/tma.cuh"
+#include "pagellm/cuda/support/tma.h"
+#include "pagellm/cuda/support/wgmma.cuh"
+
+namespace pagellm::cuda {
+namespace attn {
+namespace {
+
+constexpr int kD = 128;
+constexpr int kBM = 128;                // query rows per CTA
+constexpr int kBN = 128;                // keys per KV tile
+constexpr int kStages = 2;              // K/V ring depth
+constexpr int kConsumers = 2;           // warpgroups of 64 query rows
+constexpr int kWgThreads = 128;
+constexpr int kThreads = kWgThreads * (1 + kConsumers);
+constexpr int kChunkKeys = 16;          // keys per TMA box (never crosses a page)
+constexpr int kRowBytes = 128;          // one swizzled row: 64 bf16 of d
+constexpr int kQHalfBytes = kBM * kRowBytes;   // [128 rows][64 d]
+constexpr int kQBytes = 2 * kQHalfBytes;       // 32 KB
+constexpr int kTileHalfBytes = kBN * kRowBytes;
+constexpr int kTileBytes = 2 * kTileHalfBytes;  // one K (or V) tile: 32 KB
+constexpr int kStageBytes = 2 * kTileBytes;     // K and V
+constexpr int kAlign = 1024;                    // 128-byte swizzle atoms
+constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + kAlign;
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;
+static_assert(kSmemBytes <= 227 * 1024, "fits one SM's shared memory");
+static_assert(kWgThreads * kProducerRegs + kConsumers * kWgThreads * kConsumerRegs <= 65536,
+              "the register file holds the rebalanced warpgroups");
+
+struct WgmmaPrefillArgs {
+  CUtensorMap k_map;  // bf16 [num_pages * Hkv * page_size, 128], box 64 x 16, 128B swizzle
+  CUtensorMap v_map;
+  PagedAttentionParams p;
+  int32_t page_shift;  // log2(page_size) or -1
+  float scale_log2;    // scale * log2(e)
+};
+
+#ifdef PAGELLM_WGMMA_AVAILABLE
+
+/// The producer warp: loads the CTA's KV tiles 0 .. n_kv_tiles - 1 into the ring, lane j
+/// issuing 16-key chunk j of each tile.
+__device__ __forceinline__ void produce_kv(const WgmmaPrefillArgs& a, const PrefillTile& t,
+                                           uint32_t ring, uint32_t full_bar, uint32_t empty_bar) {
+  constexpr int kChunkBytes = kChunkKeys * kD * 2 * 2;  // one 16-key chunk of K and of V
+  const PagedAttentionParams& p = a.p;
+  const int lane = threadIdx.x & 31;
+  const int32_t* page_row = p.page_table + static_cast<int64_t>(t.b) * p.max_pages_per_seq;
+  for (int it = 0; it < t.n_kv_tiles; ++it) {
+    const int stage = it % kStages;
+    // The n-th use of a stage waits for the consumers' (n-1)-th release of it.
+    if (it >= kStages) mbar_wait(empty_bar + 8 * stage, ((it / kStages) - 1) & 1);
+    const int n0 = it * kBN;
+    const int chunks = min(kBN / kChunkKeys, (t.seq.kv_len - n0 + kChunkKeys - 1) / kChunkKeys);
+    const uint32_t full = full_bar + 8 * stage;
+    if (lane == 0) mbar_arrive_expect_tx(full, static_cast<uint32_t>(chunks * kChunkBytes));
+    __syncwarp();
+    if (lane < chunks) {
+      // Rows fit int32: prefill_wgmma_supported checks the pool has fewer than 2^31.
+      const int row = static_cast<int>(kv_row(page_row, n0 + lane * kChunkKeys, p.page_size,
+                                              a.page_shift, p.num_kv_heads, t.kv_head));
+      const uint32_t k_dst = ring + stage * kStageBytes + lane * kChunkKeys * kRowBytes;
+      const uint32_t v_dst = k_dst + kTileBytes;
+      tma_load(k_dst, &a.k_map, 0, row, full);
+      tma_load(k_dst + kTileHalfBytes, &a.k_map, 64, row, full);
+      tma_load(v_dst, &a.v_map, 0, row, full);
+      tma_load(v_dst + kTileHalfBytes, &a.v_map, 64, row, full);
+    }
+  }
+}
+
+/// Consumer state: 16 rows per warp (g and g + 8 of the warp's m16 slice), O as two
+/// m64n64 accumulators (d 0..63, 64..127).
+struct ConsumerState {
+  float o[2][32];
+  float row_max[2];
+  float row_sum[2];
+};
+
+/// Online softmax of one S tile (in place: s becomes unnormalised P in f32), updating the
+/// running max / sum and rescaling O when a row's max rose.
+__device__ __forceinline__ void softmax_tile(float (&s)[64], uint32_t (&p_bf)[16][2],
+                                             ConsumerState& st, float scale_log2) {
+  float alpha[2];
+  bool max_changed = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float new_max = fmaxf(st.row_max[h], mx * scale_log2);
+    const float base = new_max == -INFINITY ? 0.0f : new_max;
+    alpha[h] = fast_exp2(st.row_max[h] - base);
+    max_changed |= new_max != st.row_max[h];
+    st.row_max[h] = new_max;
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float p0 = fast_exp2(fmaf(s[4 * j + 2 * h], scale_log2, -base));
+      const float p1 = fast_exp2(fmaf(s[4 * j + 2 * h + 1], scale_log2, -base));
+      p_bf[j][h] = pack_bf16x2(p0, p1);
+      sum += p0 + p1;
+    }
+    st.row_sum[h] = st.row_sum[h] * alpha[h] + sum;
+  }
+  if (__any_sync(0xffffffffu, max_changed)) {
+#pragma unroll
+    for (int dh = 0; dh < 2; ++dh) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) st.o[dh][i] *= alpha[(i >> 1) & 1];
+    }
+  }
+}
+
+#endif  // PAGELLM_WGMMA_AVAILABLE
+
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_wgmma_kernel(const __grid_constant__ WgmmaPrefillArgs a) {
+#ifdef PAGELLM_WGMMA_AVAILABLE
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[stage], then empty[stage]
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t q_base = (raw + kAlign - 1) & ~uint32_t(kAlign - 1);
+  unsigned char* const smem = smem_raw + (q_base - raw);  // q_base as a pointer
+  const uint32_t ring = q_base + kQBytes;  // stage s: K at ring + s * kStageBytes, V after
+  const uint32_t full_bar = smem_addr(bars);
+  const uint32_t empty_bar = full_bar + 8 * kStages;
+
+  // q and the newest K/V rows come from the kernels before; out may still be read by them.
+  pdl_wait();
+
+  const PagedAttentionParams& p = a.p;
+  PrefillTile t;
+  if (!locate_prefill_tile(p, kBM, kBN, t)) return;
+  const int tid = threadIdx.x;
+  auto* out = static_cast<__nv_bfloat16*>(p.out);
+  if (t.n_kv_tiles == 0) {  // no query row of this tile sees a key: zeros
+    store_zero_rows<kD>(out, t.out_row0, t.rows, p.num_q_heads, tid, kThreads);
+    return;
+  }
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_bar + 8 * s, 1);
+      mbar_init(empty_bar + 8 * s, kConsumers * kWgThreads);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  const int wg = tid / kWgThreads;
+  if (wg == 0) {
+    setmaxnreg_dec<kProducerRegs>();
+    if (tid < 32) produce_kv(a, t, ring, full_bar, empty_bar);
+    return;
+  }
+  setmaxnreg_inc<kConsumerRegs>();
+
+  const int c = wg - 1;              // consumer: query rows 64 c .. 64 c + 63 of the tile
+  const int tw = tid - wg * kWgThreads;
+  const int warp = tw / 32;
+  const int lane = tid & 31;
+  const int g = lane / 4;   // rows g and g + 8 of the warp's 16
+  const int t4 = lane % 4;  // column pair within each n8 block
+  const int row0 = 64 * c + 16 * warp + g;  // this thread's first row within the tile
+
+  // Q rows 64 c .. 64 c + 63 into the two swizzled halves (16 chunks of 16 bytes a row).
+  const auto* qp = static_cast<const __nv_bfloat16*>(p.q);
+#pragma unroll
+  for (int i = 0; i < 64 * 16 / kWgThreads; ++i) {
+    const int idx = tw + i * kWgThreads;
+    const int r = 64 * c + idx / 16;
+    const int ch = idx % 16;
+    const bool valid = r < t.rows;
+    const __nv_bfloat16* src =
+        valid ? qp + (t.out_row0 + static_cast<int64_t>(r) * p.num_q_heads) * kD + ch * 8 : qp;
+    const uint32_t dst =
+        q_base + (ch / 8) * kQHalfBytes + r * kRowBytes + (((ch % 8) ^ (r % 8)) << 4);
+    cp_async_16(dst, src, valid);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async_smem();  // wgmma reads Q through the async proxy
+  named_barrier_sync(1 + c, kWgThreads);
+
+  // Keys this warpgroup's rows see: its tiles end earlier than the CTA's for the first
+  // consumer (causal), and there are none when all its rows are past the sequence.
+  const int wg_rows = min(64, t.rows - 64 * c);
+  const int pos_first = t.shift + t.m0 + 64 * c;  // position of the warpgroup's first row
+  const int wg_key_last = wg_rows > 0 ? min(t.seq.kv_len - 1, pos_first + wg_rows - 1) : -1;
+  const int wg_tiles = wg_key_last >= 0 ? wg_key_last / kBN + 1 : 0;
+
+  ConsumerState st;
+#pragma unroll
+  for (int dh = 0; dh < 2; ++dh) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) st.o[dh][i] = 0.0f;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    st.row_max[h] = -INFINITY;
+    st.row_sum[h] = 0.0f;
+  }
+  const uint32_t q_wg = q_base + 64 * c * kRowBytes;
+
+  for (int it = 0; it < t.n_kv_tiles; ++it) {
+    const int stage = it % kStages;
+    mbar_wait(full_bar + 8 * stage, (it / kStages) & 1);
+    if (it < wg_tiles) {
+      const uint32_t k_base = ring + stage * kStageBytes;
+      const uint32_t v_base = k_base + kTileBytes;
+      const int n0 = it * kBN;
+      const int keys = t.seq.kv_len - n0;  // valid keys of this tile (if < kBN)
+      if (keys < kBN) {
+        // V rows of keys >= kv: page tails or chunks never loaded; zero them (0 · NaN = NaN).
+        // Both consumers write the same zeros; each makes its own writes visible to wgmma.
+        unsigned char* v_tile = smem + (v_base - q_base);
+        for (int idx = tw; idx < (kBN - keys) * 16; idx += kWgThreads) {
+          const int r = keys + idx / 16;
+          const int half = (idx / 8) % 2;
+          *reinterpret_cast<uint4*>(v_tile + half * kTileHalfBytes + r * kRowBytes +
+                                    (idx % 8) * 16) = make_uint4(0, 0, 0, 0);
+        }
+        fence_proxy_async_smem();
+        named_barrier_sync(1 + c, kWgThreads);
+      }
+
+      // S = Q Kᵀ (64 x 128 per consumer)
+      float s[64];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const uint32_t off = (kk / 4) * kQHalfBytes + (kk % 4) * 32;
+        const uint32_t k_off = (kk / 4) * kTileHalfBytes + (kk % 4) * 32;
+        wgmma_m64n128k16_ss(s, wgmma_desc_sw128(q_wg + off), wgmma_desc_sw128(k_base + k_off),
+                            kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operands(s);
+
+      // Causal mask (and the end of the sequence) on the tiles that straddle it.
+      if (n0 + kBN - 1 > pos_first || keys < kBN) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = row0 + 8 * h;
+          const int limit = min(t.shift + t.m0 + r, t.seq.kv_len - 1) - n0;  // last key
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              if (8 * j + 2 * t4 + e > limit) s[4 * j + 2 * h + e] = -INFINITY;
+            }
+          }
+        }
+      }
+
+      uint32_t p_bf[16][2];
+      softmax_tile(s, p_bf, st, a.scale_log2);
+
+      // O += P V: k-step kk covers keys 16 kk .. 16 kk + 15, i.e. n8 blocks 2 kk, 2 kk + 1 of
+      // P, whose accumulator halves are the A fragment's four registers.
+      wgmma_fence_operands(st.o[0]);
+      wgmma_fence_operands(st.o[1]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        const uint32_t pa[4] = {p_bf[2 * kk][0], p_bf[2 * kk][1], p_bf[2 * kk + 1][0],
+                                p_bf[2 * kk + 1][1]};
+#pragma unroll
+        for (int dh = 0; dh < 2; ++dh) {
+          wgmma_m64n64k16_rs_tn(
+              st.o[dh], pa,
+              wgmma_desc_sw128(v_base + dh * kTileHalfBytes + kk * 16 * kRowBytes));
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operands(st.o[0]);
+      wgmma_fence_operands(st.o[1]);
+    }
+    mbar_arrive(empty_bar + 8 * stage);  // this thread is done with the stage
+  }
+  // The KV loop, this CTA's main work, is done: the next kernel may launch (it waits for
+  // this grid to finish before reading the output).
+  pdl_launch_dependents();
+
+  // ---- normalise and store ----------------------------------------------------------
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = st.row_sum[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const int r = row0 + 8 * h;
+    if (r < t.rows) {
+      __nv_bfloat16* dst =
+          out + (t.out_row0 + static_cast<int64_t>(r) * p.num_q_heads) * kD + t4 * 2;
+#pragma unroll
+      for (int dh = 0; dh < 2; ++dh) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          *reinterpret_cast<uint32_t*>(dst + dh * 64 + j * 8) =
+              pack_bf16x2(st.o[dh][4 * j + 2 * h] * inv, st.o[dh][4 * j + 2 * h + 1] * inv);
+        }
+      }
+    }
+  }
+#else
+  __trap();  // launched only on compute capability 9.0 (prefill_wgmma_supported)
+#endif
+}
+
+}  // namespace
+
+void launch_prefill_wgmma(const PagedAttentionParams& p, cudaStream_t stream) {
+  static const bool smem_set = [] {
+    PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(
+        prefill_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    return true;
+  }();
+  (void)smem_set;
+  const int64_t pool_rows = static_cast<int64_t>(p.num_pages) * p.num_kv_heads * p.page_size;
+  WgmmaPrefillArgs args;
+  args.k_map = bf16_tensor_map(p.k_pool, pool_rows, kD, 64, kChunkKeys, "paged_prefill_attention");
+  args.v_map = bf16_tensor_map(p.v_pool, pool_rows, kD, 64, kChunkKeys, "paged_prefill_attention");
+  args.p = p;
+  args.page_shift = page_shift_of(p.page_size);
+  args.scale_log2 = p.scale * kLog2e;
+  const int64_t tiles = (static_cast<int64_t>(p.num_tokens) + kBM - 1) / kBM + p.num_seqs;
+  const int64_t ctas = tiles * p.num_q_heads;
+  PAGELLM_CHECK(ctas <= 0x7fffffff)
+      << "paged_prefill_attention: " << ctas << " (query tile, head) pairs exceed 2^31 - 1";
+  launch_kernel(prefill_wgmma_kernel, dim3(static_cast<unsigned>(ctas)), dim3(kThreads),
+                kSmemBytes, stream, 1, args);
+}
+
+}  // namespace attn
+}  // namespace pagellm::cuda
