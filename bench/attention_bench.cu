@@ -12,8 +12,9 @@
 // slower than the SM copy a plain D2D memcpy gets) and a 16-byte-vector copy kernel, over
 // 2 GiB buffers, bytes read + bytes written.
 // Prefill: causal FLOPs = 4 · head_dim · num_q_heads · Σ (keys each query token sees),
-// timed the same way through both prefill kernels (wgmma, the Hopper kernel where it
-// applies, and v2; attention_prefill_variants.h), one row per shape, printed as TFLOP/s and
+// timed the same way through every prefill kernel (wgmma and wgmma-serial, the Hopper
+// kernel where it applies, and v2; attention_prefill_variants.h), one row per shape,
+// printed as TFLOP/s and
 // as a fraction of the 806 TFLOP/s dense bf16 rate measured on the H200, beside
 // FlashAttention-2's (~309-342) and cuDNN's (~577-606) rates on this H200 at 4k-32k tokens,
 // 32 heads, D = 128.
@@ -310,9 +311,11 @@ int run(int argc, char** argv) {
         "\nprefill: causal FLOPs = 4 * D * Hq * pairs; %% of %.0f TFLOP/s (H200 dense bf16); "
         "bars: FA2 ~309-342, cuDNN ~577-606 TFLOP/s\n",
         kPeakTflops);
-    std::printf("%4s %4s %4s %6s %6s %6s | %10s %8s %6s | %10s %8s %6s\n", "Hq", "Hkv", "D",
-                "batch", "q", "kv", "wgmma_us", "TFLOP/s", "peak", "v2_us", "TFLOP/s", "peak");
+    std::printf("%4s %4s %4s %6s %6s %6s | %10s %8s %6s | %10s %8s %6s | %10s %8s %6s\n", "Hq",
+                "Hkv", "D", "batch", "q", "kv", "wgmma_us", "TFLOP/s", "peak", "serial_us",
+                "TFLOP/s", "peak", "v2_us", "TFLOP/s", "peak");
     const pagellm::cuda::PrefillKernel kernels[] = {pagellm::cuda::PrefillKernel::kWgmma,
+                                                    pagellm::cuda::PrefillKernel::kWgmmaSerial,
                                                     pagellm::cuda::PrefillKernel::kV2};
     for (const Config& cf : configs) {
       const int page = 16;
@@ -334,7 +337,7 @@ int run(int argc, char** argv) {
                                      0, pagellm::cuda::kDefaultDecodeKernel, kernel);
         const size_t bad = nonfinite(batch.out, out_elems);
         const double tflops = flops / (ms * 1e-3) / 1e12;
-        const bool runs_v2 = kernel == pagellm::cuda::PrefillKernel::kWgmma && !wgmma_runs;
+        const bool runs_v2 = kernel != pagellm::cuda::PrefillKernel::kV2 && !wgmma_runs;
         rows.push_back({std::string("prefill-") + pagellm::cuda::prefill_kernel_name(kernel) +
                             (runs_v2 ? "(v2)" : ""),
                         cf.d, cf.hq, cf.hkv, page, cf.batch, cf.q_len, cf.kv_len, 0, ms * 1e3, 0.0,

@@ -402,12 +402,13 @@ CheckResult check_output(const Problem& pr, const std::vector<uint16_t>& out, fl
 enum class Kernel { kDecode, kPrefill };
 
 constexpr DecodeKernel kDecodeKernels[] = {DecodeKernel::kTma, DecodeKernel::kCpAsync};
-constexpr PrefillKernel kPrefillKernels[] = {PrefillKernel::kWgmma, PrefillKernel::kV2};
+constexpr PrefillKernel kPrefillKernels[] = {PrefillKernel::kWgmma, PrefillKernel::kWgmmaSerial,
+                                             PrefillKernel::kV2};
 
 /// Runs one case through every variant of one kernel, each on a freshly poisoned output,
 /// and checks each. A variant that does not apply runs the fallback (decode's TMA variant
 /// runs cp.async for head_dim 64 and page sizes that are not multiples of 16; prefill's
-/// wgmma variant runs v2 for those, for short queries and off compute capability 9.0),
+/// wgmma variants run v2 for those, for short queries and off compute capability 9.0),
 /// which the message says.
 void run_case(const Case& c, Kernel kernel, std::mt19937_64& rng) {
   SCOPED_TRACE(c.describe());
@@ -428,7 +429,7 @@ void run_case(const Case& c, Kernel kernel, std::mt19937_64& rng) {
     } else {
       paged_prefill_attention_with(p, kPrefillKernels[run], nullptr);
       what = std::string("prefill ") + prefill_kernel_name(kPrefillKernels[run]) +
-             (kPrefillKernels[run] == PrefillKernel::kWgmma && !prefill_wgmma_supported(p)
+             (kPrefillKernels[run] != PrefillKernel::kV2 && !prefill_wgmma_supported(p)
                   ? " (runs v2) "
                   : " ");
     }

@@ -30,7 +30,12 @@ const char* decode_kernel_name(DecodeKernel k) {
 }
 
 const char* prefill_kernel_name(PrefillKernel k) {
-  return k == PrefillKernel::kWgmma ? "wgmma" : "v2";
+  switch (k) {
+    case PrefillKernel::kV2: return "v2";
+    case PrefillKernel::kWgmma: return "wgmma";
+    case PrefillKernel::kWgmmaSerial: return "wgmma-serial";
+  }
+  return "?";
 }
 
 const char* pack_policy_name(PackPolicy p) {
@@ -89,11 +94,14 @@ CudaSettings CudaSettings::parse(const std::function<const char*(const char*)>& 
     const std::string v = env;
     if (v == "wgmma") {
       s.prefill_kernel = PrefillKernel::kWgmma;
+    } else if (v == "wgmma-serial") {
+      s.prefill_kernel = PrefillKernel::kWgmmaSerial;
     } else if (v == "v2") {
       s.prefill_kernel = PrefillKernel::kV2;
     } else {
       PAGELLM_FAIL() << "PAGELLM_PREFILL_KERNEL=" << v
-                     << " is not a prefill kernel: use wgmma or v2 (or leave it unset for "
+                     << " is not a prefill kernel: use wgmma, wgmma-serial or v2 (or leave it "
+                        "unset for "
                      << prefill_kernel_name(kDefaultPrefillKernel) << ")";
     }
   }

@@ -447,8 +447,8 @@ void paged_prefill_attention_with(const PagedAttentionParams& p, PrefillKernel k
                                   cudaStream_t stream) {
   attn::validate_params(p, "paged_prefill_attention");
   if (p.num_seqs == 0 || p.num_tokens == 0) return;
-  if (kernel == PrefillKernel::kWgmma && prefill_wgmma_supported(p)) {
-    attn::launch_prefill_wgmma(p, stream);
+  if (kernel != PrefillKernel::kV2 && prefill_wgmma_supported(p)) {
+    attn::launch_prefill_wgmma(p, kernel == PrefillKernel::kWgmma, stream);
     return;
   }
   using namespace attn;

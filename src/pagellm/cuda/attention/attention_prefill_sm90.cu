@@ -14,15 +14,16 @@
 // (ldmatrix): 295-330 TFLOP/s on the H200. wgmma reads both operands of S = Q Kᵀ, and the
 // B operand of O += P V, straight from shared memory, 64 query rows per warpgroup, so the
 // shared-memory traffic per flop drops by the 4 warps that no longer each load the tile.
-//  - CTA = 3 warpgroups (384 threads), one CTA per SM (161 KB of shared memory):
-//    warpgroup 0 is the producer: one warp issues the TMA copies, the other three exit;
-//    it gives its registers to the consumers (setmaxnreg 24 / 240).
-//    Warpgroups 1 and 2 are consumers of 64 query rows each (BM = 128).
-//  - K/V tiles of BN = 128 keys in a 2-stage ring, each tile [128 keys][128 d] stored as two
-//    [128][64] halves in the 128-byte-swizzled layout that TMA writes and wgmma reads
-//    (wgmma.cuh). A 16-key chunk never crosses a page (pages are a multiple of 16 tokens), so
-//    the producer warp's lane j loads chunk j of the tile: one page-table read and four TMA
-//    boxes (64 d x 16 keys, K and V, both halves) from tensor maps of the pools seen as
+//  - CTA = 3 warpgroups (384 threads), one CTA per SM: warpgroup 0 is the producer (one
+//    warp issues the TMA copies, the other three exit) and gives its registers to the
+//    consumers (setmaxnreg 24 / 240); warpgroups 1 and 2 consume 64 query rows each
+//    (BM = 128).
+//  - K/V tiles of BN = 128 keys in a ring of 3 stages (225 KB with Q; "wgmma") or 2
+//    (161 KB; "wgmma-serial"), each tile [128 keys][128 d] stored as two [128][64] halves
+//    in the 128-byte-swizzled layout that TMA writes and wgmma reads (wgmma.cuh). A 16-key
+//    chunk never crosses a page (pages are a multiple of 16 tokens), so the producer
+//    warp's lane j loads chunk j of the tile: one page-table read and four TMA boxes
+//    (64 d x 16 keys, K and V, both halves) from tensor maps of the pools seen as
 //    [num_pages * Hkv * page_size, 128] matrices (the decode TMA kernel's maps). Chunks past
 //    kv are not loaded at all (their page id would be garbage); the tile's expected byte
 //    count shrinks with them. Full barrier per stage: the producer's arrive with the byte
@@ -43,17 +44,22 @@
 //    not loaded) are zeroed in shared memory before P V, since 0 · NaN is NaN. A consumer
 //    warpgroup skips the math of KV tiles that lie entirely above its own 64 rows'
 //    diagonal (it still releases the stage).
+//  - Overlap ("wgmma", FlashAttention-3's intra-warpgroup overlap): each consumer issues
+//    S(it) = Q K(it)ᵀ and P(it-1) V(it-1) together, waits for S only, runs the softmax of
+//    S(it) while P V still executes, then waits for P V before rescaling O and writing the
+//    new P (so no register an in-flight wgmma reads is overwritten). "wgmma-serial" runs
+//    S, softmax and P V of each tile in turn. The two consumers also overlap each other
+//    (one's softmax beside the other's MMAs) as the warp schedulers interleave them; FA3's
+//    explicit ping-pong (named barriers ordering the two consumers' GEMMs) is not done.
 //  - Programmatic dependent launch as v2: every thread waits first; the consumers let the
 //    next kernel launch once their KV loop is done.
-// Not done yet (the next steps towards FA3's rate): the two consumers' softmax overlapping
-// each other's GEMMs by named-barrier ping-pong, issuing the next S = Q Kᵀ before the
-// current softmax (intra-warpgroup overlap), and a 3-stage ring.
-// Roofline: 4 · D · Σ(causal pairs) flops per query head at the wgmma rate (~790 TFLOP/s
-// dense bf16 on the H200, 806 measured by the lead); per 128 x 128 tile a consumer reads
-// 2 x 32 KB of K/V from shared memory for 8.4 MFLOP (with Q: 256 flops/byte against
-// wgmma's ~ 6.2 (TFLOP/s) / (SM smem B/s) need), so shared memory is not a ceiling; the
-// softmax (one ex2 and ~6 other instructions per score, ~1/8 of the tensor-core time at
-// full overlap) is, and is what the missing overlap steps hide.
+// Roofline: 4 · D · Σ(causal pairs) flops per query head at the wgmma rate (806 TFLOP/s
+// dense bf16 measured on the H200: ~3,100 flops per clock per SM). Per 128 x 128 tile the CTA
+// does 8.4 MFLOP (~2,700 clocks of tensor cores). Shared memory is no ceiling: a consumer
+// reads 80 KB (K, V and its Q) per 4.2 MFLOP, 52 flops/byte, twice what 128 B/clock asks.
+// The softmax is: 16,384 ex2 per tile at 16 per clock (~1,000 clocks) plus ~5 other FP32
+// instructions per score (~650), ~60 % of the MMA time, so without overlap the kernel
+// tops out near 500 TFLOP/s and with perfect overlap at the MMA rate.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -77,7 +83,6 @@ namespace {
 constexpr int kD = 128;
 constexpr int kBM = 128;                // query rows per CTA
 constexpr int kBN = 128;                // keys per KV tile
-constexpr int kStages = 2;              // K/V ring depth
 constexpr int kConsumers = 2;           // warpgroups of 64 query rows
 constexpr int kWgThreads = 128;
 constexpr int kThreads = kWgThreads * (1 + kConsumers);
@@ -89,12 +94,25 @@ constexpr int kTileHalfBytes = kBN * kRowBytes;
 constexpr int kTileBytes = 2 * kTileHalfBytes;  // one K (or V) tile: 32 KB
 constexpr int kStageBytes = 2 * kTileBytes;     // K and V
 constexpr int kAlign = 1024;                    // 128-byte swizzle atoms
-constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + kAlign;
 constexpr int kProducerRegs = 24;
 constexpr int kConsumerRegs = 240;
-static_assert(kSmemBytes <= 227 * 1024, "fits one SM's shared memory");
 static_assert(kWgThreads * kProducerRegs + kConsumers * kWgThreads * kConsumerRegs <= 65536,
               "the register file holds the rebalanced warpgroups");
+
+/// Compile-time variant: K/V ring depth and whether S(it) overlaps P(it-1) V(it-1).
+template <int kStages_, bool kOverlap_>
+struct WgmmaShape {
+  static constexpr int kStages = kStages_;
+  static constexpr bool kOverlap = kOverlap_;
+  static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + kAlign;
+  static_assert(kSmemBytes + 2 * kStages * 8 <= 227 * 1024, "fits one SM's shared memory");
+  static_assert(!kOverlap || kStages >= 3,
+                "the overlapped loop holds two tiles at once: a third stage keeps a load ahead");
+};
+// The overlapped loop holds two tiles (P V of one, S of the next) while the producer fills
+// a third: 3 stages (225 KB). The serial loop holds one: 2 stages (161 KB).
+using Overlapped = WgmmaShape<3, true>;
+using Serial = WgmmaShape<2, false>;
 
 struct WgmmaPrefillArgs {
   CUtensorMap k_map;  // bf16 [num_pages * Hkv * page_size, 128], box 64 x 16, 128B swizzle
@@ -106,8 +124,9 @@ struct WgmmaPrefillArgs {
 
 #ifdef PAGELLM_WGMMA_AVAILABLE
 
-/// The producer warp: loads the CTA's KV tiles 0 .. n_kv_tiles - 1 into the ring, lane j
-/// issuing 16-key chunk j of each tile.
+/// The producer warp: loads the CTA's KV tiles 0 .. n_kv_tiles - 1 into the kStages-deep
+/// ring, lane j issuing 16-key chunk j of each tile.
+template <int kStages>
 __device__ __forceinline__ void produce_kv(const WgmmaPrefillArgs& a, const PrefillTile& t,
                                            uint32_t ring, uint32_t full_bar, uint32_t empty_bar) {
   constexpr int kChunkBytes = kChunkKeys * kD * 2 * 2;  // one 16-key chunk of K and of V
@@ -145,12 +164,61 @@ struct ConsumerState {
   float row_sum[2];
 };
 
-/// Online softmax of one S tile (in place: s becomes unnormalised P in f32), updating the
-/// running max / sum and rescaling O when a row's max rose.
-__device__ __forceinline__ void softmax_tile(float (&s)[64], uint32_t (&p_bf)[16][2],
-                                             ConsumerState& st, float scale_log2) {
-  float alpha[2];
-  bool max_changed = false;
+/// S = Q Kᵀ for one consumer: 64 query rows (q_wg) x 128 keys (k_tile), 8 k16 steps over
+/// the two 64-wide halves of d. Issues only (no fence, commit or wait).
+__device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_wg, uint32_t k_tile) {
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const uint32_t q_off = (kk / 4) * kQHalfBytes + (kk % 4) * 32;
+    const uint32_t k_off = (kk / 4) * kTileHalfBytes + (kk % 4) * 32;
+    wgmma_m64n128k16_ss(s, wgmma_desc_sw128(q_wg + q_off), wgmma_desc_sw128(k_tile + k_off),
+                        kk > 0);
+  }
+}
+
+/// O += P V: k-step kk covers keys 16 kk .. 16 kk + 15, i.e. n8 blocks 2 kk, 2 kk + 1 of P,
+/// whose accumulator halves are the A fragment's four registers; V's two d halves are two
+/// m64n64 products. Issues only.
+__device__ __forceinline__ void issue_pv(ConsumerState& st, const uint32_t (&p_bf)[16][2],
+                                         uint32_t v_tile) {
+#pragma unroll
+  for (int kk = 0; kk < kBN / 16; ++kk) {
+    const uint32_t pa[4] = {p_bf[2 * kk][0], p_bf[2 * kk][1], p_bf[2 * kk + 1][0],
+                            p_bf[2 * kk + 1][1]};
+#pragma unroll
+    for (int dh = 0; dh < 2; ++dh) {
+      wgmma_m64n64k16_rs_tn(st.o[dh], pa,
+                            wgmma_desc_sw128(v_tile + dh * kTileHalfBytes + kk * 16 * kRowBytes));
+    }
+  }
+}
+
+/// Scores of keys a row may not see become -inf: past its causal end (row r of the tile
+/// sees keys up to shift + m0 + r) or past kv. `row0` is the thread's first row (g) in the
+/// tile, n0 the tile's first key. A select, so NaN scores (K rows past kv) disappear too.
+__device__ __forceinline__ void mask_scores(float (&s)[64], const PrefillTile& t, int row0,
+                                            int n0) {
+  const int t4 = threadIdx.x & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int limit = min(t.shift + t.m0 + row0 + 8 * h, t.seq.kv_len - 1) - n0;  // last key
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (8 * j + 2 * t4 + e > limit) s[4 * j + 2 * h + e] = -INFINITY;
+      }
+    }
+  }
+}
+
+/// Online softmax of one S tile, in place: s becomes exp2(s · scale_log2 - new max) (the
+/// unnormalised P in f32), the running max and sum are updated, and alpha (the factor O
+/// must be scaled by) is returned per row; `changed` says whether any max rose. Each row
+/// lives in one quad of 4 lanes.
+__device__ __forceinline__ bool softmax_scores(float (&s)[64], ConsumerState& st,
+                                               float (&alpha)[2], float scale_log2) {
+  bool changed = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float mx = -INFINITY;
@@ -161,19 +229,27 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], uint32_t (&p_bf)[16
     const float new_max = fmaxf(st.row_max[h], mx * scale_log2);
     const float base = new_max == -INFINITY ? 0.0f : new_max;
     alpha[h] = fast_exp2(st.row_max[h] - base);
-    max_changed |= new_max != st.row_max[h];
+    changed |= new_max != st.row_max[h];
     st.row_max[h] = new_max;
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      const float p0 = fast_exp2(fmaf(s[4 * j + 2 * h], scale_log2, -base));
-      const float p1 = fast_exp2(fmaf(s[4 * j + 2 * h + 1], scale_log2, -base));
-      p_bf[j][h] = pack_bf16x2(p0, p1);
-      sum += p0 + p1;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[4 * j + 2 * h + e];
+        x = fast_exp2(fmaf(x, scale_log2, -base));
+        sum += x;
+      }
     }
     st.row_sum[h] = st.row_sum[h] * alpha[h] + sum;
   }
-  if (__any_sync(0xffffffffu, max_changed)) {
+  return changed;
+}
+
+/// O *= alpha per row, skipped when no row of the warp raised its max (alpha == 1).
+__device__ __forceinline__ void rescale_o(ConsumerState& st, const float (&alpha)[2],
+                                          bool changed) {
+  if (__any_sync(0xffffffffu, changed)) {
 #pragma unroll
     for (int dh = 0; dh < 2; ++dh) {
 #pragma unroll
@@ -182,11 +258,32 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], uint32_t (&p_bf)[16
   }
 }
 
+/// P (f32, accumulator layout) -> bf16 pairs: p_bf[j][h] = row g + 8 h, n8 block j.
+__device__ __forceinline__ void pack_p(const float (&s)[64], uint32_t (&p_bf)[16][2]) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) p_bf[j][h] = pack_bf16x2(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
+  }
+}
+
+/// Keeps the P registers alive (unmodified) up to this point, so that the compiler reuses
+/// none of them while a wgmma that reads them may still run.
+__device__ __forceinline__ void fence_p(uint32_t (&p_bf)[16][2]) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) asm volatile("" : "+r"(p_bf[j][h])::"memory");
+  }
+}
+
 #endif  // PAGELLM_WGMMA_AVAILABLE
 
+template <class S>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_wgmma_kernel(const __grid_constant__ WgmmaPrefillArgs a) {
 #ifdef PAGELLM_WGMMA_AVAILABLE
+  constexpr int kStages = S::kStages;
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[stage], then empty[stage]
   const uint32_t raw = smem_addr(smem_raw);
@@ -221,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = tid / kWgThreads;
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
-    if (tid < 32) produce_kv(a, t, ring, full_bar, empty_bar);
+    if (tid < 32) produce_kv<kStages>(a, t, ring, full_bar, empty_bar);
     return;
   }
   setmaxnreg_inc<kConsumerRegs>();
@@ -272,84 +369,107 @@ __global__ void __launch_bounds__(kThreads, 1)
     st.row_sum[h] = 0.0f;
   }
   const uint32_t q_wg = q_base + 64 * c * kRowBytes;
-
-  for (int it = 0; it < t.n_kv_tiles; ++it) {
-    const int stage = it % kStages;
-    mbar_wait(full_bar + 8 * stage, (it / kStages) & 1);
-    if (it < wg_tiles) {
-      const uint32_t k_base = ring + stage * kStageBytes;
-      const uint32_t v_base = k_base + kTileBytes;
-      const int n0 = it * kBN;
-      const int keys = t.seq.kv_len - n0;  // valid keys of this tile (if < kBN)
-      if (keys < kBN) {
-        // V rows of keys >= kv: page tails or chunks never loaded; zero them (0 · NaN = NaN).
-        // Both consumers write the same zeros; each makes its own writes visible to wgmma.
-        unsigned char* v_tile = smem + (v_base - q_base);
-        for (int idx = tw; idx < (kBN - keys) * 16; idx += kWgThreads) {
-          const int r = keys + idx / 16;
-          const int half = (idx / 8) % 2;
-          *reinterpret_cast<uint4*>(v_tile + half * kTileHalfBytes + r * kRowBytes +
-                                    (idx % 8) * 16) = make_uint4(0, 0, 0, 0);
-        }
-        fence_proxy_async_smem();
-        named_barrier_sync(1 + c, kWgThreads);
+  auto k_tile = [&](int it) { return ring + (it % kStages) * kStageBytes; };
+  auto wait_full = [&](int it) { mbar_wait(full_bar + 8 * (it % kStages), (it / kStages) & 1); };
+  auto release = [&](int it) { mbar_arrive(empty_bar + 8 * (it % kStages)); };
+  // Waits for tile `it` and zeroes the V rows of keys >= kv (page tails or chunks never
+  // loaded), since 0 · NaN = NaN. Both consumers write the same zeros; each makes its own
+  // writes visible to its wgmma.
+  auto acquire = [&](int it) {
+    wait_full(it);
+    const int keys = t.seq.kv_len - it * kBN;
+    if (keys < kBN) {
+      unsigned char* v = smem + (k_tile(it) + kTileBytes - q_base);
+      for (int idx = tw; idx < (kBN - keys) * 16; idx += kWgThreads) {
+        const int r = keys + idx / 16;
+        const int half = (idx / 8) % 2;
+        *reinterpret_cast<uint4*>(v + half * kTileHalfBytes + r * kRowBytes + (idx % 8) * 16) =
+            make_uint4(0, 0, 0, 0);
       }
+      fence_proxy_async_smem();
+      named_barrier_sync(1 + c, kWgThreads);
+    }
+  };
+  // Tiles that straddle the diagonal (for some row of this warpgroup) or the end of kv.
+  auto needs_mask = [&](int it) {
+    return it * kBN + kBN - 1 > pos_first || (it + 1) * kBN > t.seq.kv_len;
+  };
 
-      // S = Q Kᵀ (64 x 128 per consumer)
-      float s[64];
+  float s[64];
+  uint32_t p_bf[16][2];
+  float alpha[2];
+  if constexpr (!S::kOverlap) {
+    // One tile at a time: S, softmax, P V, each waited for before the next.
+    for (int it = 0; it < wg_tiles; ++it) {
+      acquire(it);
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const uint32_t off = (kk / 4) * kQHalfBytes + (kk % 4) * 32;
-        const uint32_t k_off = (kk / 4) * kTileHalfBytes + (kk % 4) * 32;
-        wgmma_m64n128k16_ss(s, wgmma_desc_sw128(q_wg + off), wgmma_desc_sw128(k_base + k_off),
-                            kk > 0);
-      }
+      issue_qk(s, q_wg, k_tile(it));
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_operands(s);
-
-      // Causal mask (and the end of the sequence) on the tiles that straddle it.
-      if (n0 + kBN - 1 > pos_first || keys < kBN) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = row0 + 8 * h;
-          const int limit = min(t.shift + t.m0 + r, t.seq.kv_len - 1) - n0;  // last key
-#pragma unroll
-          for (int j = 0; j < 16; ++j) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              if (8 * j + 2 * t4 + e > limit) s[4 * j + 2 * h + e] = -INFINITY;
-            }
-          }
-        }
-      }
-
-      uint32_t p_bf[16][2];
-      softmax_tile(s, p_bf, st, a.scale_log2);
-
-      // O += P V: k-step kk covers keys 16 kk .. 16 kk + 15, i.e. n8 blocks 2 kk, 2 kk + 1 of
-      // P, whose accumulator halves are the A fragment's four registers.
+      if (needs_mask(it)) mask_scores(s, t, row0, it * kBN);
+      const bool changed = softmax_scores(s, st, alpha, a.scale_log2);
+      rescale_o(st, alpha, changed);
+      pack_p(s, p_bf);
       wgmma_fence_operands(st.o[0]);
       wgmma_fence_operands(st.o[1]);
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) {
-        const uint32_t pa[4] = {p_bf[2 * kk][0], p_bf[2 * kk][1], p_bf[2 * kk + 1][0],
-                                p_bf[2 * kk + 1][1]};
-#pragma unroll
-        for (int dh = 0; dh < 2; ++dh) {
-          wgmma_m64n64k16_rs_tn(
-              st.o[dh], pa,
-              wgmma_desc_sw128(v_base + dh * kTileHalfBytes + kk * 16 * kRowBytes));
-        }
-      }
+      issue_pv(st, p_bf, k_tile(it) + kTileBytes);
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_operands(st.o[0]);
       wgmma_fence_operands(st.o[1]);
+      release(it);
     }
-    mbar_arrive(empty_bar + 8 * stage);  // this thread is done with the stage
+  } else if (wg_tiles > 0) {
+    // FlashAttention-3's intra-warpgroup overlap: S(it) and P(it-1) V(it-1) are issued
+    // together; the softmax of S(it) runs while P V still executes, and only the O rescale
+    // and the new P wait for it. Tile it-1's stage is released once its P V is done.
+    acquire(0);
+    wgmma_fence();
+    issue_qk(s, q_wg, k_tile(0));
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(s);
+    if (needs_mask(0)) mask_scores(s, t, row0, 0);
+    softmax_scores(s, st, alpha, a.scale_log2);  // O is still zero: no rescale
+    pack_p(s, p_bf);
+    for (int it = 1; it < wg_tiles; ++it) {
+      acquire(it);
+      wgmma_fence_operands(st.o[0]);
+      wgmma_fence_operands(st.o[1]);
+      wgmma_fence();
+      issue_qk(s, q_wg, k_tile(it));
+      wgmma_commit();
+      issue_pv(st, p_bf, k_tile(it - 1) + kTileBytes);
+      wgmma_commit();
+      wgmma_wait<1>();  // S(it) is done; P(it-1) V(it-1) may still run
+      wgmma_fence_operands(s);
+      if (needs_mask(it)) mask_scores(s, t, row0, it * kBN);
+      const bool changed = softmax_scores(s, st, alpha, a.scale_log2);
+      wgmma_wait<0>();
+      wgmma_fence_operands(st.o[0]);
+      wgmma_fence_operands(st.o[1]);
+      fence_p(p_bf);
+      release(it - 1);
+      rescale_o(st, alpha, changed);
+      pack_p(s, p_bf);
+    }
+    wgmma_fence_operands(st.o[0]);
+    wgmma_fence_operands(st.o[1]);
+    wgmma_fence();
+    issue_pv(st, p_bf, k_tile(wg_tiles - 1) + kTileBytes);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(st.o[0]);
+    wgmma_fence_operands(st.o[1]);
+    release(wg_tiles - 1);
+  }
+  // Tiles wholly above this warpgroup's diagonal: nothing to compute, but the stage must be
+  // released by every consumer before the producer refills it.
+  for (int it = wg_tiles; it < t.n_kv_tiles; ++it) {
+    wait_full(it);
+    release(it);
   }
   // The KV loop, this CTA's main work, is done: the next kernel may launch (it waits for
   // this grid to finish before reading the output).
@@ -381,12 +501,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-}  // namespace
-
-void launch_prefill_wgmma(const PagedAttentionParams& p, cudaStream_t stream) {
+template <class S>
+void launch(const PagedAttentionParams& p, cudaStream_t stream) {
+  constexpr int kSmemBytes = S::kSmemBytes;
   static const bool smem_set = [] {
     PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(
-        prefill_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+        prefill_wgmma_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     return true;
   }();
   (void)smem_set;
@@ -401,8 +521,14 @@ void launch_prefill_wgmma(const PagedAttentionParams& p, cudaStream_t stream) {
   const int64_t ctas = tiles * p.num_q_heads;
   PAGELLM_CHECK(ctas <= 0x7fffffff)
       << "paged_prefill_attention: " << ctas << " (query tile, head) pairs exceed 2^31 - 1";
-  launch_kernel(prefill_wgmma_kernel, dim3(static_cast<unsigned>(ctas)), dim3(kThreads),
+  launch_kernel(prefill_wgmma_kernel<S>, dim3(static_cast<unsigned>(ctas)), dim3(kThreads),
                 kSmemBytes, stream, 1, args);
+}
+
+}  // namespace
+
+void launch_prefill_wgmma(const PagedAttentionParams& p, bool overlap, cudaStream_t stream) {
+  overlap ? launch<Overlapped>(p, stream) : launch<Serial>(p, stream);
 }
 
 }  // namespace attn
