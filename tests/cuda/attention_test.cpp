@@ -650,9 +650,7 @@ TEST_F(PagedAttention, DecodeTmaKernelOnQwen3ShapesAndStalePages) {
   // The TMA kernel's own cases: Qwen3 heads (32/8, D 128), pages of 16, 32 and 64 whose
   // unused rows hold NaN (the kernel must zero V past the last key), lengths at and around
   // tile and page edges, split counts that cut inside pages, and rows of several tokens.
-  int cc_major = 0, device = 0;
-  PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
-  PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
+  const int cc = current_cc();
   for (int page : {16, 32, 64}) {
     for (int splits : {0, 1, 3}) {
       Case c;
@@ -669,7 +667,7 @@ TEST_F(PagedAttention, DecodeTmaKernelOnQwen3ShapesAndStalePages) {
       c.kv_lens.push_back(log_uniform(rng_, 3, 3000));
       const Problem pr = make_problem(c, rng_);
       DeviceProblem dev(pr);
-      if (cc_major >= 9) {
+      if (cc >= 90) {
         EXPECT_TRUE(decode_tma_supported(dev.params(pr))) << c.describe();
       }
       run_case(c, Kernel::kDecode, rng_);
@@ -677,22 +675,22 @@ TEST_F(PagedAttention, DecodeTmaKernelOnQwen3ShapesAndStalePages) {
   }
 }
 
-TEST(PagedAttentionDecodeKernel, TmaNeedsHeadDim128PagesOf16AndThePoolExtent) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    GTEST_SKIP() << "no CUDA device";
-  }
-  int cc_major = 0, device = 0;
-  PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
-  PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
+/// Host fields of a Qwen3-shaped call over a 1000-page pool of 16-token pages: what the
+/// TMA kernels' admission checks look at.
+PagedAttentionParams qwen3_pool_params() {
   PagedAttentionParams p;
   p.num_q_heads = 32;
   p.num_kv_heads = 8;
   p.head_dim = 128;
   p.page_size = 16;
   p.num_pages = 1000;
-  EXPECT_EQ(decode_tma_supported(p), cc_major >= 9);
+  p.max_query_len = 4096;
+  return p;
+}
+
+TEST_F(PagedAttention, DecodeTmaNeedsHeadDim128PagesOf16AndThePoolExtent) {
+  const PagedAttentionParams p = qwen3_pool_params();
+  EXPECT_EQ(decode_tma_supported(p), current_cc() >= 90);
   PagedAttentionParams q = p;
   q.head_dim = 64;
   EXPECT_FALSE(decode_tma_supported(q));
@@ -900,19 +898,8 @@ TEST_F(PagedAttention, PrefillWgmmaQwen3Shape) {
   }
 }
 
-TEST(PagedAttentionPrefillKernel, WgmmaNeedsHeadDim128PagesOf16LongQueriesAndSm90) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    GTEST_SKIP() << "no CUDA device";
-  }
-  PagedAttentionParams p;
-  p.num_q_heads = 32;
-  p.num_kv_heads = 8;
-  p.head_dim = 128;
-  p.page_size = 16;
-  p.num_pages = 1000;
-  p.max_query_len = 4096;
+TEST_F(PagedAttention, PrefillWgmmaNeedsHeadDim128PagesOf16LongQueriesAndSm90) {
+  const PagedAttentionParams p = qwen3_pool_params();
   EXPECT_EQ(prefill_wgmma_supported(p), current_cc() == 90);
   PagedAttentionParams q = p;
   q.max_query_len = 0;  // unknown: long tiles

@@ -57,6 +57,25 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+/// One row's step of the online softmax (scores in the log2 domain). `tile_max` is this
+/// lane's max of the row's raw scores in the new tile; the row lives in one quad of 4 lanes
+/// (the mma.sync and wgmma accumulator layouts), over which it is reduced here. Raises
+/// `row_max` to the scaled max, sets `base` (the max to subtract: 0 while the row has seen
+/// no key, so that exp2 of its -inf scores is 0), sets `changed` if the max rose, and
+/// returns alpha = exp2(old max - base), the factor O and the running sum are scaled by.
+__device__ __forceinline__ float online_softmax_step(float tile_max, float& row_max,
+                                                     float scale_log2, float& base,
+                                                     bool& changed) {
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+  const float new_max = fmaxf(row_max, tile_max * scale_log2);
+  base = new_max == -INFINITY ? 0.0f : new_max;
+  const float alpha = fast_exp2(row_max - base);
+  changed |= new_max != row_max;
+  row_max = new_max;
+  return alpha;
+}
+
 /// Four 8x8 b16 matrices; thread i supplies the address of row (i % 8) of matrix (i / 8)
 /// and receives, from matrix j in r[j], row (lane / 4), columns 2 (lane % 4) .. +1.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {

@@ -224,13 +224,8 @@ __device__ __forceinline__ bool softmax_scores(float (&s)[64], ConsumerState& st
     float mx = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float new_max = fmaxf(st.row_max[h], mx * scale_log2);
-    const float base = new_max == -INFINITY ? 0.0f : new_max;
-    alpha[h] = fast_exp2(st.row_max[h] - base);
-    changed |= new_max != st.row_max[h];
-    st.row_max[h] = new_max;
+    float base;
+    alpha[h] = online_softmax_step(mx, st.row_max[h], scale_log2, base, changed);
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
