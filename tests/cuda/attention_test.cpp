@@ -849,10 +849,11 @@ TEST_F(PagedAttention, PrefillWgmmaTileAndPageEdges) {
   // KV tiles loaded as 16-key TMA chunks. Lengths at and around 64 / 128 and page edges,
   // cached prefixes (q < kv) whose diagonal cuts KV tiles anywhere, a query longer than its
   // keys (rows that see no key), ragged batches, GQA 1 / 4 / 8 and pages of 16 / 32 / 64
-  // whose unowned rows hold NaN (V past kv must be zeroed, K past kv masked).
+  // whose unowned rows hold NaN (V past kv must be zeroed, K past kv masked); 48 and 128
+  // too (a page size that is no power of two, and pages as long as a KV tile).
   const int cc = current_cc();
   for (int G : {1, 4, 8}) {
-    for (int page : {16, 32, 64}) {
+    for (int page : {16, 32, 48, 64, 128}) {
       Case c;
       c.name = "prefill wgmma edges";
       c.num_kv_heads = G == 8 ? 1 : 2;
