@@ -1,7 +1,7 @@
 // Paged attention benchmark: decode bandwidth and prefill tensor-core rate, each against the
 // ceiling this run measures (decode) or the bars of issue 6 (prefill).
 //
-//   attention_bench [--quick] [--decode-only] [--out FILE.csv]
+//   attention_bench [--quick] [--decode-only | --prefill-only] [--out FILE.csv]
 //
 // Decode (Qwen3-8B attention: 32 query heads, 8 KV heads, head_dim 128, 16-token pages):
 // bytes = K/V rows read + q read + out written; time = median over graph replays of a graph
@@ -12,8 +12,12 @@
 // slower than the SM copy a plain D2D memcpy gets) and a 16-byte-vector copy kernel, over
 // 2 GiB buffers, bytes read + bytes written.
 // Prefill: causal FLOPs = 4 · head_dim · num_q_heads · Σ (keys each query token sees),
-// timed the same way (paged_prefill_attention, one row per shape), printed as TFLOP/s beside FlashAttention-2's (~309-342) and cuDNN's (~577-606)
-// rates on this H200 at 4k-32k tokens, 32 heads, D = 128.
+// timed the same way through every prefill kernel (wgmma and wgmma-serial, the Hopper
+// kernel where it applies, and v2; attention_prefill_variants.h), one row per shape,
+// printed as TFLOP/s and
+// as a fraction of the 806 TFLOP/s dense bf16 rate measured on the H200, beside
+// FlashAttention-2's (~309-342) and cuDNN's (~577-606) rates on this H200 at 4k-32k tokens,
+// 32 heads, D = 128.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -31,6 +35,7 @@
 
 #include "pagellm/cuda/attention/attention.h"
 #include "pagellm/cuda/attention/attention_decode_variants.h"
+#include "pagellm/cuda/attention/attention_prefill_variants.h"
 
 #include "cuda_bench_util.cuh"
 
@@ -135,14 +140,15 @@ struct Batch {
 /// Captures `launches` calls rotating over the batch's copies; returns ms per call.
 double time_calls(const Pool& pool, const Batch& batch, int num_q_heads, bool decode, int launches,
                   int reps, cudaStream_t stream, int decode_splits = 0,
-                  pagellm::cuda::DecodeKernel decode_kernel = pagellm::cuda::kDefaultDecodeKernel) {
+                  pagellm::cuda::DecodeKernel decode_kernel = pagellm::cuda::kDefaultDecodeKernel,
+                  pagellm::cuda::PrefillKernel prefill_kernel = pagellm::cuda::kDefaultPrefillKernel) {
   auto call = [&](int copy) {
     auto p = batch.params(pool, num_q_heads, copy % batch.copies);
     p.num_splits = decode_splits;
     if (decode) {
       pagellm::cuda::paged_decode_attention_with(p, decode_kernel, stream);
     } else {
-      pagellm::cuda::paged_prefill_attention(p, stream);
+      pagellm::cuda::paged_prefill_attention_with(p, prefill_kernel, stream);
     }
   };
   call(0);  // outside capture: kernel attributes, module load
@@ -171,7 +177,7 @@ void write_csv(const std::string& path, const std::vector<Row>& rows) {
 
 int run(int argc, char** argv) {
   std::string out_path;
-  bool quick = false, decode_only = false;
+  bool quick = false, decode_only = false, prefill_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       out_path = argv[++i];
@@ -179,8 +185,11 @@ int run(int argc, char** argv) {
       quick = true;
     } else if (!std::strcmp(argv[i], "--decode-only")) {
       decode_only = true;
+    } else if (!std::strcmp(argv[i], "--prefill-only")) {
+      prefill_only = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--decode-only] [--out FILE.csv]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--decode-only | --prefill-only] [--out FILE.csv]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -202,7 +211,7 @@ int run(int argc, char** argv) {
   const size_t l2_rotation_bytes = size_t{512} << 20;  // stay well clear of the 60 MB L2
 
   // ---- decode ---------------------------------------------------------------------------
-  {
+  if (!prefill_only) {
     const int hq = 32, hkv = 8, d = 128, page = 16;
     const std::vector<int> contexts =
         quick ? std::vector<int>{4096, 32768}
@@ -296,11 +305,18 @@ int run(int argc, char** argv) {
       configs.push_back({32, 8, 128, 64, 32, 2048});    // short queries: 64-row tiles
       configs.push_back({16, 8, 64, 1, 8192, 8192});    // head_dim 64
     }
+    // Dense bf16 tensor-core rate measured on the H200 (the prefill roofline).
+    constexpr double kPeakTflops = 806.0;
     std::printf(
-        "\nprefill: causal FLOPs = 4 * D * Hq * pairs; bars: FA2 ~309-342, cuDNN ~577-606 "
-        "TFLOP/s\n");
-    std::printf("%4s %4s %4s %6s %6s %6s %10s %8s\n", "Hq", "Hkv", "D", "batch", "q", "kv",
-                "time_us", "TFLOP/s");
+        "\nprefill: causal FLOPs = 4 * D * Hq * pairs; %% of %.0f TFLOP/s (H200 dense bf16); "
+        "bars: FA2 ~309-342, cuDNN ~577-606 TFLOP/s\n",
+        kPeakTflops);
+    std::printf("%4s %4s %4s %6s %6s %6s | %10s %8s %6s | %10s %8s %6s | %10s %8s %6s\n", "Hq",
+                "Hkv", "D", "batch", "q", "kv", "wgmma_us", "TFLOP/s", "peak", "serial_us",
+                "TFLOP/s", "peak", "v2_us", "TFLOP/s", "peak");
+    const pagellm::cuda::PrefillKernel kernels[] = {pagellm::cuda::PrefillKernel::kWgmma,
+                                                    pagellm::cuda::PrefillKernel::kWgmmaSerial,
+                                                    pagellm::cuda::PrefillKernel::kV2};
     for (const Config& cf : configs) {
       const int page = 16;
       const int64_t tokens = int64_t{cf.batch} * ((cf.kv_len + page - 1) / page * page) * 2;
@@ -311,14 +327,28 @@ int run(int argc, char** argv) {
       pairs *= cf.batch;
       const double flops = 4.0 * cf.d * cf.hq * pairs;
       const int launches = std::clamp(static_cast<int>(2e12 / flops), 1, 20);
-      CHECK_CUDA(cudaMemset(batch.out, 0xff, size_t(cf.batch) * cf.q_len * cf.hq * cf.d * 2));
-      const double ms = time_calls(pool, batch, cf.hq, false, launches, quick ? 3 : 5, stream);
-      const size_t bad = nonfinite(batch.out, size_t(cf.batch) * cf.q_len * cf.hq * cf.d);
-      const double tflops = flops / (ms * 1e-3) / 1e12;
-      rows.push_back({"prefill", cf.d, cf.hq, cf.hkv, page, cf.batch, cf.q_len, cf.kv_len, 0,
-                      ms * 1e3, 0.0, 0.0, tflops});
-      std::printf("%4d %4d %4d %6d %6d %6d %10.1f %8.1f%s\n", cf.hq, cf.hkv, cf.d, cf.batch,
-                  cf.q_len, cf.kv_len, ms * 1e3, tflops, bad ? "  NON-FINITE OUTPUT" : "");
+      const bool wgmma_runs =
+          pagellm::cuda::prefill_wgmma_supported(batch.params(pool, cf.hq, 0));
+      std::printf("%4d %4d %4d %6d %6d %6d", cf.hq, cf.hkv, cf.d, cf.batch, cf.q_len, cf.kv_len);
+      for (const pagellm::cuda::PrefillKernel kernel : kernels) {
+        const size_t out_elems = size_t(cf.batch) * cf.q_len * cf.hq * cf.d;
+        CHECK_CUDA(cudaMemset(batch.out, 0xff, out_elems * 2));
+        const double ms = time_calls(pool, batch, cf.hq, false, launches, quick ? 3 : 5, stream,
+                                     0, pagellm::cuda::kDefaultDecodeKernel, kernel);
+        const size_t bad = nonfinite(batch.out, out_elems);
+        const double tflops = flops / (ms * 1e-3) / 1e12;
+        const bool runs_v2 = kernel != pagellm::cuda::PrefillKernel::kV2 && !wgmma_runs;
+        rows.push_back({std::string("prefill-") + pagellm::cuda::prefill_kernel_name(kernel) +
+                            (runs_v2 ? "(v2)" : ""),
+                        cf.d, cf.hq, cf.hkv, page, cf.batch, cf.q_len, cf.kv_len, 0, ms * 1e3, 0.0,
+                        0.0, tflops});
+        std::printf(" | %10.1f %8.1f %5.1f%%%s", ms * 1e3, tflops, 100.0 * tflops / kPeakTflops,
+                    runs_v2 ? " (runs v2)" : "");
+        if (bad) {
+          std::printf("  NON-FINITE OUTPUT (%s)", pagellm::cuda::prefill_kernel_name(kernel));
+        }
+      }
+      std::printf("\n");
     }
   }
   if (!out_path.empty()) write_csv(out_path, rows);

@@ -34,6 +34,7 @@
 #include "pagellm/common/check.h"
 #include "pagellm/common/dtype.h"
 #include "pagellm/cuda/attention/attention_decode_variants.h"
+#include "pagellm/cuda/attention/attention_prefill_variants.h"
 #include "pagellm/cuda/support/cuda_check.h"
 
 namespace pagellm::cuda {
@@ -401,16 +402,21 @@ CheckResult check_output(const Problem& pr, const std::vector<uint16_t>& out, fl
 enum class Kernel { kDecode, kPrefill };
 
 constexpr DecodeKernel kDecodeKernels[] = {DecodeKernel::kTma, DecodeKernel::kCpAsync};
+constexpr PrefillKernel kPrefillKernels[] = {PrefillKernel::kWgmma, PrefillKernel::kWgmmaSerial,
+                                             PrefillKernel::kV2};
 
-/// Runs one case through one kernel (output poisoned first) and checks it. Decode cases
-/// run through every variant of the decode kernel, each on a freshly poisoned output (the TMA decode variant runs the cp.async one where it does not apply: head_dim
-/// 64, page sizes that are not multiples of 16).
+/// Runs one case through every variant of one kernel, each on a freshly poisoned output,
+/// and checks each. A variant that does not apply runs the fallback (decode's TMA variant
+/// runs cp.async for head_dim 64 and page sizes that are not multiples of 16; prefill's
+/// wgmma variants run v2 for those, for short queries and off compute capability 9.0),
+/// which the message says.
 void run_case(const Case& c, Kernel kernel, std::mt19937_64& rng) {
   SCOPED_TRACE(c.describe());
   const Problem pr = make_problem(c, rng);
   DeviceProblem dev(pr);
   const PagedAttentionParams p = dev.params(pr);
-  const int runs = kernel == Kernel::kDecode ? static_cast<int>(std::size(kDecodeKernels)) : 1;
+  const int runs = static_cast<int>(kernel == Kernel::kDecode ? std::size(kDecodeKernels)
+                                                               : std::size(kPrefillKernels));
   for (int run = 0; run < runs; ++run) {
     dev.out.fill_bytes(0xff);  // bf16 0xffff is NaN
     std::string what;
@@ -421,8 +427,11 @@ void run_case(const Case& c, Kernel kernel, std::mt19937_64& rng) {
                   ? " (runs cpasync) "
                   : " ");
     } else {
-      paged_prefill_attention(p, nullptr);
-      what = "prefill ";
+      paged_prefill_attention_with(p, kPrefillKernels[run], nullptr);
+      what = std::string("prefill ") + prefill_kernel_name(kPrefillKernels[run]) +
+             (kPrefillKernels[run] != PrefillKernel::kV2 && !prefill_wgmma_supported(p)
+                  ? " (runs v2) "
+                  : " ");
     }
     PAGELLM_CUDA_CHECK(cudaGetLastError());
     PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -438,6 +447,15 @@ void run_case(const Case& c, Kernel kernel, std::mt19937_64& rng) {
 int log_uniform(std::mt19937_64& rng, int lo, int hi) {
   std::uniform_real_distribution<double> u(std::log(lo), std::log(hi + 1.0));
   return std::clamp(static_cast<int>(std::exp(u(rng))), lo, hi);
+}
+
+/// Compute capability of the current device as major * 10 + minor.
+int current_cc() {
+  int device = 0, major = 0, minor = 0;
+  PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
+  PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major * 10 + minor;
 }
 
 class PagedAttention : public ::testing::Test {
@@ -632,9 +650,7 @@ TEST_F(PagedAttention, DecodeTmaKernelOnQwen3ShapesAndStalePages) {
   // The TMA kernel's own cases: Qwen3 heads (32/8, D 128), pages of 16, 32 and 64 whose
   // unused rows hold NaN (the kernel must zero V past the last key), lengths at and around
   // tile and page edges, split counts that cut inside pages, and rows of several tokens.
-  int cc_major = 0, device = 0;
-  PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
-  PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
+  const int cc = current_cc();
   for (int page : {16, 32, 64}) {
     for (int splits : {0, 1, 3}) {
       Case c;
@@ -651,7 +667,7 @@ TEST_F(PagedAttention, DecodeTmaKernelOnQwen3ShapesAndStalePages) {
       c.kv_lens.push_back(log_uniform(rng_, 3, 3000));
       const Problem pr = make_problem(c, rng_);
       DeviceProblem dev(pr);
-      if (cc_major >= 9) {
+      if (cc >= 90) {
         EXPECT_TRUE(decode_tma_supported(dev.params(pr))) << c.describe();
       }
       run_case(c, Kernel::kDecode, rng_);
@@ -659,22 +675,22 @@ TEST_F(PagedAttention, DecodeTmaKernelOnQwen3ShapesAndStalePages) {
   }
 }
 
-TEST(PagedAttentionDecodeKernel, TmaNeedsHeadDim128PagesOf16AndThePoolExtent) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    GTEST_SKIP() << "no CUDA device";
-  }
-  int cc_major = 0, device = 0;
-  PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
-  PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device));
+/// Host fields of a Qwen3-shaped call over a 1000-page pool of 16-token pages: what the
+/// TMA kernels' admission checks look at.
+PagedAttentionParams qwen3_pool_params() {
   PagedAttentionParams p;
   p.num_q_heads = 32;
   p.num_kv_heads = 8;
   p.head_dim = 128;
   p.page_size = 16;
   p.num_pages = 1000;
-  EXPECT_EQ(decode_tma_supported(p), cc_major >= 9);
+  p.max_query_len = 4096;
+  return p;
+}
+
+TEST_F(PagedAttention, DecodeTmaNeedsHeadDim128PagesOf16AndThePoolExtent) {
+  const PagedAttentionParams p = qwen3_pool_params();
+  EXPECT_EQ(decode_tma_supported(p), current_cc() >= 90);
   PagedAttentionParams q = p;
   q.head_dim = 64;
   EXPECT_FALSE(decode_tma_supported(q));
@@ -786,17 +802,21 @@ TEST_F(PagedAttention, PrefillGraphReplaysWithNewLengths) {
   cudaStream_t stream;  // blocking: ordered after the uploads on the legacy stream
   PAGELLM_CUDA_CHECK(cudaStreamCreate(&stream));
   const PagedAttentionParams p = dev.params(full);
-  check_graph_replays(
-      dev, stream, p.scale, [&](cudaStream_t s) { paged_prefill_attention(p, s); }, 2, [&](int) {
-        Problem pr = full;
-        for (int b = 0; b < 3; ++b) {
-          pr.kv_lens[b] = log_uniform(rng_, 1, 900);
-          const int q = std::min(pr.kv_lens[b], log_uniform(rng_, 1, 600));
-          pr.query_start[b + 1] = pr.query_start[b] + q;
-        }
-        pr.c.name = "prefill graph replay";
-        return pr;
-      });
+  for (const PrefillKernel kernel : kPrefillKernels) {
+    SCOPED_TRACE(prefill_kernel_name(kernel));
+    check_graph_replays(
+        dev, stream, p.scale,
+        [&](cudaStream_t s) { paged_prefill_attention_with(p, kernel, s); }, 2, [&](int) {
+          Problem pr = full;
+          for (int b = 0; b < 3; ++b) {
+            pr.kv_lens[b] = log_uniform(rng_, 1, 900);
+            const int q = std::min(pr.kv_lens[b], log_uniform(rng_, 1, 600));
+            pr.query_start[b + 1] = pr.query_start[b] + q;
+          }
+          pr.c.name = "prefill graph replay";
+          return pr;
+        });
+  }
   cudaStreamDestroy(stream);
 }
 
@@ -822,6 +842,83 @@ TEST_F(PagedAttention, PrefillOddPageSizes) {
     c.kv_lens = {250, 33};
     run_case(c, Kernel::kPrefill, rng_);
   }
+}
+
+TEST_F(PagedAttention, PrefillWgmmaTileAndPageEdges) {
+  // The Hopper kernel's tiling: 128-row query tiles split over two 64-row consumers, 128-key
+  // KV tiles loaded as 16-key TMA chunks. Lengths at and around 64 / 128 and page edges,
+  // cached prefixes (q < kv) whose diagonal cuts KV tiles anywhere, a query longer than its
+  // keys (rows that see no key), ragged batches, GQA 1 / 4 / 8 and pages of 16 / 32 / 64
+  // whose unowned rows hold NaN (V past kv must be zeroed, K past kv masked); 48 and 128
+  // too (a page size that is no power of two, and pages as long as a KV tile).
+  const int cc = current_cc();
+  for (int G : {1, 4, 8}) {
+    for (int page : {16, 32, 48, 64, 128}) {
+      Case c;
+      c.name = "prefill wgmma edges";
+      c.num_kv_heads = G == 8 ? 1 : 2;
+      c.num_q_heads = c.num_kv_heads * G;
+      c.page_size = page;
+      // (q, kv): fresh prefills, then chunks after a cached prefix, then q > kv.
+      const int lens[][2] = {{65, 65},    {127, 127}, {128, 128}, {129, 129}, {255, 255},
+                             {257, 257},  {300, 300}, {65, 66},   {100, 228}, {128, 256},
+                             {129, 1000}, {200, 333}, {77, 1077}, {140, 100}};
+      for (const auto& qk : lens) {
+        c.q_lens.push_back(qk[0]);
+        c.kv_lens.push_back(qk[1]);
+      }
+      const Problem pr = make_problem(c, rng_);
+      DeviceProblem dev(pr);
+      EXPECT_EQ(prefill_wgmma_supported(dev.params(pr)), cc == 90) << c.describe();
+      run_case(c, Kernel::kPrefill, rng_);
+    }
+  }
+  // One sequence per call too (the grid's tile search over a single row), at the
+  // consumer boundary: 64 < q <= 128 gives the second consumer 1 .. 64 rows.
+  for (int q : {65, 96, 128, 129, 192}) {
+    Case c;
+    c.name = "prefill wgmma single";
+    c.q_lens = {q};
+    c.kv_lens = {q + (q % 3) * 50};
+    run_case(c, Kernel::kPrefill, rng_);
+  }
+}
+
+TEST_F(PagedAttention, PrefillWgmmaQwen3Shape) {
+  // Qwen3-8B's heads (32 / 8, D 128): a long fresh prefill, a chunk after a cached prefix and
+  // a ragged batch, with a peaky softmax in one of them (large q).
+  for (float q_scale : {1.0f, 8.0f}) {
+    Case c;
+    c.name = "prefill wgmma qwen3";
+    c.num_q_heads = 32;
+    c.num_kv_heads = 8;
+    c.q_scale = q_scale;
+    c.q_lens = {1500, 300, 1, 700};
+    c.kv_lens = {1500, 2300, 40, 701};
+    run_case(c, Kernel::kPrefill, rng_);
+  }
+}
+
+TEST_F(PagedAttention, PrefillWgmmaNeedsHeadDim128PagesOf16LongQueriesAndSm90) {
+  const PagedAttentionParams p = qwen3_pool_params();
+  EXPECT_EQ(prefill_wgmma_supported(p), current_cc() == 90);
+  PagedAttentionParams q = p;
+  q.max_query_len = 0;  // unknown: long tiles
+  EXPECT_EQ(prefill_wgmma_supported(q), current_cc() == 90);
+  q.max_query_len = 64;  // short queries keep v2's 64-row tiles
+  EXPECT_FALSE(prefill_wgmma_supported(q));
+  q = p;
+  q.head_dim = 64;
+  EXPECT_FALSE(prefill_wgmma_supported(q));
+  q = p;
+  q.page_size = 24;
+  EXPECT_FALSE(prefill_wgmma_supported(q));
+  q = p;
+  q.num_pages = 0;
+  EXPECT_FALSE(prefill_wgmma_supported(q)) << "without the pool's extent there is no tensor map";
+  q = p;
+  q.num_pages = 1 << 24;  // 2^31 pool rows: past int32
+  EXPECT_FALSE(prefill_wgmma_supported(q));
 }
 
 TEST_F(PagedAttention, DecodeAndPrefillAgreeOnDecodeBatches) {

@@ -82,6 +82,17 @@ TEST(CudaSettings, ParsesDecodeKernel) {
   EXPECT_NE(e.find("tma or cpasync"), std::string::npos) << e;
 }
 
+TEST(CudaSettings, ParsesPrefillKernel) {
+  EXPECT_EQ(parse_env({{"PAGELLM_PREFILL_KERNEL", ""}}).prefill_kernel, kDefaultPrefillKernel);
+  EXPECT_EQ(kDefaultPrefillKernel, PrefillKernel::kWgmma);
+  for (PrefillKernel k : {PrefillKernel::kWgmma, PrefillKernel::kWgmmaSerial, PrefillKernel::kV2}) {
+    EXPECT_EQ(parse_env({{"PAGELLM_PREFILL_KERNEL", prefill_kernel_name(k)}}).prefill_kernel, k);
+  }
+  const std::string e = error_of({{"PAGELLM_PREFILL_KERNEL", "fa3"}});
+  EXPECT_NE(e.find("PAGELLM_PREFILL_KERNEL=fa3"), std::string::npos) << e;
+  EXPECT_NE(e.find("wgmma, wgmma-serial or v2"), std::string::npos) << e;
+}
+
 TEST(CudaSettings, DisableSwitchesAreOnForAnythingButEmptyOrZero) {
   struct Case {
     const char* value;

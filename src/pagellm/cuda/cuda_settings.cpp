@@ -29,6 +29,15 @@ const char* decode_kernel_name(DecodeKernel k) {
   return k == DecodeKernel::kTma ? "tma" : "cpasync";
 }
 
+const char* prefill_kernel_name(PrefillKernel k) {
+  switch (k) {
+    case PrefillKernel::kV2: return "v2";
+    case PrefillKernel::kWgmma: return "wgmma";
+    case PrefillKernel::kWgmmaSerial: return "wgmma-serial";
+  }
+  return "?";
+}
+
 const char* pack_policy_name(PackPolicy p) {
   switch (p) {
     case PackPolicy::kAuto: return "auto";
@@ -79,6 +88,21 @@ CudaSettings CudaSettings::parse(const std::function<const char*(const char*)>& 
       PAGELLM_FAIL() << "PAGELLM_DECODE_KERNEL=" << v
                      << " is not a decode kernel: use tma or cpasync (or leave it unset for "
                      << decode_kernel_name(kDefaultDecodeKernel) << ")";
+    }
+  }
+  if (const char* env = lookup("PAGELLM_PREFILL_KERNEL"); env != nullptr && env[0] != '\0') {
+    const std::string v = env;
+    if (v == "wgmma") {
+      s.prefill_kernel = PrefillKernel::kWgmma;
+    } else if (v == "wgmma-serial") {
+      s.prefill_kernel = PrefillKernel::kWgmmaSerial;
+    } else if (v == "v2") {
+      s.prefill_kernel = PrefillKernel::kV2;
+    } else {
+      PAGELLM_FAIL() << "PAGELLM_PREFILL_KERNEL=" << v
+                     << " is not a prefill kernel: use wgmma, wgmma-serial or v2 (or leave it "
+                        "unset for "
+                     << prefill_kernel_name(kDefaultPrefillKernel) << ")";
     }
   }
   s.qkv_fusion = !disabled_by(lookup("PAGELLM_DISABLE_QKV_FUSION"));

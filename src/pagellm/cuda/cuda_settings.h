@@ -27,6 +27,12 @@ enum class DecodeKernel { kCpAsync, kTma };
 /// The variant paged_decode_attention uses when PAGELLM_DECODE_KERNEL is unset.
 inline constexpr DecodeKernel kDefaultDecodeKernel = DecodeKernel::kTma;
 
+/// The paged prefill kernels (attention_prefill_variants.h says how they differ).
+enum class PrefillKernel { kV2, kWgmma, kWgmmaSerial };
+
+/// The variant paged_prefill_attention uses when PAGELLM_PREFILL_KERNEL is unset.
+inline constexpr PrefillKernel kDefaultPrefillKernel = PrefillKernel::kWgmma;
+
 /// Whether prepare_matrix keeps packed copies of the decode matrices (PAGELLM_PACKED_WEIGHTS):
 /// kAuto while they fit in a quarter of GPU memory, kAlways (failing when memory runs out),
 /// kNever.
@@ -36,6 +42,8 @@ enum class PackPolicy { kAuto, kAlways, kNever };
 const char* matmul_path_name(MatmulPath path);
 /// "cpasync" or "tma".
 const char* decode_kernel_name(DecodeKernel k);
+/// "v2", "wgmma" or "wgmma-serial".
+const char* prefill_kernel_name(PrefillKernel k);
 /// "auto", "1" or "0".
 const char* pack_policy_name(PackPolicy p);
 
@@ -56,6 +64,8 @@ struct CudaSettings {
   PackPolicy packed_weights = PackPolicy::kAuto;
   /// PAGELLM_DECODE_KERNEL: tma (default) or cpasync.
   DecodeKernel decode_kernel = kDefaultDecodeKernel;
+  /// PAGELLM_PREFILL_KERNEL: wgmma (default; where it applies), wgmma-serial or v2.
+  PrefillKernel prefill_kernel = kDefaultPrefillKernel;
   /// False when PAGELLM_DISABLE_QKV_FUSION is anything but empty or "0" (an ablation: the
   /// qkv product and q/k-norm + RoPE + KV store run as two kernels at decode).
   bool qkv_fusion = true;

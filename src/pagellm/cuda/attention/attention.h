@@ -1,6 +1,7 @@
 // Paged attention on the GPU: decode (one query token per sequence, split-KV, K/V tiles
 // loaded by TMA where the shape allows; attention_decode_variants.h) and prefill (ragged,
-// causal, cached prefixes, FlashAttention-2 style on tensor cores).
+// causal, cached prefixes; FlashAttention-3 style with TMA and wgmma on Hopper where the
+// shape allows, FlashAttention-2 style elsewhere; attention_prefill_variants.h).
 //
 // Both read K/V from the paged pools the KV cache owns and know nothing of requests or
 // schedulers: they take raw device pointers and sizes, so they can be tested and
@@ -109,8 +110,9 @@ void paged_decode_attention(const PagedAttentionParams& p, cudaStream_t stream);
 
 /// Attention for ragged batches of any query lengths (prefill, chunked prefill with a
 /// cached prefix, or mixed batches). One CTA per (query tile of 64 or 128 rows, query
-/// head); tiles are mapped to sequences on the device from query_start. Throws
-/// pagellm::Error for unsupported shapes.
+/// head); tiles are mapped to sequences on the device from query_start. Runs the variant
+/// PAGELLM_PREFILL_KERNEL names (attention_prefill_variants.h). Throws pagellm::Error for
+/// unsupported shapes.
 void paged_prefill_attention(const PagedAttentionParams& p, cudaStream_t stream);
 
 }  // namespace pagellm::cuda

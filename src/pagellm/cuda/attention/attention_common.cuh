@@ -1,8 +1,9 @@
 // Device helpers shared by the paged-attention kernels (attention_decode.cu,
-// attention_prefill.cu): PTX wrappers (cp.async, ldmatrix, mma.sync, ex2; griddepcontrol
-// comes from pdl.cuh), bf16 packing, the per-sequence metadata read that both kernels clamp
-// the same way, the host-side validation of PagedAttentionParams and the host-side choice
-// of a kernel variant by environment variable.
+// attention_prefill.cu, attention_prefill_sm90.cu): PTX wrappers (cp.async, ldmatrix,
+// mma.sync, ex2; griddepcontrol comes from pdl.cuh), bf16 packing, the per-sequence metadata
+// read that every kernel clamps the same way, the prefill grid's mapping of CTAs to query
+// tiles (both prefill kernels), the host-side validation of PagedAttentionParams and the
+// host-side choice of a kernel variant by environment variable.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -54,6 +55,25 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+/// One row's step of the online softmax (scores in the log2 domain). `tile_max` is this
+/// lane's max of the row's raw scores in the new tile; the row lives in one quad of 4 lanes
+/// (the mma.sync and wgmma accumulator layouts), over which it is reduced here. Raises
+/// `row_max` to the scaled max, sets `base` (the max to subtract: 0 while the row has seen
+/// no key, so that exp2 of its -inf scores is 0), sets `changed` if the max rose, and
+/// returns alpha = exp2(old max - base), the factor O and the running sum are scaled by.
+__device__ __forceinline__ float online_softmax_step(float tile_max, float& row_max,
+                                                     float scale_log2, float& base,
+                                                     bool& changed) {
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+  const float new_max = fmaxf(row_max, tile_max * scale_log2);
+  base = new_max == -INFINITY ? 0.0f : new_max;
+  const float alpha = fast_exp2(row_max - base);
+  changed |= new_max != row_max;
+  row_max = new_max;
+  return alpha;
 }
 
 /// Four 8x8 b16 matrices; thread i supplies the address of row (i % 8) of matrix (i / 8)
@@ -118,6 +138,86 @@ __device__ __forceinline__ SeqInfo load_seq_info(const PagedAttentionParams& p, 
   const int64_t kv = p.kv_lens[b];
   s.kv_len = static_cast<int32_t>(kv < 0 ? 0 : (kv > capacity ? capacity : kv));
   return s;
+}
+
+/// Prefill grids: finds which sequence query tile `tile` belongs to, counting ceil(q_b / bm) tiles per
+/// sequence in order. Every lane of the warp gets the same answer. False when `tile` is
+/// past the last one (a surplus CTA of the upper-bound grid).
+__device__ __forceinline__ bool find_query_tile(const PagedAttentionParams& p, int tile, int bm,
+                                                int& seq, int& local, int& count) {
+  const int lane = threadIdx.x & 31;
+  int base = 0;
+  for (int start = 0; start < p.num_seqs; start += 32) {
+    const int b = start + lane;
+    int cnt = 0;
+    if (b < p.num_seqs) cnt = (load_seq_info(p, b).q_len + bm - 1) / bm;
+    int incl = cnt;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += y;
+    }
+    const int total = __shfl_sync(0xffffffffu, incl, 31);
+    if (tile < base + total) {
+      const unsigned hit = __ballot_sync(0xffffffffu, base + incl > tile);
+      const int src = __ffs(hit) - 1;
+      const int incl_src = __shfl_sync(0xffffffffu, incl, src);
+      const int cnt_src = __shfl_sync(0xffffffffu, cnt, src);
+      seq = start + src;
+      count = cnt_src;
+      local = tile - (base + incl_src - cnt_src);
+      return true;
+    }
+    base += total;
+  }
+  return false;
+}
+
+/// One prefill CTA's work: query tile `m_tile` (rows m0 .. m0 + rows - 1) of sequence `b`,
+/// query head `head` (KV head `kv_head`), and the KV tiles of `bn` keys it must visit.
+struct PrefillTile {
+  SeqInfo seq;
+  int b, head, kv_head;
+  int m0;          // first query row of the tile (within the sequence)
+  int rows;        // valid query rows, >= 1
+  int shift;       // query i sits at position shift + i
+  int n_kv_tiles;  // KV tiles 0 .. n_kv_tiles - 1 hold every key a row of the tile sees
+  int64_t out_row0;  // row of q/out (in units of head_dim) of (token m0, head)
+};
+
+/// Maps blockIdx.x of a prefill grid ((query tiles of bm rows, upper bound) x heads, the
+/// head index fastest, so that the first wave holds every head's heaviest tile and the CTAs
+/// of one GQA group run together) to its tile; within a sequence the tiles run last-first.
+/// False for a surplus CTA. Warp-collective (every warp of the CTA gets the same answer).
+__device__ __forceinline__ bool locate_prefill_tile(const PagedAttentionParams& p, int bm, int bn,
+                                                    PrefillTile& t) {
+  const int tile_idx = static_cast<int>(blockIdx.x / p.num_q_heads);
+  t.head = static_cast<int>(blockIdx.x % p.num_q_heads);
+  int local, count;
+  if (!find_query_tile(p, tile_idx, bm, t.b, local, count)) return false;
+  t.seq = load_seq_info(p, t.b);
+  t.kv_head = t.head / (p.num_q_heads / p.num_kv_heads);
+  t.m0 = (count - 1 - local) * bm;  // heavy (late) tiles first
+  t.rows = min(bm, t.seq.q_len - t.m0);
+  t.shift = t.seq.kv_len - t.seq.q_len;
+  const int key_last = min(t.seq.kv_len - 1, t.shift + t.m0 + t.rows - 1);
+  t.n_kv_tiles = key_last >= 0 ? key_last / bn + 1 : 0;
+  t.out_row0 = static_cast<int64_t>(t.seq.q_begin + t.m0) * p.num_q_heads + t.head;
+  return true;
+}
+
+/// Writes zeros to `rows` rows of D bf16 (row r at out + (out_row0 + r * row_stride) * D),
+/// with `threads` threads of which this is `tid`: the output of query rows that see no key.
+template <int D>
+__device__ __forceinline__ void store_zero_rows(__nv_bfloat16* out, int64_t out_row0, int rows,
+                                                int row_stride, int tid, int threads) {
+  constexpr int kChunks = D / 8;
+  for (int idx = tid; idx < rows * kChunks; idx += threads) {
+    const int r = idx / kChunks;
+    const int c = idx % kChunks;
+    *reinterpret_cast<uint4*>(out + (out_row0 + static_cast<int64_t>(r) * row_stride) * D +
+                              c * 8) = make_uint4(0, 0, 0, 0);
+  }
 }
 
 /// Maps a key position to the index of its row in a pool [num_pages, num_kv_heads,

@@ -208,14 +208,10 @@ __device__ __forceinline__ void attend_tile(const uint32_t (&qa)[D / 16][4], uin
   bool max_changed = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float mx = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float new_max = fmaxf(st.row_max[h], mx * scale_log2);
-    const float base = new_max == -INFINITY ? 0.0f : new_max;
-    alpha[h] = fast_exp2(st.row_max[h] - base);
-    max_changed |= new_max != st.row_max[h];
-    st.row_max[h] = new_max;
+    const float mx =
+        fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
+    float base;
+    alpha[h] = online_softmax_step(mx, st.row_max[h], scale_log2, base, max_changed);
     float sum = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {

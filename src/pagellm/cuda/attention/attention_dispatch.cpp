@@ -16,6 +16,7 @@
 #include "pagellm/common/check.h"
 #include "pagellm/cuda/attention/attention.h"
 #include "pagellm/cuda/attention/attention_decode_variants.h"
+#include "pagellm/cuda/attention/attention_prefill_variants.h"
 #if PAGELLM_HAVE_CUDNN
 #include "pagellm/cuda/attention/cudnn_attention.h"
 #endif
@@ -253,7 +254,7 @@ void AttentionDispatch::run(const Tensor& q, const LayerKv& kv, const AttentionS
   if (max_query_len <= 1) {
     paged_decode_attention_with(p, settings_.decode_kernel, as_stream(stream_));
   } else {
-    paged_prefill_attention(p, as_stream(stream_));
+    paged_prefill_attention_with(p, settings_.prefill_kernel, as_stream(stream_));
   }
 }
 

@@ -54,7 +54,9 @@
 #include "pagellm/common/check.h"
 #include "pagellm/cuda/attention/attention.h"
 #include "pagellm/cuda/attention/attention_common.cuh"
+#include "pagellm/cuda/attention/attention_prefill_variants.h"
 #include "pagellm/cuda/support/cuda_check.h"
+#include "pagellm/cuda/support/device_info.h"
 
 namespace pagellm::cuda {
 namespace attn {
@@ -107,39 +109,6 @@ struct PrefillArgs {
   float scale_log2;    // scale * log2(e)
 };
 
-/// Finds which sequence query tile `tile` belongs to, counting ceil(q_b / bm) tiles per
-/// sequence in order. Every lane of the warp gets the same answer. False when `tile` is
-/// past the last one (a surplus CTA of the upper-bound grid).
-__device__ bool find_query_tile(const PagedAttentionParams& p, int tile, int bm, int& seq,
-                                int& local, int& count) {
-  const int lane = threadIdx.x & 31;
-  int base = 0;
-  for (int start = 0; start < p.num_seqs; start += 32) {
-    const int b = start + lane;
-    int cnt = 0;
-    if (b < p.num_seqs) cnt = (load_seq_info(p, b).q_len + bm - 1) / bm;
-    int incl = cnt;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += y;
-    }
-    const int total = __shfl_sync(0xffffffffu, incl, 31);
-    if (tile < base + total) {
-      const unsigned hit = __ballot_sync(0xffffffffu, base + incl > tile);
-      const int src = __ffs(hit) - 1;
-      const int incl_src = __shfl_sync(0xffffffffu, incl, src);
-      const int cnt_src = __shfl_sync(0xffffffffu, cnt, src);
-      seq = start + src;
-      count = cnt_src;
-      local = tile - (base + incl_src - cnt_src);
-      return true;
-    }
-    base += total;
-  }
-  return false;
-}
-
 template <class S>
 __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     prefill_kernel(const __grid_constant__ PrefillArgs a) {
@@ -155,33 +124,24 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   pdl_wait();
 
   const PagedAttentionParams& p = a.p;
-  // A 1-D grid, head index fastest: the first wave holds every head's heaviest tile.
-  const int tile_idx = static_cast<int>(blockIdx.x / p.num_q_heads);
-  const int head = static_cast<int>(blockIdx.x % p.num_q_heads);
-  int b, local, count;
-  if (!find_query_tile(p, tile_idx, BM, b, local, count)) return;
-  const int m_tile = count - 1 - local;  // heavy (late) tiles first
-  const SeqInfo seq = load_seq_info(p, b);
-  const int kv_head = head / (p.num_q_heads / p.num_kv_heads);
-  const int m0 = m_tile * BM;
-  const int rows = min(BM, seq.q_len - m0);  // valid query rows of this tile, >= 1
-  const int shift = seq.kv_len - seq.q_len;  // query i sits at position shift + i
-  const int key_last = min(seq.kv_len - 1, shift + m0 + rows - 1);
-  const int n_kv_tiles = key_last >= 0 ? key_last / BN + 1 : 0;
+  PrefillTile tile;
+  if (!locate_prefill_tile(p, BM, BN, tile)) return;
+  const SeqInfo& seq = tile.seq;
+  const int b = tile.b;
+  const int kv_head = tile.kv_head;
+  const int m0 = tile.m0;
+  const int rows = tile.rows;
+  const int shift = tile.shift;
+  const int n_kv_tiles = tile.n_kv_tiles;
+  const int64_t out_row0 = tile.out_row0;
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
   auto* out = static_cast<__nv_bfloat16*>(p.out);
-  const int64_t out_row0 = static_cast<int64_t>(seq.q_begin + m0) * p.num_q_heads + head;
 
   if (n_kv_tiles == 0) {  // no query row of this tile sees a key: zeros
-    for (int idx = tid; idx < rows * S::kChunks; idx += S::kThreads) {
-      const int r = idx / S::kChunks;
-      const int c = idx % S::kChunks;
-      *reinterpret_cast<uint4*>(out + (out_row0 + static_cast<int64_t>(r) * p.num_q_heads) * D +
-                                c * 8) = make_uint4(0, 0, 0, 0);
-    }
+    store_zero_rows<D>(out, out_row0, rows, p.num_q_heads, tid, S::kThreads);
     return;
   }
 
@@ -472,9 +432,25 @@ using ShortD64 = PrefillShape<64, 64, 64, 4, 3, true, 2>;
 }  // namespace
 }  // namespace attn
 
+bool prefill_wgmma_supported(const PagedAttentionParams& p) {
+  const int64_t rows = static_cast<int64_t>(p.num_pages) * p.num_kv_heads * p.page_size;
+  const bool short_queries = p.max_query_len > 0 && p.max_query_len <= 64;
+  return p.head_dim == 128 && p.page_size % 16 == 0 && p.num_pages > 0 &&
+         rows < (int64_t{1} << 31) && !short_queries && current_device_info(nullptr) == 90;
+}
+
 void paged_prefill_attention(const PagedAttentionParams& p, cudaStream_t stream) {
+  paged_prefill_attention_with(p, CudaSettings::process().prefill_kernel, stream);
+}
+
+void paged_prefill_attention_with(const PagedAttentionParams& p, PrefillKernel kernel,
+                                  cudaStream_t stream) {
   attn::validate_params(p, "paged_prefill_attention");
   if (p.num_seqs == 0 || p.num_tokens == 0) return;
+  if (kernel != PrefillKernel::kV2 && prefill_wgmma_supported(p)) {
+    attn::launch_prefill_wgmma(p, kernel == PrefillKernel::kWgmma, stream);
+    return;
+  }
   using namespace attn;
   PrefillArgs args{};
   args.p = p;

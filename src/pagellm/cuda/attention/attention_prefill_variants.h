@@ -1,0 +1,45 @@
+// Selectable implementations of paged_prefill_attention, for tests and benchmarks.
+//
+// paged_prefill_attention (attention.h) runs the variant CudaSettings::prefill_kernel names
+// (PAGELLM_PREFILL_KERNEL: wgmma, wgmma-serial or v2; unset or empty means the default,
+// wgmma); the CUDA
+// backend runs its own settings' variant through paged_prefill_attention_with. The test runs every prefill case through both, and the benchmark times both, so that the
+// Hopper kernel can be switched off without a rebuild if it is slower or wrong somewhere.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "pagellm/cuda/attention/attention.h"
+#include "pagellm/cuda/cuda_settings.h"
+
+namespace pagellm::cuda {
+
+/// The prefill kernels (PrefillKernel, cuda_settings.h). All compute the same thing (the
+/// contract of attention.h) with the same grid (one CTA per query tile and head, tiles
+/// found on the device from query_start):
+///  - kV2: FlashAttention-2 on mma.sync, cp.async K/V gathers (attention_prefill.cu). Any
+///    head_dim (64, 128), any page size, any GPU; 64-row tiles for queries of <= 64 rows.
+///  - kWgmma: FlashAttention-3's scheme on Hopper (attention_prefill_sm90.cu): TMA K/V
+///    pages, wgmma, a producer warpgroup and two consumer warpgroups. Needs head_dim 128, a
+///    page size that is a multiple of 16, p.num_pages (the pools' extent, for the tensor
+///    maps), compute capability 9.0 (sm_90a code) and max_query_len > 64 or unknown (<= 0);
+///    other calls run kV2. Each consumer overlaps the softmax of one KV tile with the P V
+///    product of the one before (3-stage ring).
+///  - kWgmmaSerial: the same kernel with each tile's S, softmax and P V in turn (2-stage
+///    ring): the simpler loop, kept to A/B the overlap and as its fallback.
+
+/// Whether kWgmma and kWgmmaSerial run `p` (the conditions above).
+bool prefill_wgmma_supported(const PagedAttentionParams& p);
+
+/// paged_prefill_attention with an explicit variant (same contract, same errors); kWgmma or
+/// kWgmmaSerial on a call they do not support run kV2.
+void paged_prefill_attention_with(const PagedAttentionParams& p, PrefillKernel kernel,
+                                  cudaStream_t stream);
+
+namespace attn {
+/// The Hopper kernel's launcher (attention_prefill_sm90.cu); p already validated and
+/// supported; `overlap` picks kWgmma over kWgmmaSerial.
+void launch_prefill_wgmma(const PagedAttentionParams& p, bool overlap, cudaStream_t stream);
+}  // namespace attn
+
+}  // namespace pagellm::cuda
