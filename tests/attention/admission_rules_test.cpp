@@ -427,7 +427,7 @@ CrossoverTables chunk_only_tables(int64_t min_work = 0) {
   CrossoverTable t = test::standard_table();
   t.entries = {test::entry(LaunchMode::kEager, AttentionPhase::kPrefill, 128, min_work,
                            int64_t{1} << 40)};
-  t.entries[0].shape_class = classify_shape(512, 8704, false);
+  t.entries[0].shape_class = classify_shape(512, 512, 8704, false);
   CrossoverTables tables;
   tables.add(t);
   return tables;
@@ -479,7 +479,7 @@ TEST(AdmissionRules, RuleThreeUsesTheRangeOfTheCallsClassEntry) {
   CrossoverTable t = test::every_prefill_class(test::standard_table());
   // Every other class admits from 0; the chunk's own class only from W + 1.
   for (CrossoverEntry& e : t.entries) {
-    e.min_work = e.shape_class == classify_shape(512, 8704, false) ? W + 1 : 0;
+    e.min_work = e.shape_class == classify_shape(512, 512, 8704, false) ? W + 1 : 0;
   }
   s.tables = CrossoverTables{};
   s.tables.add(t);
@@ -804,8 +804,8 @@ TEST(AdmissionRules, ExplainShowsTheClassAndItsEntryOrItsAbsence) {
   OwnedBatch chunk = make_batch({512}, {8704});
   const AttentionPlan& p = planner.plan(s.domain, chunk.view());
   std::string text = explain_text(p, s.domain, s.device);
-  EXPECT_NE(text.find("class:       q257-1024 kv4097-16384 uniform (largest query 512, largest "
-                      "KV 8704, query lengths equal)"),
+  EXPECT_NE(text.find("class:       q257-1024 kv4097-16384 uniform (512 query tokens, largest "
+                      "query 512, largest KV 8704, query lengths equal)"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("entry:       cuDNN measured faster in this class for work in [1000, "),

@@ -46,18 +46,19 @@ TEST(CalibrationGridTest, QuickGridHasEveryCombination) {
   const std::vector<AttentionCallShape> grid = calibration_grid(o, rng);
   // Prefill: (batch, query) with batch x query <= 32768 of {1, 16, 64} x {32, 512, 4096}
   // gives 7 pairs, 3 of them batch 1 (not ragged): 3 x 2 prefixes + 4 x 2 prefixes x 2.
-  // Chunks: 6 query lengths x 3 prefixes at batch 1, and at batch 4 after 8192 and 32768.
+  // Chunks: 7 query lengths x 3 prefixes at batch 1, and at batch 4 (at most 4096 tokens:
+  // 6 lengths) after 8192 and 32768.
   // Mixed: 4 chunk sets x 3 prefixes with 63 rows, and with 255 rows after 8192.
   // Decode: {8, 64, 256} x {512, 8192} x uniform/ragged.
   const auto kind = [](const char* prefix) {
     return [prefix](const AttentionCallShape& s) { return s.label.rfind(prefix, 0) == 0; };
   };
   EXPECT_EQ(count_if(grid, kind("prefill ")), 22u);
-  EXPECT_EQ(count_if(grid, kind("chunk ")), 30u);
+  EXPECT_EQ(count_if(grid, kind("chunk ")), 33u);
   EXPECT_EQ(count_if(grid, kind("mixed ")), 16u);
   EXPECT_EQ(count_if(grid, kind("decode ")), 12u);
   EXPECT_EQ(count_if(grid, [](const auto& s) { return s.decode(); }), 12u);
-  EXPECT_EQ(grid.size(), 80u);
+  EXPECT_EQ(grid.size(), 83u);
   std::set<std::string> labels;
   for (const AttentionCallShape& s : grid) {
     labels.insert(s.label);
@@ -88,17 +89,18 @@ TEST(CalibrationGridTest, FullGridAndPageSizesMultiply) {
   CalibrationOptions o;
   std::mt19937 rng(o.seed);
   // Per head configuration: prefill 10 (batch 1) + 20 (4) + 16 (16) + 12 (64) = 58; chunks
-  // 6 query lengths x 5 prefixes x batches {1, 4, 16}, less batch 16 after 32768 (over 2^19
-  // KV tokens) = 84; mixed 7 chunk sets x 4 prefixes x 2 row counts = 56; decode 3 (batch 1)
+  // 7 query lengths x 5 prefixes at batch 1 (35), batch 4 up to 4096 tokens (6 x 5 = 30),
+  // batch 16 up to 4096 tokens (4 x 5, less the 4 after 32768 that pass 2^19 KV tokens =
+  // 16): 81; mixed 7 chunk sets x 4 prefixes x 2 row counts = 56; decode 3 (batch 1)
   // + 4 x 3 x 2 = 27; three head configurations.
   const std::vector<AttentionCallShape> full = calibration_grid(o, rng);
-  EXPECT_EQ(full.size(), 3u * 225u);
-  EXPECT_EQ(count_if(full, [](const auto& s) { return s.num_q_heads == 64; }), 225u);
+  EXPECT_EQ(full.size(), 3u * 222u);
+  EXPECT_EQ(count_if(full, [](const auto& s) { return s.num_q_heads == 64; }), 222u);
   o.quick = true;
   o.page_sizes = {16, 32};
   const std::vector<AttentionCallShape> two = calibration_grid(o, rng);
-  EXPECT_EQ(two.size(), 160u);
-  EXPECT_EQ(count_if(two, [](const auto& s) { return s.page_size == 32; }), 80u);
+  EXPECT_EQ(two.size(), 166u);
+  EXPECT_EQ(count_if(two, [](const auto& s) { return s.page_size == 32; }), 83u);
 }
 
 TEST(CalibrationGridTest, PrefillShapesAreWhatTheLabelSays) {
@@ -128,7 +130,8 @@ TEST(CalibrationGridTest, ChunkAndMixedShapesAreWhatTheLabelSays) {
       chunk_seen = true;
       EXPECT_EQ(s.q, std::vector<int32_t>(4, 512));
       EXPECT_EQ(s.kv, std::vector<int32_t>(4, 32768 + 512));
-      EXPECT_EQ(shape_class_name(s.shape_class()), "q257-1024 kv16385-65536 uniform");
+      // Four 512-token chunks: 2,048 query tokens.
+      EXPECT_EQ(shape_class_name(s.shape_class()), "q1025-4096 kv16385-65536 uniform");
     }
     if (s.label == "mixed 32/8 1x2048+8192 + 255x1") {
       // The engine's largest mixed step: a 2048-token chunk after a cached prefix and 255

@@ -33,7 +33,7 @@ CrossoverMeasurement point(int64_t work, double native_us, double cudnn_us, int3
   // One class per phase (q2-64 kv1025-4096 uniform, or decode) whatever the work.
   m.max_query_len = phase == AttentionPhase::kDecode ? 1 : 64;
   m.max_kv_len = 4096;
-  m.shape_class = classify_shape(m.max_query_len, m.max_kv_len, false);
+  m.shape_class = classify_shape(m.max_query_len, m.num_tokens, m.max_kv_len, false);
   m.work = work;
   m.native_us = native_us;
   m.cudnn_us = cudnn_us;
@@ -78,7 +78,7 @@ TEST(CrossoverTable, RoundTrip) {
   EXPECT_EQ(e->shape_class, test::chunk_class());
   // Another class of the same mode, phase and head_dim has no entry.
   EXPECT_EQ(u.find(LaunchMode::kEager, AttentionPhase::kPrefill, 128,
-                   classify_shape(2048, 2048, false)),
+                   classify_shape(2048, 2048, 2048, false)),
             nullptr);
   EXPECT_EQ(e->min_work, 1000000);
   EXPECT_EQ(e->max_work, int64_t{1} << 40);
@@ -308,8 +308,9 @@ CrossoverMeasurement class_point(int32_t q, int32_t kv, bool ragged, int64_t wor
   CrossoverMeasurement m = point(work, native_us, cudnn_us);
   m.max_query_len = q;
   m.max_kv_len = kv;
+  m.num_tokens = q;  // one sequence (or q + rows too few to leave the bucket)
   m.ragged = ragged;
-  m.shape_class = classify_shape(q, kv, ragged);
+  m.shape_class = classify_shape(q, q, kv, ragged);
   return m;
 }
 
@@ -327,7 +328,7 @@ TEST(CrossoverTable, DerivationIsPerShapeClassAndAWinNeverAdmitsAnotherClass) {
   };
   const std::vector<CrossoverEntry> es = derive_crossover_entries(ms, 0.05);
   ASSERT_EQ(es.size(), 1u);
-  EXPECT_EQ(es[0].shape_class, classify_shape(512, 8704, false));
+  EXPECT_EQ(es[0].shape_class, classify_shape(512, 512, 8704, false));
   EXPECT_EQ(es[0].min_work, 100000);
   EXPECT_EQ(es[0].max_work, 200000);
   EXPECT_EQ(es[0].points, 2);
@@ -356,7 +357,7 @@ TEST(CrossoverTable, MeasurementClassMustAgreeWithItsShape) {
   const std::string field = "\"class\": \"q257-1024 kv16385-65536 uniform\"";
   expect_parse_error(with_field(good, field, "\"class\": \"q257-1024 kv1-256 uniform\""),
                      "measurements[0]: \"class\" is \"q257-1024 kv1-256 uniform\" but max_query_len "
-                     "300, max_kv_len 20000");
+                     "300, num_tokens 300, max_kv_len 20000");
   // A ragged class needs a ragged point.
   expect_parse_error(with_field(good, field, "\"class\": \"q257-1024 kv16385-65536 ragged\""),
                      "measurements[0]");

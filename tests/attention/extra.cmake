@@ -55,7 +55,7 @@ if(TARGET pagellm_cli)
   add_test(NAME attention_plan_cli_class_entry
     COMMAND $<TARGET_FILE:pagellm_cli> ${_class_args} --q-lens 512 --kv-lens 8704)
   set_tests_properties(attention_plan_cli_class_entry PROPERTIES
-    PASS_REGULAR_EXPRESSION "provider: +cudnn.*class: +q257-1024 kv4097-16384 uniform \\(largest query 512, largest KV 8704, query lengths equal\\)\nentry: +cuDNN measured faster in this class for work in \\[100000000, 1000000000\\]")
+    PASS_REGULAR_EXPRESSION "provider: +cudnn.*class: +q257-1024 kv4097-16384 uniform \\(512 query tokens, largest query 512, largest KV 8704, query lengths equal\\)\nentry: +cuDNN measured faster in this class for work in \\[100000000, 1000000000\\]")
   add_test(NAME attention_plan_cli_class_no_entry
     COMMAND $<TARGET_FILE:pagellm_cli> ${_class_args} --q-lens 2048)
   set_tests_properties(attention_plan_cli_class_no_entry PROPERTIES

@@ -92,7 +92,7 @@ inline DeviceProfile h200(CudnnVersion cudnn = 91400) {
 
 /// The class of a chunk of 512 after 4096 cached tokens (what fixture prefill entries use
 /// unless told otherwise).
-inline ShapeClass chunk_class() { return classify_shape(512, 4608, false); }
+inline ShapeClass chunk_class() { return classify_shape(512, 512, 4608, false); }
 
 inline CrossoverEntry entry(LaunchMode mode, AttentionPhase phase, int32_t head_dim,
                             int64_t min_work, int64_t max_work) {

@@ -25,12 +25,12 @@ TEST(ShapeClass, KvBucketsArePowersOfFourFrom256) {
 }
 
 TEST(ShapeClass, DecodeIsOneClassWhateverTheKvAndRaggedness) {
-  const ShapeClass d = classify_shape(1, 1, false);
+  const ShapeClass d = classify_shape(1, 1, 1, false);
   EXPECT_TRUE(d.decode());
   EXPECT_EQ(d, ShapeClass{});
   for (int64_t kv : {1, 256, 257, 8192, 65537}) {
-    EXPECT_EQ(classify_shape(1, kv, false), d) << kv;
-    EXPECT_EQ(classify_shape(1, kv, true), d) << kv;
+    EXPECT_EQ(classify_shape(1, 64, kv, false), d) << kv;
+    EXPECT_EQ(classify_shape(1, 64, kv, true), d) << kv;
   }
   EXPECT_EQ(shape_class_name(d), "decode");
   EXPECT_EQ(shape_class_phase(d), AttentionPhase::kDecode);
@@ -38,15 +38,27 @@ TEST(ShapeClass, DecodeIsOneClassWhateverTheKvAndRaggedness) {
 
 TEST(ShapeClass, PrefillClassesSeparateChunksFromFreshPromptsAndMixedSteps) {
   // The H200 measurements of issue 20: each lands in its own class.
-  const ShapeClass chunk = classify_shape(512, 8192 + 512, false);
-  const ShapeClass fresh = classify_shape(2048, 2048, false);
-  const ShapeClass mixed = classify_shape(2048, 2048, true);
+  const ShapeClass chunk = classify_shape(512, 512, 8192 + 512, false);
+  const ShapeClass fresh = classify_shape(2048, 2048, 2048, false);
+  const ShapeClass mixed = classify_shape(2048, 2048 + 63, 2048, true);
   EXPECT_EQ(shape_class_name(chunk), "q257-1024 kv4097-16384 uniform");
   EXPECT_EQ(shape_class_name(fresh), "q1025-4096 kv1025-4096 uniform");
   EXPECT_EQ(shape_class_name(mixed), "q1025-4096 kv1025-4096 ragged");
   EXPECT_NE(chunk, fresh);
   EXPECT_NE(fresh, mixed);
   EXPECT_EQ(shape_class_phase(chunk), AttentionPhase::kPrefill);
+}
+
+TEST(ShapeClass, TheQueryAxisCountsEveryTokenNotTheLongestQuery) {
+  // One 512-token chunk after 4,096 cached tokens and sixteen of them share their largest
+  // query and KV lengths but not their parallelism (H200: cuDNN won the first, lost the
+  // second): they are different classes.
+  const ShapeClass one = classify_shape(512, 512, 4096 + 512, false);
+  const ShapeClass sixteen = classify_shape(512, 16 * 512, 4096 + 512, false);
+  EXPECT_EQ(shape_class_name(one), "q257-1024 kv4097-16384 uniform");
+  EXPECT_EQ(shape_class_name(sixteen), "q4097+ kv4097-16384 uniform");
+  // 32 chunks of 32 tokens sit with one 1,024-token chunk.
+  EXPECT_EQ(classify_shape(32, 32 * 32, 4096 + 32, false), classify_shape(1024, 1024, 5120, false));
 }
 
 TEST(ShapeClass, NamesAndCodesRoundTripForEveryClass) {
@@ -80,7 +92,7 @@ TEST(ShapeClass, ParseNamesWhatIsAccepted) {
   }
 }
 
-TEST(ShapeClass, ThePlannerClassifiesTheRealMaximaAndQueryRaggedness) {
+TEST(ShapeClass, ThePlannerClassifiesQueryTokensTheRealMaxKvAndQueryRaggedness) {
   const AttentionDomain d = test::standard_domain();
   AttentionPlannerConfig config;
   config.device = test::h200();
@@ -91,7 +103,7 @@ TEST(ShapeClass, ThePlannerClassifiesTheRealMaximaAndQueryRaggedness) {
   };
   const std::vector<Case> cases = {
       {{512}, {8704}, "q257-1024 kv4097-16384 uniform"},
-      {{256, 256}, {256, 4096}, "q65-256 kv1025-4096 uniform"},  // KV may differ: still uniform
+      {{256, 256}, {256, 4096}, "q257-1024 kv1025-4096 uniform"},  // 512 tokens; KV may differ
       {{2048, 1, 1}, {2048, 40, 9000}, "q1025-4096 kv4097-16384 ragged"},
       {{1, 1}, {40000, 3}, "decode"},
       {{65, 64}, {257, 300}, "q65-256 kv257-1024 ragged"},

@@ -554,7 +554,7 @@ TEST_F(CudnnAttention, AutoRequestsPlansAndNeverBuildsDuringCapture) {
   e.mode = LaunchMode::kEager;
   e.phase = AttentionPhase::kPrefill;
   e.head_dim = 128;
-  e.shape_class = classify_shape(64, 200, /*ragged_query=*/false);  // q {64, 64}, kv {64, 200}
+  e.shape_class = classify_shape(64, 128, 200, /*ragged_query=*/false);  // q {64, 64}, kv {64, 200}
   e.min_work = 0;
   e.max_work = int64_t{1} << 50;
   e.page_sizes = {16};

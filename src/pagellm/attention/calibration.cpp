@@ -29,9 +29,13 @@ bool AttentionCallShape::ragged_query() const {
 
 ShapeClass AttentionCallShape::shape_class() const {
   int32_t max_q = 0, max_kv = 0;
-  for (int32_t x : q) max_q = std::max(max_q, x);
+  int64_t tokens = 0;
+  for (int32_t x : q) {
+    max_q = std::max(max_q, x);
+    tokens += x;
+  }
   for (int32_t x : kv) max_kv = std::max(max_kv, x);
-  return classify_shape(max_q, max_kv, ragged_query());
+  return classify_shape(max_q, tokens, max_kv, ragged_query());
 }
 
 int64_t AttentionCallShape::work() const {
@@ -68,9 +72,10 @@ std::vector<AttentionCallShape> calibration_grid(const CalibrationOptions& a, st
   const Heads heads = a.quick ? Heads{{32, 8}} : Heads{{16, 8}, {32, 8}, {64, 8}};
   const Ints batches = a.quick ? Ints{1, 16, 64} : Ints{1, 4, 16, 64};
   const Ints qlens = a.quick ? Ints{32, 512, 4096} : Ints{32, 128, 512, 2048, 8192};
-  // Chunked prefill after a cached prefix: two query lengths per query bucket from 64 to
-  // 2048, prefixes in every KV bucket from 1025-4096 to 16385-65536.
-  const Ints chunk_q = {64, 128, 256, 512, 1024, 2048};
+  // Chunked prefill after a cached prefix: query lengths 32 to 2048, prefixes in every KV
+  // bucket from 1025-4096 to 16385-65536; with batch 4 (at most 4096 tokens), every query-
+  // token bucket from 2-64 to 1025-4096 has at least two points past 4096 keys.
+  const Ints chunk_q = {32, 64, 128, 256, 512, 1024, 2048};
   const Ints chunk_prefixes = a.quick ? Ints{2048, 8192, 32768} : Ints{2048, 4096, 8192, 16384, 32768};
   const Ints chunk_batches = a.quick ? Ints{1, 4} : Ints{1, 4, 16};
   // The engine's mixed steps: one or a few chunks, then one-token decode rows (KV 1..8192).
@@ -125,7 +130,10 @@ std::vector<AttentionCallShape> calibration_grid(const CalibrationOptions& a, st
         for (int32_t b : chunk_batches) {
           if (a.quick && b > 1 && prefix < 8192) continue;
           for (int32_t q : chunk_q) {
-            if (int64_t{b} * q > 32768 || int64_t{b} * (prefix + q) > kMaxChunkBatchTokens) continue;
+            if ((b > 1 && int64_t{b} * q > 4096) ||
+                int64_t{b} * (prefix + q) > kMaxChunkBatchTokens) {
+              continue;
+            }
             AttentionCallShape p = shape("chunk " + h + std::to_string(b) + "x" +
                                              std::to_string(q) + "+" + std::to_string(prefix),
                                          false);

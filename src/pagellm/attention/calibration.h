@@ -33,7 +33,8 @@ struct AttentionCallShape {
   bool decode() const;
   /// Query lengths differ between sequences (what the shape class calls ragged).
   bool ragged_query() const;
-  /// classify_shape of the largest query and KV lengths and ragged_query().
+  /// classify_shape of the largest query, the query tokens, the largest KV and
+  /// ragged_query().
   ShapeClass shape_class() const;
   /// Query heads x causal query-key pairs: the crossover tables' measure of work.
   int64_t work() const;

@@ -112,16 +112,20 @@ CrossoverMeasurement parse_measurement(const json& j, const Reader& r, bool v1) 
   PAGELLM_CHECK(m.native_us > 0) << r.prefix() << "\"native_us\" must be positive";
   if (v1) {
     // v1 grids were ragged in their query lengths whenever a prefill point was ragged.
-    m.shape_class = classify_shape(m.max_query_len, m.max_kv_len,
+    m.shape_class = classify_shape(m.max_query_len, m.num_tokens, m.max_kv_len,
                                    m.ragged && m.phase == AttentionPhase::kPrefill);
   } else {
     m.shape_class = read_shape_class(j, r, m.phase);
-    const ShapeClass derived = classify_shape(m.max_query_len, m.max_kv_len, m.shape_class.ragged);
+    const ShapeClass derived =
+        classify_shape(m.max_query_len, m.num_tokens, m.max_kv_len, m.shape_class.ragged);
     PAGELLM_CHECK(derived == m.shape_class && (!m.shape_class.ragged || m.ragged))
         << r.prefix() << "\"class\" is \"" << shape_class_name(m.shape_class)
-        << "\" but max_query_len " << m.max_query_len << ", max_kv_len " << m.max_kv_len
-        << " and ragged " << (m.ragged ? "true" : "false") << " make it \""
-        << shape_class_name(classify_shape(m.max_query_len, m.max_kv_len, m.ragged)) << "\"";
+        << "\" but max_query_len " << m.max_query_len << ", num_tokens " << m.num_tokens
+        << ", max_kv_len " << m.max_kv_len << " and ragged " << (m.ragged ? "true" : "false")
+        << " make it \""
+        << shape_class_name(
+               classify_shape(m.max_query_len, m.num_tokens, m.max_kv_len, m.ragged))
+        << "\"";
   }
   if (j.contains("label") && j["label"].is_string()) m.label = j["label"].get<std::string>();
   return m;

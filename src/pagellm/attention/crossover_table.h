@@ -76,7 +76,8 @@ struct CrossoverMeasurement {
   int32_t max_query_len = 0;
   int32_t max_kv_len = 0;
   bool ragged = false;  // lengths differ between sequences (query or, for decode, KV lengths)
-  /// classify_shape(max_query_len, max_kv_len, query lengths differ): what derivation groups by.
+  /// classify_shape(max_query_len, num_tokens, max_kv_len, query lengths differ): what
+  /// derivation groups by.
   ShapeClass shape_class;
   int64_t work = 0;
   double native_us = 0.0;  // microseconds per call

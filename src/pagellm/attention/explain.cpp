@@ -37,7 +37,8 @@ std::string class_line(const AttentionPlan& p) {
   if (p.shape_class.decode()) {
     s << " (every query one token; one class for every KV length)";
   } else {
-    s << " (largest query " << p.max_query_len << ", largest KV " << p.max_kv_len << ", query "
+    s << " (" << p.num_tokens << " query tokens, largest query " << p.max_query_len
+      << ", largest KV " << p.max_kv_len << ", query "
       << (p.shape_class.ragged ? "lengths differ" : "lengths equal") << ")";
   }
   return s.str();

@@ -21,12 +21,15 @@ struct BatchFacts {
   int32_t min_query_len = 0;
   int32_t max_query_len = 0;
   int32_t max_kv_len = 0;
+  int64_t query_tokens = 0;  // all sequences' query tokens (= the declared token count)
   int64_t work = 0;  // query heads x causal pairs, saturated at INT64_MAX
 };
 
-// The class of a consistent batch: its real maxima, and whether its query lengths differ.
+// The class of a consistent batch: its query tokens, its real largest KV, and whether its
+// query lengths differ.
 ShapeClass shape_class_of(const BatchFacts& f) {
-  return classify_shape(f.max_query_len, f.max_kv_len, f.min_query_len != f.max_query_len);
+  return classify_shape(f.max_query_len, f.query_tokens, f.max_kv_len,
+                        f.min_query_len != f.max_query_len);
 }
 
 int64_t saturate(__int128 x) { return x > INT64_MAX ? INT64_MAX : static_cast<int64_t>(x); }
@@ -77,6 +80,7 @@ RuleResult check_consistency(const AttentionDomain& d, const AttentionBatchView&
   facts.min_query_len = B > 0 ? min_q : 0;
   facts.max_query_len = max_q;
   facts.max_kv_len = max_kv;
+  facts.query_tokens = b.num_tokens;
   facts.work = saturate(pairs * d.num_q_heads);
   return RuleResult::pass();
 }

@@ -41,13 +41,14 @@ ShapeClass ShapeClass::from_code(int64_t code) {
   return c;
 }
 
-int query_bucket(int64_t max_query_len) { return bucket_of(max_query_len, kQueryUpper); }
+int query_bucket(int64_t query_tokens) { return bucket_of(query_tokens, kQueryUpper); }
 int kv_bucket(int64_t max_kv_len) { return bucket_of(max_kv_len, kKvUpper); }
 
-ShapeClass classify_shape(int64_t max_query_len, int64_t max_kv_len, bool ragged_query) {
+ShapeClass classify_shape(int64_t max_query_len, int64_t query_tokens, int64_t max_kv_len,
+                          bool ragged_query) {
   ShapeClass c;
   if (max_query_len <= 1) return c;  // decode: one class whatever the KV lengths
-  c.query_bucket = static_cast<int8_t>(query_bucket(max_query_len));
+  c.query_bucket = static_cast<int8_t>(query_bucket(query_tokens));
   c.kv_bucket = static_cast<int8_t>(kv_bucket(max_kv_len));
   c.ragged = ragged_query;
   return c;

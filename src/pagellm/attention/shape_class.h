@@ -5,10 +5,15 @@
 // prompts of similar work (1 x 2048: 187 against 129 us) and mixed batches (1 x 2048 + 63
 // one-token rows: 1188 against 167 us).
 //
-// Prefill classes: the batch's largest query length and largest KV length, each in one of
-// six powers-of-4 buckets, and `ragged` when query lengths differ within the batch.
-//   query: 1 | 2-64 | 65-256 | 257-1024 | 1025-4096 | 4097+
-//   KV:    1-256 | 257-1024 | 1025-4096 | 4097-16384 | 16385-65536 | 65537+
+// Prefill classes: the call's query tokens (all sequences together) and its largest KV
+// length, each in one of six powers-of-4 buckets, and `ragged` when query lengths differ
+// within the batch.
+//   query tokens: 1 | 2-64 | 65-256 | 257-1024 | 1025-4096 | 4097+
+//   KV:           1-256 | 257-1024 | 1025-4096 | 4097-16384 | 16385-65536 | 65537+
+// The query axis counts all tokens, not the longest query, because that is what sets the
+// native kernel's parallelism (query tiles x heads): on the H200 cuDNN wins one 512-token
+// chunk after 4,096 cached tokens (159 against 208 us) and loses sixteen of them (2,343
+// against 1,919 us), which share their largest query and KV lengths.
 // Decode (every query one token) is one class whatever the KV lengths: a decode call's cost
 // is linear in the K/V bytes for both providers, so its crossover is one of work alone, and
 // a captured decode graph, which replays every KV length up to its capacity, meets a single
@@ -43,13 +48,15 @@ struct ShapeClass {
   static ShapeClass from_code(int64_t code);
 };
 
-/// Bucket of a query length >= 1 (0 for one token) and of a KV length >= 1.
-int query_bucket(int64_t max_query_len);
+/// Bucket of a query token count >= 1 (0 for one token) and of a KV length >= 1.
+int query_bucket(int64_t query_tokens);
 int kv_bucket(int64_t max_kv_len);
 
-/// The class of a call: decode when max_query_len <= 1, otherwise the buckets of the two
-/// maxima and `ragged_query` (query lengths differ). No allocation; a handful of compares.
-ShapeClass classify_shape(int64_t max_query_len, int64_t max_kv_len, bool ragged_query);
+/// The class of a call: decode when max_query_len <= 1, otherwise the buckets of its query
+/// tokens (all sequences) and largest KV length, and `ragged_query` (query lengths differ).
+/// No allocation; a handful of compares.
+ShapeClass classify_shape(int64_t max_query_len, int64_t query_tokens, int64_t max_kv_len,
+                          bool ragged_query);
 
 /// "decode" or "q257-1024 kv4097-16384 uniform" (what tables store and explain prints).
 std::string shape_class_name(const ShapeClass& c);

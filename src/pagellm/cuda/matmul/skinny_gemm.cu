@@ -72,6 +72,7 @@
 #include "pagellm/cuda/lora/lora.h"
 #include "pagellm/cuda/support/tma.cuh"
 #include "pagellm/cuda/support/tma.h"
+#include "pagellm/cuda/support/wgmma.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PAGELLM_SKINNY_WGMMA 1
@@ -148,23 +149,7 @@ struct Params {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return tma_smem_addr(p); }
 
-// ---- wgmma ---------------------------------------------------------------------------------
-
-/// Shared-memory matrix descriptor of a K-major tile with 128-byte swizzle: rows of 128
-/// bytes, 8-row groups 1024 bytes apart (stride byte offset), leading byte offset unused.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
-         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
-}
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
+// ---- wgmma (fence, commit, wait and the 128-byte-swizzle descriptor: support/wgmma.cuh) ------
 
 /// d[64 x 8] += A[64 x 16] · B[16 x 8], both operands in shared memory (descriptors).
 __device__ __forceinline__ void wgmma_n8(float (&d)[4], uint64_t a, uint64_t b) {
@@ -531,10 +516,11 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
 #pragma unroll
       for (int s = 0; s < kChunk / 16; ++s) {
         // 16 k = 32 bytes further along the swizzled 128-byte rows.
-        wgmma_tile<kTokens>(acc, smem_desc(a_tile + s * 32), smem_desc(b_tile + s * 32));
+        wgmma_tile<kTokens>(acc, wgmma_desc_sw128(a_tile + s * 32),
+                                  wgmma_desc_sw128(b_tile + s * 32));
       }
       wgmma_commit();
-      wgmma_wait_all();
+      wgmma_wait<0>();
     }
     __syncthreads();  // both warpgroups are done with this stage: refill it
     if (tid == 0 && it + kStages < num_chunks) {
