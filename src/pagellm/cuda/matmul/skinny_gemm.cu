@@ -355,7 +355,11 @@ __host__ __device__ constexpr int64_t half_first_row(int64_t tile, int h, int64_
   return inter > 0 ? h * inter + tile * kHalf : tile * kRows + h * kHalf;
 }
 
-template <int kTokens, Epi kEpi>
+// kLora: the instantiation that can run LoRA tiles and expands (p.lora.mode not kLoraNone).
+// The plain products run the kLora = false one, from which every LoRA branch is compiled
+// out: their runtime checks alone cost the base decode about 4 % at W1 and 8 % at batch 1
+// on the H200 (docs/PERFORMANCE.md).
+template <int kTokens, Epi kEpi, bool kLora>
 __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_constant__ Params p) {
 #ifdef PAGELLM_SKINNY_WGMMA
   constexpr int kStages = num_stages(kTokens);
@@ -381,8 +385,8 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   const LoraParams& lora = p.lora;
   // LoRA tiles (grid.x < lora.tiles) stream `lora_halves` 64-row halves of slot
   // `lora_slot`'s packed A from half `lora_h0`; row tiles are numbered from 0 after them.
-  const bool lora_tile = static_cast<int>(blockIdx.x) < lora.tiles;
-  const int tile = static_cast<int>(blockIdx.x) - lora.tiles;
+  const bool lora_tile = kLora && static_cast<int>(blockIdx.x) < lora.tiles;
+  const int tile = static_cast<int>(blockIdx.x) - (kLora ? lora.tiles : 0);
   int lora_slot = 0, lora_rows = 0, lora_all_halves = 0, lora_h0 = 0, lora_halves = 2;
   const uint8_t* lora_a = nullptr;
   if (lora_tile) {
@@ -471,7 +475,8 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   // readable before the wait), loaded by warps 2-3 into a register now and used only after
   // the main loop, so that nothing waits for it; the slot mask is cleared now too (the main
   // loop's barriers publish it).
-  const bool expand = !lora_tile && (lora.mode == kLoraFused || lora.mode == kLoraExpand);
+  const bool expand =
+      kLora && !lora_tile && (lora.mode == kLoraFused || lora.mode == kLoraExpand);
   __shared__ int lora_token_slot[kTokens];  // each token's slot, 0: none
   __shared__ unsigned long long lora_mask;  // bit q: a token uses slot q
   // What the expand needs of each slot q (written after the main loop): Bᵀ, the rank (0:
@@ -650,7 +655,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     }
     return sum;
   };
-  const bool fused = lora.mode == kLoraFused;
+  const bool fused = kLora && lora.mode == kLoraFused;
   if (lora_tile) {
     // The shrink's sums of the tokens that use this slot: row j of the stacked A is rank
     // i = j mod r of module j / r, stored at s[token][module · 64 + i].
@@ -920,38 +925,43 @@ template <int kTokens>
 void set_smem_limits() {
   const int bytes = smem_bytes(kTokens);
   for (const void* kernel :
-       {reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kBf16>),
-        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kF32>),
-        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kGated>),
-        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kQkNormRope>)}) {
+       {reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kBf16, false>),
+        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kF32, false>),
+        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kGated, false>),
+        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kQkNormRope, false>),
+        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kBf16, true>),
+        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kGated, true>),
+        reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kQkNormRope, true>)}) {
     PAGELLM_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   }
 }
 
+using SkinnyKernel = void (*)(Params);
+
+/// The kernel a launch with `epi` runs: the LoRA-capable instantiation when `lora` (never
+/// for kF32, which LoRA does not use), else the plain one.
 template <int kTokens>
-const void* kernel_for(Epi epi) {
+SkinnyKernel kernel_for(Epi epi, bool lora) {
+  if (lora && epi != Epi::kF32) {
+    switch (epi) {
+      case Epi::kGated: return skinny_gemm_kernel<kTokens, Epi::kGated, true>;
+      case Epi::kQkNormRope: return skinny_gemm_kernel<kTokens, Epi::kQkNormRope, true>;
+      default: return skinny_gemm_kernel<kTokens, Epi::kBf16, true>;
+    }
+  }
   switch (epi) {
-    case Epi::kGated: return reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kGated>);
-    case Epi::kF32: return reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kF32>);
-    case Epi::kQkNormRope:
-      return reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kQkNormRope>);
-    default: return reinterpret_cast<const void*>(skinny_gemm_kernel<kTokens, Epi::kBf16>);
+    case Epi::kGated: return skinny_gemm_kernel<kTokens, Epi::kGated, false>;
+    case Epi::kF32: return skinny_gemm_kernel<kTokens, Epi::kF32, false>;
+    case Epi::kQkNormRope: return skinny_gemm_kernel<kTokens, Epi::kQkNormRope, false>;
+    default: return skinny_gemm_kernel<kTokens, Epi::kBf16, false>;
   }
 }
 
 template <int kTokens>
 void launch_for_tokens(const Params& p, Epi epi, dim3 grid, cudaStream_t stream) {
-  const size_t smem = smem_bytes(kTokens);
-  auto go = [&](auto kernel) {
-    launch_kernel(kernel, grid, dim3(kThreads), smem, stream, p.splits, p);
-  };
-  switch (epi) {
-    case Epi::kGated: go(skinny_gemm_kernel<kTokens, Epi::kGated>); break;
-    case Epi::kF32: go(skinny_gemm_kernel<kTokens, Epi::kF32>); break;
-    case Epi::kQkNormRope: go(skinny_gemm_kernel<kTokens, Epi::kQkNormRope>); break;
-    default: go(skinny_gemm_kernel<kTokens, Epi::kBf16>); break;
-  }
+  launch_kernel(kernel_for<kTokens>(epi, p.lora.mode != kLoraNone), grid, dim3(kThreads),
+                smem_bytes(kTokens), stream, p.splits, p);
 }
 
 void launch_params(const Params& p, Epi epi, int tokens, dim3 grid, cudaStream_t stream) {
@@ -973,10 +983,11 @@ int max_resident_clusters(int tokens, Epi epi, int splits) {
   const auto key = std::make_tuple(device, tokens, static_cast<int>(epi), splits);
   std::lock_guard<std::mutex> lock(mutex);
   if (const auto it = cache.find(key); it != cache.end()) return it->second;
-  const void* kernel = tokens == 8    ? kernel_for<8>(epi)
-                       : tokens == 16 ? kernel_for<16>(epi)
-                       : tokens == 32 ? kernel_for<32>(epi)
-                                      : kernel_for<64>(epi);
+  const void* kernel = reinterpret_cast<const void*>(
+      tokens == 8    ? kernel_for<8>(epi, true)
+      : tokens == 16 ? kernel_for<16>(epi, true)
+      : tokens == 32 ? kernel_for<32>(epi, true)
+                     : kernel_for<64>(epi, true));
   const size_t smem = smem_bytes(tokens);
   int clusters = 0;
   if (splits > 1) {
