@@ -12,7 +12,9 @@ import argparse
 import statistics
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
+
+from qwen3_config import qwen3_4b_config
 
 
 def main():
@@ -25,11 +27,7 @@ def main():
                     help="bf16 matrix-product rate measured on this GPU")
     args = ap.parse_args()
 
-    config = AutoConfig.for_model(
-        "qwen3", vocab_size=151936, hidden_size=2560, intermediate_size=9728,
-        num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-        max_position_embeddings=40960)
+    config = qwen3_4b_config()
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(

@@ -9,7 +9,9 @@ import argparse
 import time
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
+
+from qwen3_config import qwen3_4b_config
 
 
 def main():
@@ -21,12 +23,7 @@ def main():
     ap.add_argument("--eager", action="store_true", help="dynamic cache, no compile")
     args = ap.parse_args()
 
-    # Qwen3-4B's config.json, written out so that no download is needed.
-    config = AutoConfig.for_model(
-        "qwen3", vocab_size=151936, hidden_size=2560, intermediate_size=9728,
-        num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-        max_position_embeddings=40960)
+    config = qwen3_4b_config()
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
