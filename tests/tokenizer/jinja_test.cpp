@@ -49,6 +49,13 @@ TEST(Jinja, LoopsAndScopes) {
   // frees it: LeakSanitizer checks that in suite_address_sanitizer (jinja_fuzz found the leak).
   EXPECT_EQ(render("{% set ns = namespace(n=1) %}{% set ns.self = ns %}{% set ns.l = [ns] %}{{ ns.self.n }}"),
             "1");
+  // Printed, such a value shows its inner occurrence as Python's repr does ("(...)",
+  // "{...}": the container already being printed) instead of recursing until the stack
+  // runs out (jinja_fuzz found the overflow). Both strings are what jinja2 prints.
+  EXPECT_EQ(render("{% set ns = namespace(n=0) %}{% set ns.n = ns, 7 %}{{ ns.n }}"),
+            "(<Namespace {'n': (...)}>, 7)");
+  EXPECT_EQ(render("{% set ns = namespace(a=1) %}{% set ns.l = [ns, [ns]] %}{{ ns }}"),
+            "<Namespace {'a': 1, 'l': [<Namespace {...}>, [<Namespace {...}>]]}>");
   EXPECT_EQ(render("{% for i in range(10) %}{% if i == 1 %}{% continue %}{% endif %}{% if i > 3 %}{% break %}{% endif %}{{ i }}{% endfor %}"),
             "023");
   EXPECT_EQ(render("{% for x in [] %}x{% else %}empty{% endfor %}"), "empty");

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "pagellm/common/check.h"
 #include "pagellm/tokenizer/jinja.h"
@@ -297,9 +298,36 @@ void check_printed_size(const std::string& out) {
       << "a value printed by the template is larger than " << (kMaxTextBytes >> 20) << " MiB";
 }
 
+// The containers whose repr is being built on this thread, outermost first. A namespace
+// can hold a value that holds the namespace ({% set ns.x = (ns, 1) %}): printed, such a
+// value recurses back into itself. Python's repr prints the inner occurrence as "[...]"
+// or "{...}"; without the guard the recursion would only end with the stack.
+thread_local std::vector<const void*> containers_in_repr;
+
+class ReprGuard {
+ public:
+  explicit ReprGuard(const void* container)
+      : repeated_(std::find(containers_in_repr.begin(), containers_in_repr.end(), container) !=
+                  containers_in_repr.end()) {
+    if (!repeated_) containers_in_repr.push_back(container);
+  }
+  ~ReprGuard() {
+    if (!repeated_) containers_in_repr.pop_back();
+  }
+  ReprGuard(const ReprGuard&) = delete;
+  ReprGuard& operator=(const ReprGuard&) = delete;
+  /// The container is already being printed further out: print its placeholder.
+  bool repeated() const { return repeated_; }
+
+ private:
+  bool repeated_;
+};
+
 std::string container_repr(const Value& value) {
   if (value.is_list()) {
     const auto& data = value.list_data();
+    const ReprGuard guard(&data);
+    if (guard.repeated()) return data.is_tuple ? "(...)" : "[...]";
     std::string out = data.is_tuple ? "(" : "[";
     for (size_t i = 0; i < data.items.size(); ++i) {
       if (i > 0) out += ", ";
@@ -311,6 +339,8 @@ std::string container_repr(const Value& value) {
     return out;
   }
   const auto& data = value.dict_data();
+  const ReprGuard guard(&data);
+  if (guard.repeated()) return data.is_namespace ? "<Namespace {...}>" : "{...}";
   std::string out = "{";
   for (size_t i = 0; i < data.items.size(); ++i) {
     if (i > 0) out += ", ";
