@@ -198,9 +198,9 @@ void print_report(const BenchmarkReport& r) {
     }
   }
   if (r.trace) {
-    std::printf("  (the %s figures above include the %d traced steps)\n",
-                r.trace->prefill ? "prefill" : "decode", r.trace->steps);
-    print_trace(r.trace->timeline, r.trace->steps, r.trace->prefill ? "prefill" : "decode");
+    const char* phase = r.trace->prefill ? "prefill" : "decode";
+    std::printf("  (the %s figures above include the %d traced steps)\n", phase, r.trace->steps);
+    print_trace(r.trace->timeline, r.trace->steps, phase);
   }
 }
 
