@@ -132,14 +132,16 @@ void lora_section(cudaStream_t stream, const cudaDeviceProp& prop, int reps, int
       pc::pack_skinny_weights(w, pr.N, pr.K, pr.inter, static_cast<char*>(wp) + i * packed_bytes,
                               stream);
     }
-    // 8 adapter slots per weight copy: A [modules · r, K], Bᵀ [r, width_total], packed A;
+    // 8 adapter slots per weight copy: A [modules · r, K], Bᵀ [r, width_total], packed A
+    // and packed B;
     // scaled down so that the deltas stay of the products' size.
     constexpr int kSlots = 8;
     const int64_t a_rows = pr.modules * kRank;
     const size_t a_bytes = static_cast<size_t>(a_rows * pr.K) * 2;
     const size_t bt_bytes = static_cast<size_t>(kRank * width_total) * 2;
     const size_t ap_bytes = pc::lora_packed_a_bytes(a_rows, pr.K);
-    const size_t factor_bytes = a_bytes + bt_bytes + ap_bytes;
+    const size_t bp_bytes = pc::lora_packed_b_bytes(kRank, width_total, pr.inter);
+    const size_t factor_bytes = a_bytes + bt_bytes + ap_bytes + bp_bytes;
     void* factors = nullptr;
     CHECK_CUDA(cudaMalloc(&factors, factor_bytes * kSlots * copies));
     std::vector<pc::LoraSlotRef> refs(static_cast<size_t>(copies) * (kSlots + 1));
@@ -147,10 +149,11 @@ void lora_section(cudaStream_t stream, const cudaDeviceProp& prop, int reps, int
       for (int q = 1; q <= kSlots; ++q) {
         char* base = static_cast<char*>(factors) + (c * kSlots + q - 1) * factor_bytes;
         fill_random(base, (a_bytes + bt_bytes) / 2, 100 + q);
-        pc::pack_lora_a(base, a_rows, pr.K, base + a_bytes + bt_bytes, stream);
+        char* const ap = base + a_bytes + bt_bytes;
+        pc::pack_lora_a(base, a_rows, pr.K, ap, stream);
+        pc::pack_lora_b(base + a_bytes, kRank, width_total, pr.inter, ap + ap_bytes, stream);
         refs[c * (kSlots + 1) + q] = {base, base + a_bytes, static_cast<int32_t>(kRank),
-                                      0.5f / static_cast<float>(pr.K),
-                                      base + a_bytes + bt_bytes};
+                                      0.5f / static_cast<float>(pr.K), ap, ap + ap_bytes};
       }
     }
     pc::LoraSlotRef* d_refs = nullptr;

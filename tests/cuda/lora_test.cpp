@@ -36,8 +36,9 @@ class LoraAddTest : public test::CudaOpTest {
     LoraGroup gpu, cpu;
     std::vector<int> rank;  // by slot; 0: empty
   };
+  // `paired`: the group is a gated product's gate/up (pack_lora_b's layout).
   Tables make_tables(int64_t in, const std::vector<int64_t>& widths, int num_slots,
-                     int64_t col_offset) {
+                     int64_t col_offset, bool paired = false) {
     Tables t;
     LoraGroup g;
     g.num_slots = num_slots;
@@ -60,12 +61,17 @@ class LoraAddTest : public test::CudaOpTest {
       Tensor ga = put(gpu(), DType::BF16, {M * r, in}, a), gb = put(gpu(), DType::BF16, {r, W}, bt);
       Tensor ca = put(cpu(), DType::F32, {M * r, in}, a), cb = put(cpu(), DType::F32, {r, W}, bt);
       gtab[static_cast<size_t>(q)] = {ga.data, gb.data, r, scale};
-      // The fused products stream A packed (what Qwen3Model::set_lora makes).
+      // The fused products stream A and read B packed (what Qwen3Model::set_lora makes).
       const size_t packed = gpu().lora_packed_a_bytes(M * r, in);
       if (packed > 0) {
         Tensor pa = alloc(gpu(), DType::I64, {static_cast<int64_t>(packed / 8)});
         gpu().pack_lora_a(ga.data, M * r, in, pa.data);
         gtab[static_cast<size_t>(q)].a_packed = pa.data;
+        const size_t packed_b = gpu().lora_packed_b_bytes(r, W, paired);
+        Tensor pb = alloc(gpu(), DType::F32, {static_cast<int64_t>((packed_b + 3) / 4)});
+        poison(gpu(), pb);  // pack_lora_b writes every byte, zeros included
+        gpu().pack_lora_b(gb.data, r, W, paired, pb.data);
+        gtab[static_cast<size_t>(q)].b_packed = pb.data;
       }
       ctab[static_cast<size_t>(q)] = {ca.data, cb.data, r, scale};
     }
@@ -173,18 +179,22 @@ TEST_F(LoraAddTest, GroupsMatchCpuAndLeaveOtherRowsAlone) {
 }
 
 // Backend::lora_matmul / lora_matmul_silu_mul on the cuda backend at decode sizes (the
-// skinny product with the shrink as extra tiles and the expand in its epilogue): rows
-// without an adapter are the plain product bit for bit, adapter rows' deltas track the
+// skinny product with the shrink as extra tiles and the expand as extra wgmma steps into its
+// accumulators, in batches of slots when they do not all fit in shared memory at once):
+// rows without an adapter are the plain product bit for bit, adapter rows' deltas track the
 // float32 CPU backend, the one-launch path (with counters) and the two-launch path (without)
-// give the same bits, and the counters are left zero. Outputs poisoned (NaN) before each run.
+// give the same bits, and the counters are left zero. Outputs and packed B poisoned (NaN)
+// before each run.
 TEST_F(LoraAddTest, FusedProductsMatchProductPlusLoraAdd) {
   struct Shape {
     int64_t in;
     std::vector<int64_t> widths;
     bool gated;  // widths {I, I}: lora_matmul_silu_mul
   };
+  // {384, {320, 40, 40}}: widths that are not multiples of 64 take the product + lora_add.
   const std::vector<Shape> shapes = {{256, {256, 64, 64}, false},
                                      {512, {384}, false},
+                                     {384, {320, 40, 40}, false},
                                      {2560, {4096, 1024, 1024}, false},
                                      {4096, {2560}, false},
                                      {1024, {512, 512}, true},
@@ -193,16 +203,21 @@ TEST_F(LoraAddTest, FusedProductsMatchProductPlusLoraAdd) {
   const std::vector<int32_t> zeros = {0, 0};
   gpu().upload(counters, 0, zeros.data(), DType::I32, 2);
   for (const Shape& sh : shapes) {
-    for (int64_t rows : {1, 5, 16, 32}) {
-      const int num_slots = 5;
+    for (int64_t rows : {1, 5, 16, 32, 64}) {
+      // 7 adapters of ranks up to 64 (and an empty slot): more than one batch of slots.
+      const int num_slots = 9;
       int64_t W = 0;
       for (int64_t w : sh.widths) W += w;
-      const Tables tab = make_tables(sh.in, sh.widths, num_slots, 0);
+      const Tables tab = make_tables(sh.in, sh.widths, num_slots, 0, sh.gated);
       std::string what = std::string(sh.gated ? "gated " : "") + "lora product in " +
                          std::to_string(sh.in) + " width " + std::to_string(W) + " rows " +
                          std::to_string(rows) + " ranks";
       for (int r : tab.rank) what += " " + std::to_string(r);
-      const std::vector<int32_t> row_slot = random_row_slots(rows, num_slots);
+      // 64 rows: every slot in the one token tile (so several batches of slots).
+      std::vector<int32_t> row_slot = random_row_slots(rows, num_slots);
+      if (rows == 64) {
+        for (int64_t t = 0; t < rows; ++t) row_slot[static_cast<size_t>(t)] = static_cast<int32_t>(t % num_slots);
+      }
       const std::vector<float> x = randn_bf16(static_cast<size_t>(rows * sh.in));
       const std::vector<float> w =
           randn_bf16(static_cast<size_t>(W * sh.in), 0.25f / std::sqrt(static_cast<float>(sh.in)));

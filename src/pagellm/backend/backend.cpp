@@ -137,6 +137,16 @@ void Backend::pack_lora_a(const void* a, int64_t rows, int64_t in, void* packed)
   PAGELLM_FAIL() << "the " << name() << " backend streams LoRA factors unpacked (pack_lora_a)";
 }
 
+void Backend::pack_lora_b(const void* bt, int32_t rank, int64_t width_total, bool paired,
+                          void* packed) {
+  (void)bt;
+  (void)rank;
+  (void)width_total;
+  (void)paired;
+  (void)packed;
+  PAGELLM_FAIL() << "the " << name() << " backend reads LoRA factors unpacked (pack_lora_b)";
+}
+
 void Backend::matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv, Tensor& qkv,
                                            const Tensor& q_norm, const Tensor& k_norm, float eps,
                                            const RopeParams& rope, const AttentionShape& shape,

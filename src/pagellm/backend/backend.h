@@ -61,6 +61,9 @@ struct LoraSlotFactors {
   /// The same A in the layout Backend::pack_lora_a wrote (a backend whose fused products
   /// stream A like their weights); null where lora_packed_a_bytes is 0.
   const void* a_packed = nullptr;
+  /// B in the layout Backend::pack_lora_b wrote (the fused products multiply it with the
+  /// tensor cores, tiled like their weights); set wherever a_packed is.
+  const void* b_packed = nullptr;
 };
 
 /// A layer's LoRA modules that read the same input and write side by side into one output
@@ -275,6 +278,20 @@ class Backend {
   /// Writes A [rows, in] (backend memory, weight dtype) into `packed`
   /// (lora_packed_a_bytes(rows, in) bytes), in stream order. Default: throws Error.
   virtual void pack_lora_a(const void* a, int64_t rows, int64_t in, void* packed);
+  /// Bytes of the layout the backend's fused LoRA products read a group's B in, from its
+  /// Bᵀ [rank, width_total] (weight dtype); `paired`: the group is gate/up, whose fused
+  /// product pairs gate column i with up column i. 0 (the default) wherever
+  /// lora_packed_a_bytes is 0.
+  virtual size_t lora_packed_b_bytes(int32_t rank, int64_t width_total, bool paired) const {
+    (void)rank;
+    (void)width_total;
+    (void)paired;
+    return 0;
+  }
+  /// Writes the group's B from its Bᵀ [rank, width_total] (backend memory, weight dtype)
+  /// into `packed` (lora_packed_b_bytes bytes), in stream order. Default: throws Error.
+  virtual void pack_lora_b(const void* bt, int32_t rank, int64_t width_total, bool paired,
+                           void* packed);
   /// out[r, :] = x[indices[r], :]
   virtual void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) = 0;
   /// The float32 head (EngineOptions::float32_head): out[R, N] = rms_norm(x[R, H]) *

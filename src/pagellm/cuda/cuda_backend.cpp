@@ -408,7 +408,8 @@ static_assert(sizeof(LoraSlotRef) == sizeof(LoraSlotFactors) &&
                   offsetof(LoraSlotRef, bt) == offsetof(LoraSlotFactors, bt) &&
                   offsetof(LoraSlotRef, rank) == offsetof(LoraSlotFactors, rank) &&
                   offsetof(LoraSlotRef, scale) == offsetof(LoraSlotFactors, scale) &&
-                  offsetof(LoraSlotRef, a_packed) == offsetof(LoraSlotFactors, a_packed),
+                  offsetof(LoraSlotRef, a_packed) == offsetof(LoraSlotFactors, a_packed) &&
+                  offsetof(LoraSlotRef, b_packed) == offsetof(LoraSlotFactors, b_packed),
               "the kernels' slot entries must read the model's tables");
 
 void CudaBackend::lora_add(const Tensor& x, const LoraGroup& group, const BatchTensors& batch,
@@ -509,7 +510,10 @@ std::optional<SkinnyLora> CudaBackend::skinny_lora(const LoraGroup& group,
                                                    int64_t product_cols) {
   bool widths = group.num_modules >= 1 && group.num_modules <= LoraGroup::kMaxModules &&
                 group.col_offset == 0 && group.width_total() == product_cols;
-  for (int m = 0; m < group.num_modules; ++m) widths = widths && group.width[static_cast<size_t>(m)] % 8 == 0;
+  // The fused expand gives each 64-row half of a tile one module (skinny_gemm.h).
+  for (int m = 0; m < group.num_modules; ++m) {
+    widths = widths && group.width[static_cast<size_t>(m)] % kSkinnyLoraWidthMultiple == 0;
+  }
   if (!widths || group.slots == nullptr || group.num_slots > kSkinnyLoraMaxSlots ||
       batch.lora_slots.data == nullptr ||
       batch.lora_slots.numel() != T || T <= 0 ||
@@ -593,6 +597,16 @@ size_t CudaBackend::lora_packed_a_bytes(int64_t rows, int64_t in) const {
 
 void CudaBackend::pack_lora_a(const void* a, int64_t rows, int64_t in, void* packed) {
   cuda::pack_lora_a(a, rows, in, packed, as_stream(stream_));
+}
+
+size_t CudaBackend::lora_packed_b_bytes(int32_t rank, int64_t width_total, bool paired) const {
+  return cuda::lora_packed_b_bytes(rank, width_total, paired ? width_total / 2 : 0);
+}
+
+void CudaBackend::pack_lora_b(const void* bt, int32_t rank, int64_t width_total, bool paired,
+                              void* packed) {
+  cuda::pack_lora_b(bt, rank, width_total, paired ? width_total / 2 : 0, packed,
+                    as_stream(stream_));
 }
 
 void CudaBackend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up,

@@ -344,6 +344,7 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
   struct Block {
     int64_t a = -1, bt = -1;  // element offsets; -1: not targeted
     int64_t packed = -1;      // element offset of A as the backend streams it; -1: none
+    int64_t packed_b = -1;    // element offset of B as the backend's products read it
   };
   std::vector<std::array<Block, kNumLoraGroups>> blocks(layers_.size());
   std::vector<LoraImageBlock> image_blocks;  // the same blocks, for write_lora_image
@@ -372,9 +373,9 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
       image_blocks.push_back(image_block);
     }
   }
-  // After the image (never uploaded: made on the device from the uploaded A), each
-  // block's A as the backend's fused products stream it, where the backend has such a
-  // layout.
+  // After the image (never uploaded: made on the device from the uploaded A and Bᵀ), each
+  // block's A and B as the backend's fused products read them, where the backend has such
+  // layouts.
   const int64_t image_total = total;
   for (size_t l = 0; l < layers_.size(); ++l) {
     for (int g = 0; g < kNumLoraGroups; ++g) {
@@ -382,9 +383,13 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
       const LoraGroup group = lora_group(l, g);
       const size_t packed = backend_.lora_packed_a_bytes(group.num_modules * r, group.in);
       if (packed == 0) continue;
+      const size_t packed_b = backend_.lora_packed_b_bytes(static_cast<int32_t>(r),
+                                                           group.width_total(), g == kLoraGateUp);
       const int64_t elem = static_cast<int64_t>(dtype_size(backend_.weight_dtype()));
       blocks[l][g].packed = total;
       total += lora_align((static_cast<int64_t>(packed) + elem - 1) / elem);
+      blocks[l][g].packed_b = total;
+      total += lora_align((static_cast<int64_t>(packed_b) + elem - 1) / elem);
     }
   }
   // The image in the weight dtype, written once by write_lora_image (no zero-fill first):
@@ -448,8 +453,8 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
     backend_.synchronize();
     times.upload_seconds += seconds_since(t3);
   }
-  // The packed copies of A, made from the image's A on the backend (in stream order; the
-  // wait below covers them), wherever the image was written.
+  // The packed copies of A and B, made from the image's A and Bᵀ on the backend (in stream
+  // order; the wait below covers them), wherever the image was written.
   char* packed_base = static_cast<char*>(fresh.storage.get());
   const auto elem_bytes = static_cast<int64_t>(elem_size);
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -458,6 +463,9 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
       const LoraGroup group = lora_group(l, g);
       backend_.pack_lora_a(packed_base + blocks[l][g].a * elem_bytes, group.num_modules * r,
                            group.in, packed_base + blocks[l][g].packed * elem_bytes);
+      backend_.pack_lora_b(packed_base + blocks[l][g].bt * elem_bytes, static_cast<int32_t>(r),
+                           group.width_total(), g == kLoraGateUp,
+                           packed_base + blocks[l][g].packed_b * elem_bytes);
     }
   }
   fresh.loaded = true;
@@ -472,7 +480,10 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
       if (blocks[l][g].a < 0) continue;
       e.a = base + blocks[l][g].a * elem_bytes;
       e.bt = base + blocks[l][g].bt * elem_bytes;
-      if (blocks[l][g].packed >= 0) e.a_packed = base + blocks[l][g].packed * elem_bytes;
+      if (blocks[l][g].packed >= 0) {
+        e.a_packed = base + blocks[l][g].packed * elem_bytes;
+        e.b_packed = base + blocks[l][g].packed_b * elem_bytes;
+      }
       e.rank = static_cast<int32_t>(r);
       e.scale = adapter.config.scale();
     }

@@ -20,6 +20,7 @@ struct LoraSlotRef {
   int32_t rank;    // 1..64
   float scale;
   const void* a_packed;  // A as pack_lora_a (skinny_gemm.h) wrote it, or null
+  const void* b_packed;  // B as pack_lora_b (skinny_gemm.h) wrote it; set with a_packed
 };
 
 /// One group's LoRA for a step of `rows` token rows (all bf16, float32 arithmetic).

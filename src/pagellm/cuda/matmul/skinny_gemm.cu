@@ -124,10 +124,11 @@ struct LoraParams {
   int mode = kLoraNone;
   int tiles = 0;           // grid.x entries before the row tiles that are LoRA tiles
   int tiles_per_slot = 0;  // ceil(modules · max_rank / 128)
-  int max_rank = 0;        // the largest rank a slot may hold (Bᵀ staging)
+  int max_rank = 0;        // the largest rank a slot may hold (sizes the expand's batches)
   int modules = 0;
   int width[3] = {0, 0, 0};
-  int width_total = 0;     // Bᵀ's row stride
+  int width_total = 0;     // the group's columns
+  int row_tiles = 0;       // the product's row tiles (a packed B holds one block each)
   unsigned shrink_clusters = 0;  // kLoraFused: clusters the expand waits for
   int num_slots = 0;       // entries of slots (slot 0 unused)
 };
@@ -237,20 +238,10 @@ __device__ __forceinline__ float bf16_round(float v) {
   return __bfloat162float(__float2bfloat16_rn(v));
 }
 
-/// `with_lora`: `lora` is the row's LoRA delta for the lane's columns, already scaled; it is
-/// added to the bf16-rounded product and rounded again, as lora_add would on the written
-/// product.
+/// With LoRA, `sum` already holds the row's delta (the expand runs into the accumulators).
 __device__ __forceinline__ void qk_finish_row(const QkNormRopeArgs& e, int head, int token,
-                                              float4 sum, const QkLane& c, int lane,
-                                              bool with_lora = false,
-                                              float4 lora = make_float4(0.f, 0.f, 0.f, 0.f)) {
+                                              float4 sum, const QkLane& c, int lane) {
   float v[4] = {bf16_round(sum.x), bf16_round(sum.y), bf16_round(sum.z), bf16_round(sum.w)};
-  if (with_lora) {
-    v[0] = bf16_round(v[0] + lora.x);
-    v[1] = bf16_round(v[1] + lora.y);
-    v[2] = bf16_round(v[2] + lora.z);
-    v[3] = bf16_round(v[3] + lora.w);
-  }
   if (head < e.num_q_heads + e.num_kv_heads) {  // q and k heads; v heads are stored as is
     float sum_sq = v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];
     for (int offset = 16; offset > 0; offset >>= 1) {
@@ -282,17 +273,31 @@ __device__ __forceinline__ void qk_finish_row(const QkNormRopeArgs& e, int head,
 
 // ---- LoRA inside the product (SkinnyLora) ----------------------------------------------------
 //
-// A LoRA tile is a CTA cluster like a row tile, streaming instead of 128 weight rows up to
-// 128 rows of one adapter slot's stacked A (the group's modules · rank rows, packed by
-// pack_lora_a in 64-row halves) through the same pipeline against the same x tile, and
-// writing the finished sums s = x · Aᵀ (float32) of the tokens that use that slot. The row
-// tiles then add scale · s · Bᵀ to their columns in the epilogue, before rounding or what
-// the epilogue fuses (norm + RoPE, SiLU). In one launch (kLoraFused) the LoRA tiles come
-// first in the grid and signal a counter; a row tile waits on it only after its own main
-// loop, and only if one of its tokens has an adapter. The launcher uses one launch only
-// when the whole grid fits on the GPU at once (so a waiting CTA can never keep a LoRA tile
-// from running), and otherwise a shrink-only launch followed by an expand-only one: the
-// same arithmetic, so the same bits.
+// The shrink. A LoRA tile is a CTA cluster like a row tile, streaming instead of 128 weight
+// rows up to 128 rows of one adapter slot's stacked A (the group's modules · rank rows,
+// packed by pack_lora_a in 64-row halves) through the same pipeline against the same x tile,
+// and writing the finished sums s = x · Aᵀ (float32) of the tokens that use that slot. In
+// one launch (kLoraFused) the LoRA tiles come first in the grid and signal a counter; a row
+// tile waits on it only after its own main loop, and only if one of its tokens has an
+// adapter. The launcher uses one launch only when the whole grid fits on the GPU at once (so
+// a waiting CTA can never keep a LoRA tile from running), and otherwise a shrink-only launch
+// followed by an expand-only one: the same arithmetic, so the same bits.
+//
+// The expand, with the tensor cores. After its main loop a row tile with adapter tokens
+// runs a few more wgmma k-steps into the same accumulators: for each slot q its tokens use,
+// A = slot q's B rows of the tile (packed by pack_lora_b: per 32 ranks a [128 rows][32]
+// block, 64-byte swizzle, one bulk copy) and B = an [tokens][32] tile of bf16(scale_q · s)
+// with zeros for every token of another slot (and past the rank), built in shared memory
+// from the float32 sums. A token's delta is thus added before the one rounding to bf16, and
+// the other slots' steps add exact zeros to it. Each 64-row half of a tile (a warpgroup)
+// belongs to one module (widths are multiples of 64), whose sums it multiplies. In a split-K
+// cluster, slot q's steps run in the CTA of rank q mod splits: which CTA adds a token's
+// delta, and so the order of the cluster's sum, depends on its slot alone, never on which
+// other slots share the tile.
+
+/// Bytes of one 32-rank block of a packed B for a row tile: 128 rows of 64 bytes.
+constexpr int kLoraBBlockBytes = kRows * 64;  // 8 KiB
+constexpr int kLoraRankBlock = 32;            // ranks per block (a 64-byte row)
 
 /// Half (64 rows) h of chunk c of a packed A with `halves` halves: 8 KiB at (c · halves + h).
 constexpr int kLoraHalfBytes = kHalf * kRowBytes;  // 8 KiB
@@ -304,24 +309,11 @@ __device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
   return v;
 }
 
-/// 16 bytes global -> shared without the register file (zeros when !valid).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
 /// Starts bringing `bytes` (a multiple of 16) from 16-byte aligned global `p` into L2.
 __device__ __forceinline__ void bulk_prefetch_l2(const void* p, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-}
-
-/// The module a column of the group belongs to (Bᵀ's columns are the group's columns).
+/// The module a column of the group belongs to.
 __device__ __forceinline__ int lora_module_of(const LoraParams& l, int col) {
   return col < l.width[0] ? 0 : (col < l.width[0] + l.width[1] ? 1 : 2);
 }
@@ -410,17 +402,18 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       }
       return;
     }
-    // The slot's whole Bᵀ (every row tile's columns) starts into L2 now, next to the weight
-    // stream, so that the row tiles' copies after their main loops find it there: 16 KiB a
-    // request, spread over warp 0 of the cluster's CTAs (of the first LoRA tile of the slot
-    // and the first token tile).
+    // The slot's whole packed B (every row tile's block) starts into L2 now, next to the
+    // weight stream, so that the row tiles' copies after their main loops find it there:
+    // 16 KiB a request, spread over warp 0 of the cluster's CTAs (of the first LoRA tile of
+    // the slot and the first token tile).
     if (lora_h0 == 0 && blockIdx.z == 0 && tid < 32) {
       constexpr uint32_t kPiece = 16384;
-      const uint32_t bytes = static_cast<uint32_t>(f.rank) * lora.width_total * 2;
-      const char* bt = static_cast<const char*>(f.bt);
+      const uint32_t bytes = static_cast<uint32_t>(lora.row_tiles) *
+                             ((f.rank + kLoraRankBlock - 1) / kLoraRankBlock) * kLoraBBlockBytes;
+      const char* b_packed = static_cast<const char*>(f.b_packed);
       for (uint32_t off = (static_cast<uint32_t>(split) * 32 + tid) * kPiece; off < bytes;
            off += static_cast<uint32_t>(p.splits) * 32 * kPiece) {
-        bulk_prefetch_l2(bt + off, min(kPiece, bytes - off));
+        bulk_prefetch_l2(b_packed + off, min(kPiece, bytes - off));
       }
     }
   }
@@ -432,8 +425,11 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       : static_cast<uint32_t>(kStageBytes);
   const bool wg_active = !lora_tile || wg < lora_halves;
 
+  // The expand's B copies (row tiles with LoRA) complete on their own barrier.
+  __shared__ __align__(8) uint64_t lora_bar;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) mbar_init(smem_addr(&full_bar[s]), 1);
+    if constexpr (kLora) mbar_init(smem_addr(&lora_bar), 1);
     mbar_init_fence();
   }
   __syncthreads();
@@ -479,9 +475,9 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       kLora && !lora_tile && (lora.mode == kLoraFused || lora.mode == kLoraExpand);
   __shared__ int lora_token_slot[kTokens];  // each token's slot, 0: none
   __shared__ unsigned long long lora_mask;  // bit q: a token uses slot q
-  // What the expand needs of each slot q (written after the main loop): Bᵀ, the rank (0:
-  // the slot's adapter does not target this group) and the scale.
-  __shared__ const __nv_bfloat16* lora_q_bt[kSkinnyLoraMaxSlots];
+  // What the expand needs of each slot q (written after the main loop): its packed B, the
+  // rank (0: the slot's adapter does not target this group) and the scale.
+  __shared__ const uint8_t* lora_q_b[kSkinnyLoraMaxSlots];
   __shared__ int lora_q_rank[kSkinnyLoraMaxSlots];
   __shared__ float lora_q_scale[kSkinnyLoraMaxSlots];
   int my_row_slot = 0;
@@ -489,7 +485,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   // (the slot table changes only between steps).
   const int my_q = tid - 128;
   const bool loads_slot = expand && my_q >= 1 && my_q < lora.num_slots;
-  const __nv_bfloat16* my_q_bt = nullptr;
+  const uint8_t* my_q_b = nullptr;
   int my_q_rank = 0;
   float my_q_scale = 0.0f;
   if (expand) {
@@ -497,7 +493,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     if (tid >= 64 && tid < 64 + valid_tokens) my_row_slot = __ldg(lora.row_slots + m0 + tid - 64);
     if (loads_slot) {
       const LoraSlotRef& f = lora.slots[my_q];
-      my_q_bt = static_cast<const __nv_bfloat16*>(f.bt);
+      my_q_b = static_cast<const uint8_t*>(f.b_packed);
       my_q_rank = f.a == nullptr ? 0 : f.rank;
       my_q_scale = f.scale;
     }
@@ -537,81 +533,140 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   // The weights are streamed: the next kernel may start its own prologue.
   pdl_launch_dependents();
 
-  // LoRA row tiles with adapter rows keep, after the parked tile in shared memory: the
-  // scaled deltas of the tile's 128 LoRA columns (plain and qkv: the tile's columns; gated:
-  // its 64 gate columns, then its 64 up columns) for each token, the tokens' shrink sums s
-  // (up to 32 tokens; more read them from L2), and Bᵀ's rows for those columns of as many of
-  // the tile's adapter slots as fit (the rest in further batches).
-  constexpr int kDeltaFloats = kTokens * kRows;
-  constexpr bool kSmemS = kTokens <= 32;
-  constexpr int kSFloats = kSmemS ? kTokens * 3 * kHalf : 0;
-  constexpr int kBtOffsetFloats = kTokens * kPartialStride + kDeltaFloats + kSFloats;
-  constexpr int kBtBytes = smem_bytes(kTokens) - kSmemAlign - kBtOffsetFloats * 4;
-  static_assert(kBtBytes >= kHalf * kRows * 2, "Bᵀ of one slot of rank 64 fits");
-  float* const delta_sm = reinterpret_cast<float*>(smem) + kTokens * kPartialStride;
-  float* const s_sm = delta_sm + kDeltaFloats;
-  __nv_bfloat16* const bt_sm = reinterpret_cast<__nv_bfloat16*>(
-      reinterpret_cast<float*>(smem) + kBtOffsetFloats);
-  const int bt_slot_elems = lora.max_rank * kRows;
-  const int slots_per_batch = expand ? kBtBytes / (bt_slot_elems * 2) : 0;
-  // The slot of the e-th set bit of the tile's mask; a token's index among the set bits
-  // (-1: no adapter slot).
-  auto list_slot = [&](int e) {
-    unsigned long long m = lora_mask;
-    for (int i = 0; i < e; ++i) m &= m - 1;
-    return __ffsll(static_cast<long long>(m)) - 1;
-  };
-  auto token_entry = [&](int m_local) {
-    const int q = lora_token_slot[m_local];
-    return q > 0 ? __popcll(lora_mask & ((1ull << q) - 1)) : -1;
-  };
-  // The group column of the tile's LoRA column c, or -1 past the product.
-  auto group_col = [&](int c) {
-    if constexpr (kGated) {
-      const int i = tile * kHalf + (c & (kHalf - 1));
-      return i < p.inter ? (c < kHalf ? i : p.inter + i) : -1;
-    } else {
-      const int n = tile * kRows + c;
-      return n < lora.width_total ? n : -1;
-    }
-  };
-  // Copies Bᵀ rows i < rank of the mask's slots [b0, b0 + nb) for the tile's LoRA
-  // columns into bt_sm, 16 bytes a copy (zeros past the product), without waiting.
-  auto stage_bt = [&](int b0, int nb) {
-    for (int b = 0; b < nb; ++b) {
-      const int q = list_slot(b0 + b);
-      const int rank_q = lora_q_rank[q];  // 0: no adapter for this group (zero deltas)
-      const __nv_bfloat16* bt = lora_q_bt[q];
-      for (int idx = tid; idx < rank_q * (kRows / 8); idx += kThreads) {
-        const int i = idx / (kRows / 8), c = (idx % (kRows / 8)) * 8;
-        const int gc = group_col(c);
-        const __nv_bfloat16* src = gc >= 0 ? bt + static_cast<size_t>(i) * lora.width_total + gc : bt;
-        cp_async16(smem_addr(bt_sm + static_cast<size_t>(b) * bt_slot_elems + i * kRows + c), src,
-                   gc >= 0);
-      }
-    }
-    cp_async_commit();
-  };
-  // The tile's slots as a mask (shared-memory atomics, a thread a token), then each
-  // token's index among the mask's set bits: no serial scan.
-  bool lora_rows_here = false;
-  int lora_list_size = 0;
+  // The expand (see "LoRA inside the product"): this CTA's slots are those of the tile's
+  // tokens whose adapter targets the group and whose number is its rank mod splits.
+  const int s_stride = lora.modules * kHalf;
   if (expand) {
     if (tid >= 64 && tid < 64 + kTokens) {
       lora_token_slot[tid - 64] = my_row_slot;
       if (my_row_slot > 0) atomicOr(&lora_mask, 1ull << my_row_slot);
     }
     if (loads_slot) {
-      lora_q_bt[my_q] = my_q_bt;
+      lora_q_b[my_q] = my_q_b;
       lora_q_rank[my_q] = my_q_rank;
       lora_q_scale[my_q] = my_q_scale;
     }
     __syncthreads();
-    lora_list_size = __popcll(lora_mask);
-    lora_rows_here = lora_list_size > 0;
-    // The first batch's Bᵀ (weights) is copied while the tile is reduced and the shrink
-    // finishes.
-    if (lora_rows_here) stage_bt(0, min(slots_per_batch, lora_list_size));
+    unsigned long long mine = 0;
+    for (unsigned long long m = lora_mask; m != 0; m &= m - 1) {
+      const int q = __ffsll(static_cast<long long>(m)) - 1;
+      if (q % p.splits == split && lora_q_rank[q] > 0) mine |= 1ull << q;
+    }
+    if (mine != 0) {
+      // Shared memory from the pipeline's start (free now: every stage was consumed):
+      // per slot of a batch its B blocks, then per slot its two [kTokens][32] sum tiles
+      // (one per warpgroup) per block of 32 ranks.
+      constexpr int kRegionBytes = kStages * kStageBytes;
+      constexpr int kSTileBytes = kTokens * 64;
+      const int blocks_max = (lora.max_rank + kLoraRankBlock - 1) / kLoraRankBlock;
+      const int slot_b_bytes = blocks_max * kLoraBBlockBytes;
+      const int slot_s_bytes = 2 * blocks_max * kSTileBytes;
+      const int per_batch = kRegionBytes / (slot_b_bytes + slot_s_bytes);
+      const int list_size = __popcll(mine);
+      const uint32_t s_region = base + per_batch * slot_b_bytes;
+      // The module whose sums warpgroup half h multiplies (-1: the half is past the group).
+      auto half_module = [&](int h) {
+        if constexpr (kGated) {
+          return h;
+        } else {
+          const int col = tile * kRows + h * kHalf;
+          return col < lora.width_total ? lora_module_of(lora, col) : -1;
+        }
+      };
+      // The slot of the e-th set bit of `mine`.
+      auto mine_slot = [&](int e) {
+        unsigned long long m = mine;
+        for (int i = 0; i < e; ++i) m &= m - 1;
+        return __ffsll(static_cast<long long>(m)) - 1;
+      };
+      uint32_t phase = 0;
+      for (int b0 = 0; b0 < list_size; b0 += per_batch) {
+        const int nb = min(per_batch, list_size - b0);
+        if (tid == 0) {
+          // The batch's B blocks (model weights): one bulk copy a slot.
+          uint32_t bytes = 0;
+          for (int b = 0; b < nb; ++b) {
+            const int q = mine_slot(b0 + b);
+            bytes += ((lora_q_rank[q] + kLoraRankBlock - 1) / kLoraRankBlock) * kLoraBBlockBytes;
+          }
+          mbar_arrive_expect_tx(smem_addr(&lora_bar), bytes);
+          for (int b = 0; b < nb; ++b) {
+            const int q = mine_slot(b0 + b);
+            const uint32_t slot_bytes =
+                ((lora_q_rank[q] + kLoraRankBlock - 1) / kLoraRankBlock) * kLoraBBlockBytes;
+            bulk_load_hint(base + b * slot_b_bytes,
+                           lora_q_b[q] + static_cast<size_t>(tile) * slot_bytes, slot_bytes,
+                           smem_addr(&lora_bar), policy);
+          }
+          if (b0 == 0 && lora.mode == kLoraFused) {
+            // One launch: wait for every LoRA tile's sums.
+            uint32_t spins = 0;
+            while (ld_acquire_gpu(lora.counters) < lora.shrink_clusters) {
+              __nanosleep(32);
+              // A launch that fits the GPU cannot wait this long (seconds): fail loudly
+              // rather than hang the stream.
+              if (++spins == (1u << 25)) __trap();
+            }
+          }
+        }
+        __syncthreads();  // the sums are complete (and the previous batch's tiles read)
+        // The sum tiles: 16 bytes (8 ranks of one token) a thread at a time, bf16(scale · s)
+        // for the tokens of the slot, zeros for the others and past the rank.
+        const int units = nb * 2 * blocks_max * kTokens * 4;
+        for (int idx = tid; idx < units; idx += kThreads) {
+          const int u = idx & 3;
+          const int m_local = (idx >> 2) % kTokens;
+          const int rest = (idx >> 2) / kTokens;  // ((b · 2) + h) · blocks_max + kb
+          const int kb = rest % blocks_max, h = (rest / blocks_max) & 1, b = rest / blocks_max / 2;
+          const int q = mine_slot(b0 + b);
+          const int i0 = kb * kLoraRankBlock + u * 8;
+          const int module = half_module(h);
+          uint4 packed = make_uint4(0, 0, 0, 0);
+          if (module >= 0 && lora_token_slot[m_local] == q && i0 < lora_q_rank[q]) {
+            const float* src = lora.s + static_cast<size_t>(m0 + m_local) * s_stride +
+                               module * kHalf + i0;
+            const float4 lo = __ldcg(reinterpret_cast<const float4*>(src));
+            const float4 hi = __ldcg(reinterpret_cast<const float4*>(src) + 1);
+            const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            const float scale = lora_q_scale[q];
+            uint32_t w[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const float a = i0 + 2 * j < lora_q_rank[q] ? scale * v[2 * j] : 0.0f;
+              const float c = i0 + 2 * j + 1 < lora_q_rank[q] ? scale * v[2 * j + 1] : 0.0f;
+              const __nv_bfloat162 pair = __floats2bfloat162_rn(a, c);
+              w[j] = *reinterpret_cast<const uint32_t*>(&pair);
+            }
+            packed = make_uint4(w[0], w[1], w[2], w[3]);
+          }
+          const int offset = ((b * 2 + h) * blocks_max + kb) * kSTileBytes + m_local * 64 +
+                             ((u ^ ((m_local >> 1) & 3)) * 16);
+          *reinterpret_cast<uint4*>(smem + (s_region - base) + offset) = packed;
+        }
+        fence_proxy_async_smem();  // the tiles are read by wgmma (the async proxy)
+        __syncthreads();
+        mbar_wait(smem_addr(&lora_bar), phase);
+        phase ^= 1;
+        wgmma_fence();
+        for (int b = 0; b < nb; ++b) {
+          const int q = mine_slot(b0 + b);
+          const int blocks = (lora_q_rank[q] + kLoraRankBlock - 1) / kLoraRankBlock;
+          for (int kb = 0; kb < blocks; ++kb) {
+            const uint32_t a_tile = base + b * slot_b_bytes + kb * kLoraBBlockBytes +
+                                    wg * (kLoraBBlockBytes / 2);
+            const uint32_t s_tile = s_region + ((b * 2 + wg) * blocks_max + kb) * kSTileBytes;
+#pragma unroll
+            for (int st = 0; st < kLoraRankBlock / 16; ++st) {
+              wgmma_tile<kTokens>(acc, wgmma_desc_sw64(a_tile + st * 32),
+                                  wgmma_desc_sw64(s_tile + st * 32));
+            }
+          }
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        __syncthreads();  // both warpgroups are done with the tiles
+      }
+    }
   }
 
   // Accumulator i of a thread: token n = 8 (i / 4) + 2t + i % 2, weight row
@@ -689,127 +744,12 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     }
     return;
   }
-  const int s_stride = lora.modules * kHalf;
-  if (lora_rows_here) {
-    if (fused) {
-      // One launch: wait for every LoRA tile's sums.
-      if (tid == 0) {
-        uint32_t spins = 0;
-        while (ld_acquire_gpu(lora.counters) < lora.shrink_clusters) {
-          __nanosleep(32);
-          // A launch that fits the GPU cannot wait this long (seconds): fail loudly
-          // rather than hang the stream.
-          if (++spins == (1u << 25)) __trap();
-        }
-      }
-      __syncthreads();
-    }
-    if constexpr (kSmemS) {
-      // The sums of the tokens with an adapter, copied from L2 in one round (cp.async:
-      // every copy in flight at once; the Bᵀ wait below covers them).
-      const int vecs = s_stride / 4;
-      for (int idx = tid; idx < valid_tokens * vecs; idx += kThreads) {
-        const int m_local = idx / vecs, v = idx % vecs;
-        if (lora_token_slot[m_local] <= 0) continue;
-        cp_async16(smem_addr(s_sm + m_local * 3 * kHalf + 4 * v),
-                   lora.s + static_cast<size_t>(m0 + m_local) * s_stride + 4 * v, true);
-      }
-      cp_async_commit();
-    }
-    // Delta of the 4 LoRA columns c0.. of row m_local, whose slot's Bᵀ is at b of the batch.
-    auto delta_at = [&](int m_local, int c0, int b) {
-      const int gc = group_col(c0);
-      if (gc < 0) return;
-      const int q = lora_token_slot[m_local];
-      const int rank_q = lora_q_rank[q];
-      float* dst = delta_sm + m_local * kRows + c0;
-      if (rank_q == 0) {  // the slot's adapter does not target this group
-#pragma unroll
-        for (int j = 0; j < 4; ++j) dst[j] = 0.0f;
-        return;
-      }
-      const int m = lora_module_of(lora, gc);
-      const __nv_bfloat16* bt = bt_sm + static_cast<size_t>(b) * bt_slot_elems + c0;
-      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int i0 = 0; i0 < rank_q; i0 += 32) {
-        float sv[32];
-        if constexpr (kSmemS) {
-          const float* s_row = s_sm + m_local * 3 * kHalf + m * kHalf + i0;
-#pragma unroll
-          for (int k = 0; k < 8; ++k) {
-            const float4 v = reinterpret_cast<const float4*>(s_row)[k];
-            sv[4 * k] = v.x, sv[4 * k + 1] = v.y, sv[4 * k + 2] = v.z, sv[4 * k + 3] = v.w;
-          }
-        } else {
-          const float* s_row = lora.s + static_cast<size_t>(m0 + m_local) * s_stride + m * kHalf + i0;
-#pragma unroll
-          for (int k = 0; k < 8; ++k) {
-            const float4 v = __ldcg(reinterpret_cast<const float4*>(s_row) + k);
-            sv[4 * k] = v.x, sv[4 * k + 1] = v.y, sv[4 * k + 2] = v.z, sv[4 * k + 3] = v.w;
-          }
-        }
-#pragma unroll
-        for (int k = 0; k < 32; ++k) {
-          if (i0 + k < rank_q) {
-            const uint2 raw = *reinterpret_cast<const uint2*>(bt + (i0 + k) * kRows);
-            const __nv_bfloat162 lo2 = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
-            const __nv_bfloat162 hi2 = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
-            d[0] = fmaf(sv[k], __low2float(lo2), d[0]);
-            d[1] = fmaf(sv[k], __high2float(lo2), d[1]);
-            d[2] = fmaf(sv[k], __low2float(hi2), d[2]);
-            d[3] = fmaf(sv[k], __high2float(hi2), d[3]);
-          }
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) dst[j] = lora_q_scale[q] * d[j];
-    };
-    for (int b0 = 0; b0 < lora_list_size; b0 += slots_per_batch) {
-      const int nb = min(slots_per_batch, lora_list_size - b0);
-      if (b0 > 0) stage_bt(b0, nb);
-      cp_async_wait_all();
-      __syncthreads();  // Bᵀ and s are in shared memory
-      auto in_batch = [&](int m_local) {
-        const int e = token_entry(m_local);
-        return e >= b0 && e < b0 + nb ? e - b0 : -1;
-      };
-      if constexpr (kEpi == Epi::kQkNormRope) {
-        const RankShare rows = rank_share(rank, valid_tokens, splits);
-        for (int item = rows.lo * (kRows / 4) + tid; item < rows.hi * (kRows / 4);
-             item += kThreads) {
-          const int m_local = item / (kRows / 4), b = in_batch(m_local);
-          if (b >= 0) delta_at(m_local, (item % (kRows / 4)) * 4, b);
-        }
-      } else {
-        constexpr int kGroupsPerToken = (kGated ? kHalf : kRows) / 4;
-        const RankShare share = rank_share(rank, valid_tokens * kGroupsPerToken, splits);
-        for (int grp = share.lo + tid; grp < share.hi; grp += kThreads) {
-          const int m_local = grp / kGroupsPerToken, c0 = (grp % kGroupsPerToken) * 4;
-          const int b = in_batch(m_local);
-          if (b < 0) continue;
-          delta_at(m_local, c0, b);
-          if constexpr (kGated) delta_at(m_local, kHalf + c0, b);
-        }
-      }
-      // The next batch's Bᵀ overwrites this one's. After the last batch only the qkv
-      // epilogue needs a barrier: the others read each delta in the thread that wrote it
-      // (the same rank_share and the same groups a thread).
-      if (kEpi == Epi::kQkNormRope || b0 + nb < lora_list_size) __syncthreads();
-    }
-  }
-  // Whether row m_local of the tile gets a delta (delta_sm holds it).
-  auto has_delta = [&](int m_local) { return lora_rows_here && lora_token_slot[m_local] > 0; };
   if constexpr (kEpi == Epi::kQkNormRope) {
     // The cluster's CTAs share the tile's token rows (rank_share), a warp a row.
     const RankShare rows = rank_share(rank, valid_tokens, splits);
     for (int m_local = rows.lo + (tid >> 5); m_local < rows.hi; m_local += kThreads / 32) {
       const float4 sum = cluster_sum4(m_local * kPartialStride + 4 * lane);
-      if (has_delta(m_local)) {
-        const float4 d = *reinterpret_cast<const float4*>(delta_sm + m_local * kRows + 4 * lane);
-        qk_finish_row(p.qk, tile, m0 + m_local, sum, qk_lane, lane, true, d);
-      } else {
-        qk_finish_row(p.qk, tile, m0 + m_local, sum, qk_lane, lane);
-      }
+      qk_finish_row(p.qk, tile, m0 + m_local, sum, qk_lane, lane);
     }
     if (splits > 1) cluster.sync();
     if (fused && tid == 0 && rank == 0) lora_cluster_finished(lora);
@@ -825,18 +765,10 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       // Rounded to bf16 before the activation, as the unfused matmul + silu_mul would.
       const float4 gate = cluster_sum4(m_local * kPartialStride + c0);
       const float4 up = cluster_sum4(m_local * kPartialStride + kHalf + c0);
-      float g4[4] = {bf16_round(gate.x), bf16_round(gate.y), bf16_round(gate.z), bf16_round(gate.w)};
-      float u4[4] = {bf16_round(up.x), bf16_round(up.y), bf16_round(up.z), bf16_round(up.w)};
+      const float g4[4] = {bf16_round(gate.x), bf16_round(gate.y), bf16_round(gate.z),
+                           bf16_round(gate.w)};
+      const float u4[4] = {bf16_round(up.x), bf16_round(up.y), bf16_round(up.z), bf16_round(up.w)};
       const int i0 = tile * kHalf + c0;
-      if (has_delta(m_local) && i0 < p.inter) {
-        // The tile's LoRA columns: its gate columns, then its up columns.
-        const float* dg = delta_sm + m_local * kRows + c0;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          g4[c] = bf16_round(g4[c] + dg[c]);
-          u4[c] = bf16_round(u4[c] + dg[kHalf + c]);
-        }
-      }
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         if (i0 + c >= p.inter) break;
@@ -846,13 +778,8 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       }
     } else {
       const float4 sum = cluster_sum4(m_local * kPartialStride + c0);
-      float v4[4] = {sum.x, sum.y, sum.z, sum.w};
+      const float v4[4] = {sum.x, sum.y, sum.z, sum.w};
       const int n0 = tile * kRows + c0;
-      if (has_delta(m_local) && n0 < p.N) {
-        const float* d = delta_sm + m_local * kRows + c0;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) v4[c] = bf16_round(v4[c]) + d[c];
-      }
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         if (n0 + c >= p.N) break;
@@ -910,6 +837,34 @@ __global__ void pack_lora_kernel(const __nv_bfloat16* __restrict__ a, int64_t ro
     uint4 v = make_uint4(0, 0, 0, 0);
     if (row < rows && k < in) v = *reinterpret_cast<const uint4*>(a + row * in + k);
     packed[half_block * kUnitsPerHalf + r * kUnitsPerRow + (u ^ (r % 8))] = v;
+  }
+}
+
+/// One 16-byte unit (8 ranks of one column) per thread of a packed B (lora_packed_b_bytes):
+/// unit u of row r of block kb of row tile t at ((t · blocks + kb) · 128 + r) · 4 +
+/// (u ^ ((r / 2) mod 4)); row r is the group column half_first_row(t, r / 64, inter) + r mod
+/// 64, read from Bᵀ [rank, width_total].
+__global__ void pack_lora_b_kernel(const __nv_bfloat16* __restrict__ bt, int rank,
+                                   int64_t width_total, int64_t inter, int blocks, int64_t units,
+                                   uint4* __restrict__ packed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < units;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int u = static_cast<int>(i % 4);
+    const int r = static_cast<int>((i / 4) % kRows);
+    const int64_t block = i / (4 * kRows);  // t · blocks + kb
+    const int kb = static_cast<int>(block % blocks);
+    const int64_t t = block / blocks;
+    const int64_t within = (inter > 0 ? t * kHalf : t * kRows + (r / kHalf) * kHalf) + r % kHalf;
+    const bool valid = inter > 0 ? within < inter : within < width_total;
+    const int64_t col = half_first_row(t, r / kHalf, inter) + r % kHalf;
+    __align__(16) __nv_bfloat16 v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int k = kb * kLoraRankBlock + u * 8 + j;
+      v[j] = valid && k < rank ? bt[static_cast<int64_t>(k) * width_total + col]
+                               : __float2bfloat16_rn(0.0f);
+    }
+    packed[block * (4 * kRows) + r * 4 + (u ^ ((r >> 1) & 3))] = *reinterpret_cast<const uint4*>(v);
   }
 }
 
@@ -1022,7 +977,8 @@ LoraParams lora_params(const SkinnyLora* lora, Epi epi, int64_t N, int64_t inter
   const int64_t group_cols = epi == Epi::kGated ? 2 * inter : N;
   bool widths_ok = lora->num_modules >= 1 && lora->num_modules <= 3;
   for (int m = 0; m < 3; ++m) {
-    widths_ok = widths_ok && lora->width[m] % 8 == 0 && lora->width[m] >= 0 &&
+    widths_ok = widths_ok && lora->width[m] % kSkinnyLoraWidthMultiple == 0 &&
+                lora->width[m] >= 0 &&
                 (m < lora->num_modules || lora->width[m] == 0);
   }
   PAGELLM_CHECK(epi != Epi::kF32 && widths_ok && width_total == group_cols && lora->slots &&
@@ -1031,7 +987,7 @@ LoraParams lora_params(const SkinnyLora* lora, Epi epi, int64_t N, int64_t inter
       << "skinny gemm: LoRA of " << lora->num_modules << " modules of widths " << lora->width[0]
       << ", " << lora->width[1] << ", " << lora->width[2] << " on a product of " << group_cols
       << " columns with " << lora->num_slots << " slots (needs 1..3 modules of widths a "
-         "multiple of 8 covering the product, at most " << kSkinnyLoraMaxSlots
+         "multiple of " << kSkinnyLoraWidthMultiple << " covering the product, at most " << kSkinnyLoraMaxSlots
       << " slots, a bf16 output, slot table, row slots and scratch)";
   l.slots = lora->slots;
   l.num_slots = lora->num_slots;
@@ -1045,6 +1001,8 @@ LoraParams lora_params(const SkinnyLora* lora, Epi epi, int64_t N, int64_t inter
       << "skinny gemm: LoRA max rank " << lora->max_rank << " outside 1.." << kHalf;
   l.max_rank = lora->max_rank;
   l.tiles_per_slot = (lora->num_modules * lora->max_rank + kRows - 1) / kRows;
+  l.row_tiles = static_cast<int>(epi == Epi::kGated ? (inter + kHalf - 1) / kHalf
+                                                    : (N + kRows - 1) / kRows);
   return l;
 }
 
@@ -1218,6 +1176,30 @@ void pack_lora_a(const void* a, int64_t rows, int64_t in, void* packed, cudaStre
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>((units + 255) / 256, 65535));
   pack_lora_kernel<<<grid, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(a), rows, in,
                                              halves, units, static_cast<uint4*>(packed));
+  PAGELLM_CUDA_CHECK(cudaGetLastError());
+}
+
+size_t lora_packed_b_bytes(int32_t rank, int64_t width_total, int64_t inter) {
+  const auto tiles = static_cast<size_t>(inter > 0 ? (inter + kHalf - 1) / kHalf
+                                                   : (width_total + kRows - 1) / kRows);
+  const auto blocks = static_cast<size_t>((rank + kLoraRankBlock - 1) / kLoraRankBlock);
+  return tiles * blocks * kLoraBBlockBytes;
+}
+
+void pack_lora_b(const void* bt, int32_t rank, int64_t width_total, int64_t inter, void* packed,
+                 cudaStream_t stream) {
+  PAGELLM_CHECK(rank >= 1 && width_total > 0 && (inter == 0 || width_total == 2 * inter) &&
+                reinterpret_cast<uintptr_t>(bt) % 16 == 0 &&
+                reinterpret_cast<uintptr_t>(packed) % 16 == 0)
+      << "pack_lora_b: Bᵀ [" << rank << ", " << width_total << "] with inter " << inter
+      << " (needs rank >= 1, width_total = 2 inter for a gated product, 16-byte aligned "
+         "buffers)";
+  const int blocks = (rank + kLoraRankBlock - 1) / kLoraRankBlock;
+  const int64_t units = static_cast<int64_t>(lora_packed_b_bytes(rank, width_total, inter) / 16);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>((units + 255) / 256, 65535));
+  pack_lora_b_kernel<<<grid, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(bt), rank,
+                                               width_total, inter, blocks, units,
+                                               static_cast<uint4*>(packed));
   PAGELLM_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -43,14 +43,16 @@ constexpr int kSkinnyAutoMaxSplits = 4;
 
 /// A LoRA group added inside a product (the `lora` argument of the launchers below;
 /// docs/design.md "LoRA"): for every token t whose slot q = row_slots[t] is not 0 and whose
-/// slots[q].a is set, the product's columns get scale · (x · Aᵀ) · Bᵀ of slot q's factors
-/// (A read from slots[q].a_packed, written by pack_lora_a) before they are rounded to bf16
-/// and before the fused epilogue (norm + RoPE, SiLU) reads them, exactly as the product
-/// followed by launch_lora_add's contract would. The group's modules cover the product's
-/// columns (gated: gate then up). The shrink runs as extra tiles of the same kernel; with
-/// `counters` and a grid that fits the GPU at once, in the same launch (the expand waits
-/// for it), otherwise as a launch before the product. Either way the same arithmetic: a
-/// token's bits depend on neither the batch nor the launch shape.
+/// slots[q].a is set, the product's columns get B · bf16(scale · (x · Aᵀ)) of slot q's
+/// factors (A read from slots[q].a_packed, B from slots[q].b_packed, written by pack_lora_a
+/// and pack_lora_b), summed with the tensor cores into the product's own float32
+/// accumulators, so before the one rounding to bf16 and before the fused epilogue (norm +
+/// RoPE, SiLU) reads them. The group's modules cover the product's columns (gated: gate then
+/// up), each module's width a multiple of kSkinnyLoraWidthMultiple. The shrink runs as extra
+/// tiles of the same kernel; with `counters` and a grid that fits the GPU at once, in the
+/// same launch (the expand waits for it), otherwise as a launch before the product. Either
+/// way the same arithmetic: a token's bits depend on neither the batch nor the launch
+/// shape.
 struct SkinnyLora {
   const LoraSlotRef* slots = nullptr;  // [num_slots] device memory (entry 0 unused)
   int32_t num_slots = 0;               // adapter slots + 1; <= 1: no LoRA
@@ -61,6 +63,10 @@ struct SkinnyLora {
   float* s = nullptr;                  // lora_skinny_s_floats(M, num_modules) floats of scratch
   uint32_t* counters = nullptr;        // [2] device zeros (left zero), or null: two launches
 };
+
+/// Module widths of a fused LoRA group are multiples of this: each 64-row half of a tile
+/// (one warpgroup's rows) then belongs to one module, whose shrink sums it multiplies.
+constexpr int64_t kSkinnyLoraWidthMultiple = 64;
 
 /// Most entries of SkinnyLora::slots (slot 0 and 63 adapter slots): a tile keeps its
 /// tokens' slots as a 64-bit mask.
@@ -78,6 +84,18 @@ size_t lora_packed_a_bytes(int64_t rows, int64_t in);
 /// Writes A [rows, in] (bf16, row-major, 16-byte aligned) into `packed`
 /// (lora_packed_a_bytes, 16-byte aligned) on `stream`.
 void pack_lora_a(const void* a, int64_t rows, int64_t in, void* packed, cudaStream_t stream);
+
+/// Bytes of a group's B packed for the fused expand: per row tile of the product (128
+/// columns; a gated product's tile is 64 gate and the 64 matching up columns, `inter` > 0),
+/// per 32 ranks, 128 rows of 32 bf16 in the 64-byte-swizzled layout wgmma reads (8 KiB),
+/// zeros past the rank and the columns.
+size_t lora_packed_b_bytes(int32_t rank, int64_t width_total, int64_t inter);
+
+/// Writes B from Bᵀ [rank, width_total] (bf16, row-major, 16-byte aligned) into `packed`
+/// (lora_packed_b_bytes, 16-byte aligned) on `stream`; `inter`: the gated product's I
+/// (width_total = 2 I), or 0.
+void pack_lora_b(const void* bt, int32_t rank, int64_t width_total, int64_t inter, void* packed,
+                 cudaStream_t stream);
 
 /// How one product is cut into CTAs: grid (row tiles, splits, token tiles), and a cluster
 /// of (1, splits, 1) CTAs that share one output tile and split its K range.

@@ -38,6 +38,15 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
          (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
 }
 
+/// Descriptor of a K-major operand in the 64-byte swizzle starting at shared address `addr`
+/// (512-byte aligned): rows of 64 bytes (32 bf16), 16-byte chunk c of row r stored at chunk
+/// c ^ ((r / 2) % 4), what a TMA box with CU_TENSOR_MAP_SWIZZLE_64B writes; stride byte
+/// offset 512 (next 8-row group), swizzle mode 64B. A k16 step is 32 bytes of each row.
+__device__ __forceinline__ uint64_t wgmma_desc_sw64(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{512 >> 4} << 32) | (uint64_t{2} << 62);
+}
+
 /// Orders this thread's register (accumulator / A fragment) writes before the next wgmma.
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
