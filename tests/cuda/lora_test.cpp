@@ -37,8 +37,9 @@ class LoraAddTest : public test::CudaOpTest {
     std::vector<int> rank;  // by slot; 0: empty
   };
   // `paired`: the group is a gated product's gate/up (pack_lora_b's layout).
+  // `max_rank`: the group's bound (LoraGroup::max_rank); slot ranks are drawn below it.
   Tables make_tables(int64_t in, const std::vector<int64_t>& widths, int num_slots,
-                     int64_t col_offset, bool paired = false) {
+                     int64_t col_offset, bool paired = false, int max_rank = 64) {
     Tables t;
     LoraGroup g;
     g.num_slots = num_slots;
@@ -46,12 +47,14 @@ class LoraAddTest : public test::CudaOpTest {
     g.in = in;
     for (size_t m = 0; m < widths.size(); ++m) g.width[m] = widths[m];
     g.col_offset = col_offset;
+    g.max_rank = max_rank;
     const int64_t W = g.width_total();
     std::vector<LoraSlotFactors> gtab(static_cast<size_t>(num_slots)), ctab(gtab.size());
     t.rank.assign(static_cast<size_t>(num_slots), 0);
     for (int q = 1; q < num_slots; ++q) {
       if (q == 2) continue;  // an empty slot that rows still name
-      const int r = std::vector<int>{1, 8, 32, 64, 16, 3}[static_cast<size_t>(uniform_int(0, 5))];
+      const int r = std::min(
+          max_rank, std::vector<int>{1, 8, 32, 64, 16, 3}[static_cast<size_t>(uniform_int(0, 5))]);
       t.rank[static_cast<size_t>(q)] = r;
       const int64_t M = g.num_modules;
       const std::vector<float> a = randn_bf16(static_cast<size_t>(M * r * in),
@@ -202,14 +205,17 @@ TEST_F(LoraAddTest, FusedProductsMatchProductPlusLoraAdd) {
   Tensor counters = alloc(gpu(), DType::I32, {2});
   const std::vector<int32_t> zeros = {0, 0};
   gpu().upload(counters, 0, zeros.data(), DType::I32, 2);
+  // max_rank 32: every slot's B is one block (more slots per batch); 64: up to two.
+  for (const int max_rank : {32, 64})
   for (const Shape& sh : shapes) {
     for (int64_t rows : {1, 5, 16, 32, 64}) {
       // 7 adapters of ranks up to 64 (and an empty slot): more than one batch of slots.
       const int num_slots = 9;
       int64_t W = 0;
       for (int64_t w : sh.widths) W += w;
-      const Tables tab = make_tables(sh.in, sh.widths, num_slots, 0, sh.gated);
-      std::string what = std::string(sh.gated ? "gated " : "") + "lora product in " +
+      const Tables tab = make_tables(sh.in, sh.widths, num_slots, 0, sh.gated, max_rank);
+      std::string what = "max rank " + std::to_string(max_rank) + ", " +
+                         std::string(sh.gated ? "gated " : "") + "lora product in " +
                          std::to_string(sh.in) + " width " + std::to_string(W) + " rows " +
                          std::to_string(rows) + " ranks";
       for (int r : tab.rank) what += " " + std::to_string(r);

@@ -647,7 +647,9 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
         __syncthreads();
         mbar_wait(smem_addr(&lora_bar), phase);
         phase ^= 1;
-        wgmma_fence();
+        // Each (slot, block) is its own fence .. wait group of fixed shape, with the
+        // accumulators pinned around it: with loops of run-time length inside one group,
+        // ptxas serialises every wgmma of the kernel, the main loop's too.
         for (int b = 0; b < nb; ++b) {
           const int q = mine_slot(b0 + b);
           const int blocks = (lora_q_rank[q] + kLoraRankBlock - 1) / kLoraRankBlock;
@@ -655,15 +657,18 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
             const uint32_t a_tile = base + b * slot_b_bytes + kb * kLoraBBlockBytes +
                                     wg * (kLoraBBlockBytes / 2);
             const uint32_t s_tile = s_region + ((b * 2 + wg) * blocks_max + kb) * kSTileBytes;
+            wgmma_fence_operands(acc);
+            wgmma_fence();
 #pragma unroll
             for (int st = 0; st < kLoraRankBlock / 16; ++st) {
               wgmma_tile<kTokens>(acc, wgmma_desc_sw64(a_tile + st * 32),
                                   wgmma_desc_sw64(s_tile + st * 32));
             }
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_fence_operands(acc);
           }
         }
-        wgmma_commit();
-        wgmma_wait<0>();
         __syncthreads();  // both warpgroups are done with the tiles
       }
     }
