@@ -4,6 +4,8 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <utility>
 
 #include "pagellm/model/lora_image.h"
@@ -15,31 +17,116 @@ std::string layer_name(int64_t i, const char* suffix) {
   return "model.layers." + std::to_string(i) + "." + suffix;
 }
 
+// The name under which tp_shard_lookup serves a rank's vocabulary rows of the output
+// projection (lm_head.weight, or the embedding of a tied model).
+constexpr const char* kTpLmHeadShard = "pagellm.tensor_parallel.lm_head_shard";
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// `lookup` narrowed to `shard`'s share of each tensor (TpShard's split): rows of a row-major
+// [rows, cols] tensor are served in place, columns are gathered into buffers the returned
+// lookup keeps. A tensor whose shape is not the config's comes back whole, so that the
+// caller's shape check names it.
+WeightLookup tp_shard_lookup(const WeightLookup& lookup, const Qwen3Config& c,
+                             const TpShard& shard) {
+  if (shard.size == 1) return lookup;
+  auto buffers = std::make_shared<std::vector<std::vector<uint8_t>>>();
+  return [lookup, c, shard, buffers](const std::string& name) -> WeightView {
+    const int64_t D = c.head_dim;
+    auto rows = [](WeightView w, int64_t full_rows, int64_t begin, int64_t count) {
+      if (w.shape.size() != 2 || w.shape[0] != full_rows) return w;
+      const int64_t cols = w.shape[1];
+      w.data = static_cast<const uint8_t*>(w.data) +
+               static_cast<size_t>(begin * cols) * dtype_size(w.dtype);
+      w.shape = {count, cols};
+      return w;
+    };
+    auto columns = [&buffers](WeightView w, int64_t full_cols, int64_t begin, int64_t count) {
+      if (w.shape.size() != 2 || w.shape[1] != full_cols) return w;
+      const int64_t R = w.shape[0];
+      const size_t e = dtype_size(w.dtype);
+      std::vector<uint8_t>& out = buffers->emplace_back(static_cast<size_t>(R * count) * e);
+      const auto* src = static_cast<const uint8_t*>(w.data);
+      for (int64_t r = 0; r < R; ++r) {
+        std::memcpy(out.data() + static_cast<size_t>(r * count) * e,
+                    src + static_cast<size_t>(r * full_cols + begin) * e,
+                    static_cast<size_t>(count) * e);
+      }
+      w.data = out.data();
+      w.shape = {R, count};
+      return w;
+    };
+    const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+    const int64_t I = c.intermediate_size;
+    if (name == kTpLmHeadShard) {
+      const WeightView full =
+          lookup(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+      return rows(full, c.vocab_size, shard.vocab_begin, shard.vocab);
+    }
+    if (ends_with(name, ".self_attn.q_proj.weight")) {
+      return rows(lookup(name), Hq * D, shard.q_head_begin * D, shard.q_heads * D);
+    }
+    if (ends_with(name, ".self_attn.k_proj.weight") || ends_with(name, ".self_attn.v_proj.weight")) {
+      return rows(lookup(name), Hkv * D, shard.kv_head_begin * D, shard.kv_heads * D);
+    }
+    if (ends_with(name, ".self_attn.o_proj.weight")) {
+      return columns(lookup(name), Hq * D, shard.q_head_begin * D, shard.q_heads * D);
+    }
+    if (ends_with(name, ".mlp.gate_proj.weight") || ends_with(name, ".mlp.up_proj.weight")) {
+      return rows(lookup(name), I, shard.inter_begin, shard.inter);
+    }
+    if (ends_with(name, ".mlp.down_proj.weight")) {
+      return columns(lookup(name), I, shard.inter_begin, shard.inter);
+    }
+    return lookup(name);  // embeddings and norms: replicated
+  };
+}
+
 }  // namespace
 
-Qwen3Model::Qwen3Model(Backend& backend, const Qwen3Config& config, const WeightLookup& lookup,
-                       const ProgressFn& progress)
-    : backend_(backend), config_(config) {
+void Qwen3Model::check_single_rank(const char* what) const {
+  PAGELLM_CHECK(shard_.size == 1) << what << " is not available with tensor parallelism yet "
+                                  << "(this model is rank " << shard_.rank << " of "
+                                  << shard_.size << ")";
+}
+
+Qwen3Model::Qwen3Model(Backend& backend, const Qwen3Config& config,
+                       const WeightLookup& full_lookup, const ProgressFn& progress,
+                       const TensorParallel* parallel)
+    : backend_(backend),
+      config_(config),
+      shard_(parallel != nullptr ? parallel->shard : plan_tensor_parallel(config, 1, 0)),
+      comm_(parallel != nullptr ? parallel->comm : nullptr) {
   const Qwen3Config& c = config_;
-  const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
+  PAGELLM_CHECK(parallel == nullptr ||
+                (comm_ != nullptr && comm_->size() == shard_.size && comm_->rank() == shard_.rank))
+      << "Qwen3Model: tensor-parallel rank " << shard_.rank << " of " << shard_.size
+      << " needs a communicator of that rank and size";
+  const int64_t H = c.hidden_size, D = c.head_dim, I = shard_.inter;
   const int64_t V = c.vocab_size;
-  bytes_total_ = static_cast<size_t>(c.num_parameters()) * dtype_size(backend.weight_dtype());
+  const int64_t q_size = shard_.q_heads * D, kv_size = shard_.kv_heads * D;
+  bytes_total_ = static_cast<size_t>(c.num_parameters()) * dtype_size(backend.weight_dtype()) /
+                 static_cast<size_t>(shard_.size);
+  // The rank's share of each tensor (the whole tensor for one rank).
+  const WeightLookup lookup = tp_shard_lookup(full_lookup, c, shard_);
 
   embed_ = upload_weight(lookup, "model.embed_tokens.weight", {V, H}, progress);
   layers_.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     Qwen3LayerWeights& w = layers_[static_cast<size_t>(l)];
     w.input_norm = upload_weight(lookup, layer_name(l, "input_layernorm.weight"), {H}, progress);
-    w.qkv = alloc(backend.weight_dtype(), {c.qkv_size(), H});
-    upload_rows_into(w.qkv, 0, lookup, layer_name(l, "self_attn.q_proj.weight"), c.q_size(), H,
+    w.qkv = alloc(backend.weight_dtype(), {q_size + 2 * kv_size, H});
+    upload_rows_into(w.qkv, 0, lookup, layer_name(l, "self_attn.q_proj.weight"), q_size, H,
                      progress);
-    upload_rows_into(w.qkv, c.q_size(), lookup, layer_name(l, "self_attn.k_proj.weight"),
-                     c.kv_size(), H, progress);
-    upload_rows_into(w.qkv, c.q_size() + c.kv_size(), lookup,
-                     layer_name(l, "self_attn.v_proj.weight"), c.kv_size(), H, progress);
+    upload_rows_into(w.qkv, q_size, lookup, layer_name(l, "self_attn.k_proj.weight"), kv_size,
+                     H, progress);
+    upload_rows_into(w.qkv, q_size + kv_size, lookup, layer_name(l, "self_attn.v_proj.weight"),
+                     kv_size, H, progress);
     w.q_norm = upload_weight(lookup, layer_name(l, "self_attn.q_norm.weight"), {D}, progress);
     w.k_norm = upload_weight(lookup, layer_name(l, "self_attn.k_norm.weight"), {D}, progress);
-    w.o_proj = upload_weight(lookup, layer_name(l, "self_attn.o_proj.weight"), {H, c.q_size()},
+    w.o_proj = upload_weight(lookup, layer_name(l, "self_attn.o_proj.weight"), {H, q_size},
                              progress);
     w.post_norm = upload_weight(lookup, layer_name(l, "post_attention_layernorm.weight"), {H},
                                 progress);
@@ -49,8 +136,13 @@ Qwen3Model::Qwen3Model(Backend& backend, const Qwen3Config& config, const Weight
     w.down = upload_weight(lookup, layer_name(l, "mlp.down_proj.weight"), {H, I}, progress);
   }
   final_norm_ = upload_weight(lookup, "model.norm.weight", {H}, progress);
-  lm_head_ = c.tie_word_embeddings ? embed_
-                                   : upload_weight(lookup, "lm_head.weight", {V, H}, progress);
+  if (shard_.size > 1) {
+    // The rank's vocabulary rows of lm_head (of the embedding when tied).
+    lm_head_ = upload_weight(lookup, kTpLmHeadShard, {shard_.vocab, H}, progress);
+  } else {
+    lm_head_ = c.tie_word_embeddings ? embed_
+                                     : upload_weight(lookup, "lm_head.weight", {V, H}, progress);
+  }
   // The layers' products may get a decode layout from the backend. lm_head is left alone:
   // its one product a step already streams at the copy rate (docs/design.md).
   for (const auto& [w, gated_inter] : prepared_matrices()) {
@@ -64,7 +156,7 @@ std::vector<std::pair<Tensor, int64_t>> Qwen3Model::prepared_matrices() const {
   for (const Qwen3LayerWeights& w : layers_) {
     out.emplace_back(w.qkv, 0);
     out.emplace_back(w.o_proj, 0);
-    out.emplace_back(w.gate_up, config_.intermediate_size);
+    out.emplace_back(w.gate_up, shard_.inter);
     out.emplace_back(w.down, 0);
   }
   return out;
@@ -102,8 +194,8 @@ Tensor Qwen3Model::upload_weight(const WeightLookup& lookup, const std::string& 
 
 AttentionShape Qwen3Model::attention_shape(int64_t page_size) const {
   AttentionShape s;
-  s.num_q_heads = config_.num_attention_heads;
-  s.num_kv_heads = config_.num_key_value_heads;
+  s.num_q_heads = shard_.q_heads;
+  s.num_kv_heads = shard_.kv_heads;
   s.head_dim = config_.head_dim;
   s.page_size = page_size;
   s.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
@@ -111,6 +203,7 @@ AttentionShape Qwen3Model::attention_shape(int64_t page_size) const {
 }
 
 size_t Qwen3Model::enable_float32_head() {
+  check_single_rank("the float32 head");
   if (float32_head_) {
     // Again after a weight update: rewrite the copies in place (same addresses), widening
     // on the device (write_weights converts a device source to the destination's dtype).
@@ -159,14 +252,16 @@ void Qwen3Model::reserve(int32_t max_tokens, int32_t max_rows) {
   const int64_t T = max_tokens;
   ws_.residual = make(act, {T, c.hidden_size});
   ws_.hidden = make(act, {T, c.hidden_size});
-  ws_.qkv = make(act, {T, c.qkv_size()});
-  ws_.q = make(act, {T, c.num_attention_heads, c.head_dim});
-  ws_.attn = make(act, {T, c.q_size()});
+  const int64_t q_size = shard_.q_heads * c.head_dim, kv_size = shard_.kv_heads * c.head_dim;
+  ws_.qkv = make(act, {T, q_size + 2 * kv_size});
+  ws_.q = make(act, {T, shard_.q_heads, c.head_dim});
+  ws_.attn = make(act, {T, q_size});
   ws_.proj = make(act, {T, c.hidden_size});
-  ws_.gate_up = make(act, {T, 2 * c.intermediate_size});
-  ws_.act = make(act, {T, c.intermediate_size});
+  ws_.gate_up = make(act, {T, 2 * shard_.inter});
+  ws_.act = make(act, {T, shard_.inter});
   ws_.rows = make(act, {max_rows, c.hidden_size});
   ws_.logits = make(DType::F32, {max_rows, c.vocab_size});
+  if (comm_ != nullptr) ws_.logits_part = make(DType::F32, {max_rows, shard_.vocab});
   if (float32_head_) ws_.rows_f32 = make(DType::F32, {max_rows, c.hidden_size});
   max_tokens_ = max_tokens;
   max_rows_ = max_rows;
@@ -226,9 +321,11 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
                                           batch, q, kv[l]);
     backend_.attention(q, kv[l], shape, batch, attention_plan, attn);
     backend_.matmul(attn, w.o_proj, proj);
+    if (comm_ != nullptr) comm_->all_reduce_sum(backend_, proj);  // the heads' partial sums
     backend_.add_rms_norm(residual, proj, w.post_norm, eps, hidden);
     backend_.matmul_silu_mul(hidden, w.gate_up, gate_up, act);
     backend_.matmul(act, w.down, proj);
+    if (comm_ != nullptr) comm_->all_reduce_sum(backend_, proj);
   }
   backend_.add_rms_norm(residual, proj, final_norm_, eps, hidden);
   Tensor rows = ws_.rows.rows(0, R), logits = ws_.logits.rows(0, R);
@@ -237,6 +334,12 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
     Tensor normed = ws_.rows_f32.rows(0, R);
     backend_.gather_rows(residual, batch.logits_indices, rows);
     backend_.float32_head(rows, final_norm_f32_, eps, lm_head_f32_, normed, logits);
+  } else if (R > 0 && comm_ != nullptr) {
+    // This rank's vocabulary columns, then every rank's side by side: full rows everywhere.
+    backend_.gather_rows(hidden, batch.logits_indices, rows);
+    Tensor part = ws_.logits_part.rows(0, R);
+    backend_.matmul(rows, lm_head_, part);
+    comm_->all_gather_columns(backend_, part, logits);
   } else if (R > 0) {
     backend_.gather_rows(hidden, batch.logits_indices, rows);
     backend_.matmul(rows, lm_head_, logits);
@@ -262,6 +365,7 @@ int64_t lora_align(int64_t elements) { return (elements + 127) / 128 * 128; }
 }  // namespace
 
 void Qwen3Model::enable_lora(int32_t max_slots, int32_t max_rank) {
+  check_single_rank("LoRA");
   PAGELLM_CHECK(max_slots >= 1) << "enable_lora: max_slots must be >= 1, got " << max_slots;
   PAGELLM_CHECK(max_rank >= 1 && max_rank <= kMaxLoraRank)
       << "enable_lora: max_rank must be in [1, " << kMaxLoraRank << "], got " << max_rank;

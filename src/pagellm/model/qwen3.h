@@ -18,6 +18,7 @@
 #include "pagellm/backend/backend.h"
 #include "pagellm/model/config.h"
 #include "pagellm/model/lora.h"
+#include "pagellm/model/tensor_parallel.h"
 #include "pagellm/model/weight_store.h"
 #include "pagellm/weight_update.h"
 
@@ -60,14 +61,21 @@ struct WeightWriteStats {
 
 class Qwen3Model {
  public:
-  /// Uploads the weights named by `lookup` (transformers names) to the backend.
+  /// Uploads the weights named by `lookup` (transformers names) to the backend. With
+  /// `parallel` (a rank of a tensor-parallel group, docs/design.md "Tensor parallelism"),
+  /// only the rank's share of each weight: `lookup` still serves the whole model's tensors,
+  /// and the forward all-reduces o_proj's and down's partial sums and gathers the
+  /// vocabulary-split logits through parallel->comm. LoRA, weight updates and the float32
+  /// head are refused at TP > 1 (not built yet).
   Qwen3Model(Backend& backend, const Qwen3Config& config, const WeightLookup& lookup,
-             const ProgressFn& progress = nullptr);
+             const ProgressFn& progress = nullptr, const TensorParallel* parallel = nullptr);
   /// Loads a Hugging Face folder (config.json + safetensors), validating every weight.
   static std::unique_ptr<Qwen3Model> load(Backend& backend, const std::string& model_dir,
                                           const ProgressFn& progress = nullptr);
 
   const Qwen3Config& config() const { return config_; }
+  /// This rank's share (the whole model for one rank).
+  const TpShard& shard() const { return shard_; }
   Backend& backend() const { return backend_; }
   AttentionShape attention_shape(int64_t page_size) const;
   /// Bytes of weights on the backend.
@@ -173,6 +181,10 @@ class Qwen3Model {
 
   Backend& backend_;
   Qwen3Config config_;
+  TpShard shard_;                // the whole model when comm_ is null
+  Communicator* comm_ = nullptr;  // tensor parallel: this rank's end of the group
+  /// Refuses what is not built for tensor parallelism yet, naming `what`.
+  void check_single_rank(const char* what) const;
   std::vector<DeviceBuffer> storage_;
   size_t weight_bytes_ = 0;
   size_t prepared_bytes_ = 0;
@@ -181,7 +193,7 @@ class Qwen3Model {
 
   Tensor embed_;       // [V, H]
   Tensor final_norm_;  // [H]
-  Tensor lm_head_;     // [V, H] (aliases embed_ when tied)
+  Tensor lm_head_;     // [V, H] (aliases embed_ when tied); a rank's [V / size, H] rows in TP
   std::vector<Qwen3LayerWeights> layers_;
   // The float32 head's weights (enable_float32_head): float32 copies of final_norm_ [H]
   // and lm_head_ [V, H].
@@ -225,6 +237,7 @@ class Qwen3Model {
 
   struct Workspace {
     Tensor residual, hidden, qkv, q, attn, proj, gate_up, act, rows, logits;
+    Tensor logits_part;  // tensor parallel: [max_rows, V / size], this rank's columns
     Tensor rows_f32;  // [max_rows, H] float32: the float32 head's normalised rows
   };
   std::vector<DeviceBuffer> workspace_storage_;

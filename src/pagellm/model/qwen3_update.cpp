@@ -167,6 +167,7 @@ void Qwen3Model::check_weights_update(const std::vector<NamedTensor>& tensors) c
 }
 
 WeightWriteStats Qwen3Model::update_weights(const std::vector<NamedTensor>& tensors) {
+  check_single_rank("a weight update");
   // Check everything; write nothing until every tensor passed.
   check_weights_update(tensors);
   std::map<std::string, WeightTarget> targets;

@@ -1,0 +1,96 @@
+#include "pagellm/backend/communicator.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+
+#include "pagellm/common/check.h"
+
+namespace pagellm {
+
+/// Every rank waits in arrive_and_wait until all `count` have arrived (a generation count,
+/// so the barrier is reusable at once).
+struct InProcessGroup::Barrier {
+  explicit Barrier(int count) : count(count) {}
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> lock(mutex);
+    const uint64_t gen = generation;
+    if (++arrived == count) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+      return;
+    }
+    cv.wait(lock, [&] { return generation != gen; });
+  }
+  const int count;
+  int arrived = 0;
+  uint64_t generation = 0;
+  std::mutex mutex;
+  std::condition_variable cv;
+};
+
+class InProcessGroup::Rank final : public Communicator {
+ public:
+  Rank(InProcessGroup& group, int rank) : group_(group), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return group_.size_; }
+
+  void all_reduce_sum(Backend& backend, Tensor& t) override {
+    auto& slots = group_.slots_;
+    slots[static_cast<size_t>(rank_)] = backend.download_f32(t);
+    group_.barrier_->arrive_and_wait();  // every rank's copy is in its slot
+    const size_t n = slots[0].size();
+    std::vector<float> sum(n, 0.0f);
+    for (const std::vector<float>& part : slots) {
+      PAGELLM_CHECK(part.size() == n) << "all_reduce_sum: ranks passed tensors of "
+                                      << n << " and " << part.size() << " elements";
+      for (size_t i = 0; i < n; ++i) sum[i] += part[i];
+    }
+    group_.barrier_->arrive_and_wait();  // every rank has read the slots
+    backend.upload(t, 0, sum.data(), DType::F32, static_cast<int64_t>(n));
+  }
+
+  void all_gather_columns(Backend& backend, const Tensor& part, Tensor& full) override {
+    PAGELLM_CHECK(part.ndim == 2 && full.ndim == 2 && full.size(0) == part.size(0) &&
+                  full.size(1) == part.size(1) * size())
+        << "all_gather_columns: part " << part.shape_string() << " and full "
+        << full.shape_string() << " are not [R, C] and [R, " << size() << " x C]";
+    auto& slots = group_.slots_;
+    slots[static_cast<size_t>(rank_)] = backend.download_f32(part);
+    group_.barrier_->arrive_and_wait();
+    const int64_t R = part.size(0), C = part.size(1);
+    std::vector<float> out(static_cast<size_t>(R * C * size()));
+    for (int r = 0; r < size(); ++r) {
+      const std::vector<float>& src = slots[static_cast<size_t>(r)];
+      PAGELLM_CHECK(static_cast<int64_t>(src.size()) == R * C)
+          << "all_gather_columns: rank " << r << " passed " << src.size() << " elements, not "
+          << R * C;
+      for (int64_t row = 0; row < R; ++row) {
+        std::copy(src.begin() + row * C, src.begin() + (row + 1) * C,
+                  out.begin() + (row * size() + r) * C);
+      }
+    }
+    group_.barrier_->arrive_and_wait();
+    backend.upload(full, 0, out.data(), DType::F32, static_cast<int64_t>(out.size()));
+  }
+
+ private:
+  InProcessGroup& group_;
+  int rank_;
+};
+
+InProcessGroup::InProcessGroup(int size)
+    : size_(size),
+      barrier_(std::make_shared<Barrier>(size >= 1 ? size : 1)),
+      slots_(static_cast<size_t>(size >= 1 ? size : 1)) {
+  PAGELLM_CHECK(size >= 1) << "InProcessGroup: a group needs at least 1 rank, got " << size;
+}
+
+std::unique_ptr<Communicator> InProcessGroup::communicator(int rank) {
+  PAGELLM_CHECK(rank >= 0 && rank < size_)
+      << "InProcessGroup: rank " << rank << " outside 0.." << size_ - 1;
+  return std::make_unique<Rank>(*this, rank);
+}
+
+}  // namespace pagellm
