@@ -1,7 +1,8 @@
 # cmake -DSOURCE=... -DBUILD=... -DCXX=... -DC=... -DGENERATOR=... -P tsan.cmake
-# See extra.cmake. Configures (once) and builds test_api with -fsanitize=thread, then runs
-# the deliberate race (must be caught) and the AsyncEngine tests (must be clean).
-set(TSAN_TARGETS test_api)
+# See extra.cmake. Configures (once) and builds test_api and test_model_forward with
+# -fsanitize=thread, then runs the deliberate race (must be caught), the AsyncEngine tests
+# and the tensor-parallel tests (ranks as threads of one process; both must be clean).
+set(TSAN_TARGETS test_api test_model_forward)
 include(${CMAKE_CURRENT_LIST_DIR}/../sanitizers/tsan_tree.cmake)
 string(TIMESTAMP t1 "%s")
 set(ENV{OMP_NUM_THREADS} 1)
@@ -17,9 +18,14 @@ if(rc EQUAL 0 OR caught EQUAL -1)
 endif()
 execute_process(COMMAND ${BUILD}/tests/test_api --gtest_filter=AsyncEngine.*
   RESULT_VARIABLE rc)
+execute_process(COMMAND ${BUILD}/tests/test_model_forward --gtest_filter=TensorParallel.*
+  RESULT_VARIABLE tp_rc)
 string(TIMESTAMP t2 "%s")
 math(EXPR run_s "${t2} - ${t1}")
 message(STATUS "ThreadSanitizer: build ${tsan_build_s} s, tests ${run_s} s")
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "the AsyncEngine tests failed under ThreadSanitizer (exit ${rc})")
+endif()
+if(NOT tp_rc EQUAL 0)
+  message(FATAL_ERROR "the tensor-parallel tests failed under ThreadSanitizer (exit ${tp_rc})")
 endif()

@@ -60,9 +60,9 @@ std::vector<RankRun> run_split(const Qwen3Config& c, const testing::HostWeights&
   std::vector<RankRun> runs(static_cast<size_t>(size));
   InProcessGroup group(size);
   auto rank_main = [&](int rank) {
+    std::unique_ptr<Communicator> comm = group.communicator(rank);
     try {
       auto backend = create_backend("cpu");
-      std::unique_ptr<Communicator> comm = group.communicator(rank);
       TensorParallel tp{plan_tensor_parallel(c, size, rank), comm.get()};
       Qwen3Model model(*backend, c, w.lookup(), nullptr, size > 1 ? &tp : nullptr);
       model.reserve(128, 8);
@@ -85,6 +85,7 @@ std::vector<RankRun> run_split(const Qwen3Config& c, const testing::HostWeights&
       }
     } catch (const std::exception& e) {
       runs[static_cast<size_t>(rank)].error = e.what();
+      comm->abort(e.what());  // the other ranks stop waiting for this one
     }
   };
   std::vector<std::thread> threads;
@@ -195,6 +196,55 @@ TEST(TensorParallel, RefusesSizesThatDoNotDivide) {
   EXPECT_THROW(plan_tensor_parallel(c, 2, 2), Error);
   EXPECT_THROW(plan_tensor_parallel(c, 0, 0), Error);
   EXPECT_THROW(InProcessGroup(0), Error);
+}
+
+// A rank that fails does not leave the others waiting: tensors that disagree abort the
+// group inside the collective, and a rank that aborts between collectives wakes the others
+// with its reason.
+TEST(TensorParallel, AFailedRankAbortsTheGroupInsteadOfHangingIt) {
+  {
+    InProcessGroup group(2);
+    std::vector<std::string> errors(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        auto backend = create_backend("cpu");
+        std::unique_ptr<Communicator> comm = group.communicator(r);
+        DeviceBuffer buf(backend.get(), 64);
+        Tensor t = buf.tensor(DType::F32, {r == 0 ? 4 : 6});
+        backend->fill(t, 1.0f);
+        try {
+          comm->all_reduce_sum(*backend, t);
+        } catch (const Error& e) {
+          errors[static_cast<size_t>(r)] = e.what();
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const std::string& e : errors) {
+      EXPECT_NE(e.find("all_reduce_sum: ranks passed tensors of"), std::string::npos) << e;
+    }
+  }
+  {
+    InProcessGroup group(2);
+    std::string error;
+    std::thread waiting([&] {
+      auto backend = create_backend("cpu");
+      std::unique_ptr<Communicator> comm = group.communicator(0);
+      DeviceBuffer buf(backend.get(), 16);
+      Tensor t = buf.tensor(DType::F32, {4});
+      backend->fill(t, 1.0f);
+      try {
+        comm->all_reduce_sum(*backend, t);
+        comm->all_reduce_sum(*backend, t);
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    });
+    group.communicator(1)->abort("could not load its weights");
+    waiting.join();
+    EXPECT_NE(error.find("rank 1: could not load its weights"), std::string::npos) << error;
+  }
 }
 
 TEST(TensorParallel, RefusesWhatIsNotBuiltForItYet) {

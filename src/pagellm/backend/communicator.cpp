@@ -3,17 +3,19 @@
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
+#include <string>
 
 #include "pagellm/common/check.h"
 
 namespace pagellm {
 
 /// Every rank waits in arrive_and_wait until all `count` have arrived (a generation count,
-/// so the barrier is reusable at once).
+/// so the barrier is reusable at once), or until a rank aborts the group: then it throws.
 struct InProcessGroup::Barrier {
   explicit Barrier(int count) : count(count) {}
   void arrive_and_wait() {
     std::unique_lock<std::mutex> lock(mutex);
+    throw_if_aborted();
     const uint64_t gen = generation;
     if (++arrived == count) {
       arrived = 0;
@@ -21,11 +23,23 @@ struct InProcessGroup::Barrier {
       cv.notify_all();
       return;
     }
-    cv.wait(lock, [&] { return generation != gen; });
+    cv.wait(lock, [&] { return generation != gen || aborted; });
+    if (generation == gen) throw_if_aborted();
+  }
+  void abort(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!aborted) reason = why;
+    aborted = true;
+    cv.notify_all();
+  }
+  void throw_if_aborted() const {
+    PAGELLM_CHECK(!aborted) << "tensor-parallel group aborted: " << reason;
   }
   const int count;
   int arrived = 0;
   uint64_t generation = 0;
+  bool aborted = false;
+  std::string reason;
   std::mutex mutex;
   std::condition_variable cv;
 };
@@ -35,6 +49,9 @@ class InProcessGroup::Rank final : public Communicator {
   Rank(InProcessGroup& group, int rank) : group_(group), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return group_.size_; }
+  void abort(const std::string& reason) override {
+    group_.barrier_->abort("rank " + std::to_string(rank_) + ": " + reason);
+  }
 
   void all_reduce_sum(Backend& backend, Tensor& t) override {
     auto& slots = group_.slots_;
@@ -43,8 +60,12 @@ class InProcessGroup::Rank final : public Communicator {
     const size_t n = slots[0].size();
     std::vector<float> sum(n, 0.0f);
     for (const std::vector<float>& part : slots) {
-      PAGELLM_CHECK(part.size() == n) << "all_reduce_sum: ranks passed tensors of "
-                                      << n << " and " << part.size() << " elements";
+      if (part.size() != n) {
+        const std::string why = "all_reduce_sum: ranks passed tensors of " + std::to_string(n) +
+                                " and " + std::to_string(part.size()) + " elements";
+        abort(why);
+        PAGELLM_FAIL() << why;
+      }
       for (size_t i = 0; i < n; ++i) sum[i] += part[i];
     }
     group_.barrier_->arrive_and_wait();  // every rank has read the slots
@@ -52,10 +73,14 @@ class InProcessGroup::Rank final : public Communicator {
   }
 
   void all_gather_columns(Backend& backend, const Tensor& part, Tensor& full) override {
-    PAGELLM_CHECK(part.ndim == 2 && full.ndim == 2 && full.size(0) == part.size(0) &&
-                  full.size(1) == part.size(1) * size())
-        << "all_gather_columns: part " << part.shape_string() << " and full "
-        << full.shape_string() << " are not [R, C] and [R, " << size() << " x C]";
+    if (!(part.ndim == 2 && full.ndim == 2 && full.size(0) == part.size(0) &&
+          full.size(1) == part.size(1) * size())) {
+      const std::string why = "all_gather_columns: part " + part.shape_string() + " and full " +
+                              full.shape_string() + " are not [R, C] and [R, " +
+                              std::to_string(size()) + " x C]";
+      abort(why);
+      PAGELLM_FAIL() << why;
+    }
     auto& slots = group_.slots_;
     slots[static_cast<size_t>(rank_)] = backend.download_f32(part);
     group_.barrier_->arrive_and_wait();
@@ -63,9 +88,13 @@ class InProcessGroup::Rank final : public Communicator {
     std::vector<float> out(static_cast<size_t>(R * C * size()));
     for (int r = 0; r < size(); ++r) {
       const std::vector<float>& src = slots[static_cast<size_t>(r)];
-      PAGELLM_CHECK(static_cast<int64_t>(src.size()) == R * C)
-          << "all_gather_columns: rank " << r << " passed " << src.size() << " elements, not "
-          << R * C;
+      if (static_cast<int64_t>(src.size()) != R * C) {
+        const std::string why = "all_gather_columns: rank " + std::to_string(r) + " passed " +
+                                std::to_string(src.size()) + " elements, not " +
+                                std::to_string(R * C);
+        abort(why);
+        PAGELLM_FAIL() << why;
+      }
       for (int64_t row = 0; row < R; ++row) {
         std::copy(src.begin() + row * C, src.begin() + (row + 1) * C,
                   out.begin() + (row * size() + r) * C);

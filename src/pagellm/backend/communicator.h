@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "pagellm/backend/backend.h"
@@ -25,12 +26,17 @@ class Communicator {
   /// `full` [R, size · C] becomes the ranks' `part` [R, C] side by side: rank r's at columns
   /// [r · C, (r + 1) · C).
   virtual void all_gather_columns(Backend& backend, const Tensor& part, Tensor& full) = 0;
+  /// Gives up on the group (this rank failed between or inside collectives, saying why):
+  /// every rank waiting in a collective, and every later collective on any rank, throws
+  /// Error naming the reason instead of waiting for this rank forever.
+  virtual void abort(const std::string& reason) = 0;
 };
 
 /// A group of `size` ranks that are threads of one process, each with its own backend: the
 /// collectives meet at a barrier and exchange float32 copies through host memory (summed in
-/// rank order, so every rank gets the same bits). For tests and the CPU backend; a rank
-/// that stops calling leaves the others waiting, as any collective library would.
+/// rank order, so every rank gets the same bits). For tests and the CPU backend. A rank that
+/// fails calls abort (a collective that finds the ranks' tensors disagree does so itself);
+/// one that just stops calling leaves the others waiting, as any collective library would.
 class InProcessGroup {
  public:
   explicit InProcessGroup(int size);
