@@ -142,7 +142,7 @@ void lora_section(cudaStream_t stream, const cudaDeviceProp& prop, int reps, int
     const size_t a_bytes = static_cast<size_t>(a_rows * pr.K) * 2;
     const size_t bt_bytes = static_cast<size_t>(kRank * width_total) * 2;
     const size_t ap_bytes = pc::lora_packed_a_bytes(a_rows, pr.K);
-    const size_t bp_bytes = pc::lora_packed_b_bytes(kRank, width_total, pr.inter);
+    const size_t bp_bytes = pc::lora_packed_b_bytes(kRank, width_total);
     const size_t factor_bytes = a_bytes + bt_bytes + ap_bytes + bp_bytes;
     void* factors = nullptr;
     CHECK_CUDA(cudaMalloc(&factors, factor_bytes * kSlots * copies));

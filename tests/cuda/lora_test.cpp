@@ -70,7 +70,7 @@ class LoraAddTest : public test::CudaOpTest {
         Tensor pa = alloc(gpu(), DType::I64, {static_cast<int64_t>(packed / 8)});
         gpu().pack_lora_a(ga.data, M * r, in, pa.data);
         gtab[static_cast<size_t>(q)].a_packed = pa.data;
-        const size_t packed_b = gpu().lora_packed_b_bytes(r, W, paired);
+        const size_t packed_b = gpu().lora_packed_b_bytes(r, W);
         Tensor pb = alloc(gpu(), DType::F32, {static_cast<int64_t>((packed_b + 3) / 4)});
         poison(gpu(), pb);  // pack_lora_b writes every byte, zeros included
         gpu().pack_lora_b(gb.data, r, W, paired, pb.data);

@@ -155,7 +155,8 @@ class Backend {
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;
   /// Writes n elements of host data of type src_dtype into dst (a weight, activation or
-  /// KV tensor) starting at element dst_offset, converting to dst.dtype.
+  /// KV tensor) starting at element dst_offset, converting to dst.dtype. `src` has been
+  /// read when it returns (the caller may reuse it).
   virtual void upload(Tensor& dst, int64_t dst_offset, const void* src, DType src_dtype,
                       int64_t n) = 0;
   /// Reads a whole tensor back as float32 (tests, debugging).
@@ -279,17 +280,17 @@ class Backend {
   /// (lora_packed_a_bytes(rows, in) bytes), in stream order. Default: throws Error.
   virtual void pack_lora_a(const void* a, int64_t rows, int64_t in, void* packed);
   /// Bytes of the layout the backend's fused LoRA products read a group's B in, from its
-  /// Bᵀ [rank, width_total] (weight dtype); `paired`: the group is gate/up, whose fused
-  /// product pairs gate column i with up column i. 0 (the default) wherever
-  /// lora_packed_a_bytes is 0.
-  virtual size_t lora_packed_b_bytes(int32_t rank, int64_t width_total, bool paired) const {
+  /// Bᵀ [rank, width_total] (weight dtype). 0 (the default) wherever lora_packed_a_bytes
+  /// is 0.
+  virtual size_t lora_packed_b_bytes(int32_t rank, int64_t width_total) const {
     (void)rank;
     (void)width_total;
-    (void)paired;
     return 0;
   }
   /// Writes the group's B from its Bᵀ [rank, width_total] (backend memory, weight dtype)
-  /// into `packed` (lora_packed_b_bytes bytes), in stream order. Default: throws Error.
+  /// into `packed` (lora_packed_b_bytes bytes), in stream order; `paired`: the group is
+  /// gate/up, whose fused product pairs gate column i with up column i. Default: throws
+  /// Error.
   virtual void pack_lora_b(const void* bt, int32_t rank, int64_t width_total, bool paired,
                            void* packed);
   /// out[r, :] = x[indices[r], :]

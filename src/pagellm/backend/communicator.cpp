@@ -52,6 +52,12 @@ class InProcessGroup::Rank final : public Communicator {
   void abort(const std::string& reason) override {
     group_.barrier_->abort("rank " + std::to_string(rank_) + ": " + reason);
   }
+  /// What a collective does when the ranks' tensors disagree: aborts the group (so no rank
+  /// waits for this one), then throws.
+  [[noreturn]] void fail(const std::string& why) {
+    abort(why);
+    PAGELLM_FAIL() << why;
+  }
 
   void all_reduce_sum(Backend& backend, Tensor& t) override {
     auto& slots = group_.slots_;
@@ -61,10 +67,8 @@ class InProcessGroup::Rank final : public Communicator {
     std::vector<float> sum(n, 0.0f);
     for (const std::vector<float>& part : slots) {
       if (part.size() != n) {
-        const std::string why = "all_reduce_sum: ranks passed tensors of " + std::to_string(n) +
-                                " and " + std::to_string(part.size()) + " elements";
-        abort(why);
-        PAGELLM_FAIL() << why;
+        fail("all_reduce_sum: ranks passed tensors of " + std::to_string(n) + " and " +
+             std::to_string(part.size()) + " elements");
       }
       for (size_t i = 0; i < n; ++i) sum[i] += part[i];
     }
@@ -75,11 +79,8 @@ class InProcessGroup::Rank final : public Communicator {
   void all_gather_columns(Backend& backend, const Tensor& part, Tensor& full) override {
     if (!(part.ndim == 2 && full.ndim == 2 && full.size(0) == part.size(0) &&
           full.size(1) == part.size(1) * size())) {
-      const std::string why = "all_gather_columns: part " + part.shape_string() + " and full " +
-                              full.shape_string() + " are not [R, C] and [R, " +
-                              std::to_string(size()) + " x C]";
-      abort(why);
-      PAGELLM_FAIL() << why;
+      fail("all_gather_columns: part " + part.shape_string() + " and full " +
+           full.shape_string() + " are not [R, C] and [R, " + std::to_string(size()) + " x C]");
     }
     auto& slots = group_.slots_;
     slots[static_cast<size_t>(rank_)] = backend.download_f32(part);
@@ -89,11 +90,8 @@ class InProcessGroup::Rank final : public Communicator {
     for (int r = 0; r < size(); ++r) {
       const std::vector<float>& src = slots[static_cast<size_t>(r)];
       if (static_cast<int64_t>(src.size()) != R * C) {
-        const std::string why = "all_gather_columns: rank " + std::to_string(r) + " passed " +
-                                std::to_string(src.size()) + " elements, not " +
-                                std::to_string(R * C);
-        abort(why);
-        PAGELLM_FAIL() << why;
+        fail("all_gather_columns: rank " + std::to_string(r) + " passed " +
+             std::to_string(src.size()) + " elements, not " + std::to_string(R * C));
       }
       for (int64_t row = 0; row < R; ++row) {
         std::copy(src.begin() + row * C, src.begin() + (row + 1) * C,

@@ -599,8 +599,8 @@ void CudaBackend::pack_lora_a(const void* a, int64_t rows, int64_t in, void* pac
   cuda::pack_lora_a(a, rows, in, packed, as_stream(stream_));
 }
 
-size_t CudaBackend::lora_packed_b_bytes(int32_t rank, int64_t width_total, bool paired) const {
-  return cuda::lora_packed_b_bytes(rank, width_total, paired ? width_total / 2 : 0);
+size_t CudaBackend::lora_packed_b_bytes(int32_t rank, int64_t width_total) const {
+  return cuda::lora_packed_b_bytes(rank, width_total);
 }
 
 void CudaBackend::pack_lora_b(const void* bt, int32_t rank, int64_t width_total, bool paired,

@@ -179,7 +179,7 @@ class CudaBackend final : public Backend {
   size_t lora_packed_a_bytes(int64_t rows, int64_t in) const override;
   void pack_lora_a(const void* a, int64_t rows, int64_t in, void* packed) override;
   /// pack_lora_b's layout (the fused products add B · s with the tensor cores).
-  size_t lora_packed_b_bytes(int32_t rank, int64_t width_total, bool paired) const override;
+  size_t lora_packed_b_bytes(int32_t rank, int64_t width_total) const override;
   void pack_lora_b(const void* bt, int32_t rank, int64_t width_total, bool paired,
                    void* packed) override;
   void matmul_qk_norm_rope_store_kv(const Tensor& x, const Tensor& w_qkv, Tensor& qkv,

@@ -26,14 +26,15 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 // `lookup` narrowed to `shard`'s share of each tensor (TpShard's split): rows of a row-major
-// [rows, cols] tensor are served in place, columns are gathered into buffers the returned
-// lookup keeps. A tensor whose shape is not the config's comes back whole, so that the
-// caller's shape check names it.
+// [rows, cols] tensor are served in place, columns are gathered into one host buffer the
+// returned lookup keeps until its next gather (the constructor uploads each tensor, and
+// Backend::upload has read its source, before it looks up the next). A tensor whose shape
+// is not the config's comes back whole, so that the caller's shape check names it.
 WeightLookup tp_shard_lookup(const WeightLookup& lookup, const Qwen3Config& c,
                              const TpShard& shard) {
   if (shard.size == 1) return lookup;
-  auto buffers = std::make_shared<std::vector<std::vector<uint8_t>>>();
-  return [lookup, c, shard, buffers](const std::string& name) -> WeightView {
+  auto gathered = std::make_shared<std::vector<uint8_t>>();
+  return [lookup, c, shard, gathered](const std::string& name) -> WeightView {
     const int64_t D = c.head_dim;
     auto rows = [](WeightView w, int64_t full_rows, int64_t begin, int64_t count) {
       if (w.shape.size() != 2 || w.shape[0] != full_rows) return w;
@@ -43,11 +44,12 @@ WeightLookup tp_shard_lookup(const WeightLookup& lookup, const Qwen3Config& c,
       w.shape = {count, cols};
       return w;
     };
-    auto columns = [&buffers](WeightView w, int64_t full_cols, int64_t begin, int64_t count) {
+    auto columns = [&gathered](WeightView w, int64_t full_cols, int64_t begin, int64_t count) {
       if (w.shape.size() != 2 || w.shape[1] != full_cols) return w;
       const int64_t R = w.shape[0];
       const size_t e = dtype_size(w.dtype);
-      std::vector<uint8_t>& out = buffers->emplace_back(static_cast<size_t>(R * count) * e);
+      std::vector<uint8_t>& out = *gathered;
+      out.resize(static_cast<size_t>(R * count) * e);
       const auto* src = static_cast<const uint8_t*>(w.data);
       for (int64_t r = 0; r < R; ++r) {
         std::memcpy(out.data() + static_cast<size_t>(r * count) * e,
@@ -487,8 +489,8 @@ void Qwen3Model::set_lora(int32_t slot, const LoraAdapter& adapter) {
       const LoraGroup group = lora_group(l, g);
       const size_t packed = backend_.lora_packed_a_bytes(group.num_modules * r, group.in);
       if (packed == 0) continue;
-      const size_t packed_b = backend_.lora_packed_b_bytes(static_cast<int32_t>(r),
-                                                           group.width_total(), g == kLoraGateUp);
+      const size_t packed_b =
+          backend_.lora_packed_b_bytes(static_cast<int32_t>(r), group.width_total());
       const int64_t elem = static_cast<int64_t>(dtype_size(backend_.weight_dtype()));
       blocks[l][g].packed = total;
       total += lora_align((static_cast<int64_t>(packed) + elem - 1) / elem);

@@ -299,6 +299,11 @@ __device__ __forceinline__ void qk_finish_row(const QkNormRopeArgs& e, int head,
 constexpr int kLoraBBlockBytes = kRows * 64;  // 8 KiB
 constexpr int kLoraRankBlock = 32;            // ranks per block (a 64-byte row)
 
+/// The 32-rank blocks a slot of rank `rank` has per row tile.
+__host__ __device__ constexpr int lora_b_blocks(int rank) {
+  return (rank + kLoraRankBlock - 1) / kLoraRankBlock;
+}
+
 /// Half (64 rows) h of chunk c of a packed A with `halves` halves: 8 KiB at (c · halves + h).
 constexpr int kLoraHalfBytes = kHalf * kRowBytes;  // 8 KiB
 
@@ -408,8 +413,8 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     // the slot and the first token tile).
     if (lora_h0 == 0 && blockIdx.z == 0 && tid < 32) {
       constexpr uint32_t kPiece = 16384;
-      const uint32_t bytes = static_cast<uint32_t>(lora.row_tiles) *
-                             ((f.rank + kLoraRankBlock - 1) / kLoraRankBlock) * kLoraBBlockBytes;
+      const uint32_t bytes =
+          static_cast<uint32_t>(lora.row_tiles) * lora_b_blocks(f.rank) * kLoraBBlockBytes;
       const char* b_packed = static_cast<const char*>(f.b_packed);
       for (uint32_t off = (static_cast<uint32_t>(split) * 32 + tid) * kPiece; off < bytes;
            off += static_cast<uint32_t>(p.splits) * 32 * kPiece) {
@@ -558,7 +563,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       // (one per warpgroup) per block of 32 ranks.
       constexpr int kRegionBytes = kStages * kStageBytes;
       constexpr int kSTileBytes = kTokens * 64;
-      const int blocks_max = (lora.max_rank + kLoraRankBlock - 1) / kLoraRankBlock;
+      const int blocks_max = lora_b_blocks(lora.max_rank);
       const int slot_b_bytes = blocks_max * kLoraBBlockBytes;
       const int slot_s_bytes = 2 * blocks_max * kSTileBytes;
       const int per_batch = kRegionBytes / (slot_b_bytes + slot_s_bytes);
@@ -587,13 +592,12 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
           uint32_t bytes = 0;
           for (int b = 0; b < nb; ++b) {
             const int q = mine_slot(b0 + b);
-            bytes += ((lora_q_rank[q] + kLoraRankBlock - 1) / kLoraRankBlock) * kLoraBBlockBytes;
+            bytes += lora_b_blocks(lora_q_rank[q]) * kLoraBBlockBytes;
           }
           mbar_arrive_expect_tx(smem_addr(&lora_bar), bytes);
           for (int b = 0; b < nb; ++b) {
             const int q = mine_slot(b0 + b);
-            const uint32_t slot_bytes =
-                ((lora_q_rank[q] + kLoraRankBlock - 1) / kLoraRankBlock) * kLoraBBlockBytes;
+            const uint32_t slot_bytes = lora_b_blocks(lora_q_rank[q]) * kLoraBBlockBytes;
             bulk_load_hint(base + b * slot_b_bytes,
                            lora_q_b[q] + static_cast<size_t>(tile) * slot_bytes, slot_bytes,
                            smem_addr(&lora_bar), policy);
@@ -652,7 +656,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
         // ptxas serialises every wgmma of the kernel, the main loop's too.
         for (int b = 0; b < nb; ++b) {
           const int q = mine_slot(b0 + b);
-          const int blocks = (lora_q_rank[q] + kLoraRankBlock - 1) / kLoraRankBlock;
+          const int blocks = lora_b_blocks(lora_q_rank[q]);
           for (int kb = 0; kb < blocks; ++kb) {
             const uint32_t a_tile = base + b * slot_b_bytes + kb * kLoraBBlockBytes +
                                     wg * (kLoraBBlockBytes / 2);
@@ -720,7 +724,6 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     // The shrink's sums of the tokens that use this slot: row j of the stacked A is rank
     // i = j mod r of module j / r, stored at s[token][module · 64 + i].
     const int r = lora.slots[lora_slot].rank;
-    const int s_stride = lora.modules * kHalf;
     const RankShare share = rank_share(rank, valid_tokens * (kRows / 4), splits);
     for (int grp = share.lo + tid; grp < share.hi; grp += kThreads) {
       const int m_local = grp / (kRows / 4), c0 = (grp % (kRows / 4)) * 4;
@@ -1006,8 +1009,6 @@ LoraParams lora_params(const SkinnyLora* lora, Epi epi, int64_t N, int64_t inter
       << "skinny gemm: LoRA max rank " << lora->max_rank << " outside 1.." << kHalf;
   l.max_rank = lora->max_rank;
   l.tiles_per_slot = (lora->num_modules * lora->max_rank + kRows - 1) / kRows;
-  l.row_tiles = static_cast<int>(epi == Epi::kGated ? (inter + kHalf - 1) / kHalf
-                                                    : (N + kRows - 1) / kRows);
   return l;
 }
 
@@ -1038,6 +1039,7 @@ void launch(const void* x, const void* w, void* out, Epi epi, int64_t M, int64_t
   if (qk) p.qk = *qk;
   p.w_packed = static_cast<const uint8_t*>(w_packed);
   p.lora = lora_params(lora, epi, N, inter);
+  p.lora.row_tiles = plan.grid_x;
   const dim3 grid(plan.grid_x, plan.grid_y, plan.grid_z);
   if (p.lora.tiles_per_slot == 0) {
     launch_params(p, epi, plan.tokens_per_tile, grid, stream);
@@ -1184,11 +1186,11 @@ void pack_lora_a(const void* a, int64_t rows, int64_t in, void* packed, cudaStre
   PAGELLM_CUDA_CHECK(cudaGetLastError());
 }
 
-size_t lora_packed_b_bytes(int32_t rank, int64_t width_total, int64_t inter) {
-  const auto tiles = static_cast<size_t>(inter > 0 ? (inter + kHalf - 1) / kHalf
-                                                   : (width_total + kRows - 1) / kRows);
-  const auto blocks = static_cast<size_t>((rank + kLoraRankBlock - 1) / kLoraRankBlock);
-  return tiles * blocks * kLoraBBlockBytes;
+size_t lora_packed_b_bytes(int32_t rank, int64_t width_total) {
+  // The product's row tiles: 128 columns each, for a gated product too (64 gate and 64 up
+  // columns, so ceil(2 I / 128) = ceil(I / 64) tiles).
+  const auto tiles = static_cast<size_t>((width_total + kRows - 1) / kRows);
+  return tiles * static_cast<size_t>(lora_b_blocks(rank)) * kLoraBBlockBytes;
 }
 
 void pack_lora_b(const void* bt, int32_t rank, int64_t width_total, int64_t inter, void* packed,
@@ -1199,8 +1201,8 @@ void pack_lora_b(const void* bt, int32_t rank, int64_t width_total, int64_t inte
       << "pack_lora_b: Bᵀ [" << rank << ", " << width_total << "] with inter " << inter
       << " (needs rank >= 1, width_total = 2 inter for a gated product, 16-byte aligned "
          "buffers)";
-  const int blocks = (rank + kLoraRankBlock - 1) / kLoraRankBlock;
-  const int64_t units = static_cast<int64_t>(lora_packed_b_bytes(rank, width_total, inter) / 16);
+  const int blocks = lora_b_blocks(rank);
+  const int64_t units = static_cast<int64_t>(lora_packed_b_bytes(rank, width_total) / 16);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>((units + 255) / 256, 65535));
   pack_lora_b_kernel<<<grid, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(bt), rank,
                                                width_total, inter, blocks, units,

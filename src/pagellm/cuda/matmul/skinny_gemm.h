@@ -86,10 +86,10 @@ size_t lora_packed_a_bytes(int64_t rows, int64_t in);
 void pack_lora_a(const void* a, int64_t rows, int64_t in, void* packed, cudaStream_t stream);
 
 /// Bytes of a group's B packed for the fused expand: per row tile of the product (128
-/// columns; a gated product's tile is 64 gate and the 64 matching up columns, `inter` > 0),
-/// per 32 ranks, 128 rows of 32 bf16 in the 64-byte-swizzled layout wgmma reads (8 KiB),
-/// zeros past the rank and the columns.
-size_t lora_packed_b_bytes(int32_t rank, int64_t width_total, int64_t inter);
+/// columns; a gated product's tile is 64 gate and the 64 matching up columns), per 32
+/// ranks, 128 rows of 32 bf16 in the 64-byte-swizzled layout wgmma reads (8 KiB), zeros
+/// past the rank and the columns.
+size_t lora_packed_b_bytes(int32_t rank, int64_t width_total);
 
 /// Writes B from Bᵀ [rank, width_total] (bf16, row-major, 16-byte aligned) into `packed`
 /// (lora_packed_b_bytes, 16-byte aligned) on `stream`; `inter`: the gated product's I
