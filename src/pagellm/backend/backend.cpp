@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "pagellm/backend/communicator.h"
 #include "pagellm/common/check.h"
 #include "pagellm/sampling/sampler.h"
 
@@ -223,6 +224,13 @@ double Backend::measure_host_to_device_bandwidth() {
   free_host_pinned(host);
   std::sort(times.begin() + 1, times.end());  // the first copy warms up, and is dropped
   return static_cast<double>(bytes) / times[3];
+}
+
+std::unique_ptr<Communicator> Backend::join_communicator(const std::vector<uint8_t>& id,
+                                                         int rank, int size) {
+  (void)id;
+  PAGELLM_FAIL() << name() << " backend has no device collectives (rank " << rank << " of "
+                 << size << "): use a host communicator";
 }
 
 void Backend::begin_capture() {

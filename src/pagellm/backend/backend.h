@@ -132,6 +132,8 @@ class RecordedGraph {
   virtual void replay() = 0;
 };
 
+class Communicator;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -408,6 +410,20 @@ class Backend {
   /// Records the operations issued until end_capture() instead of running them.
   virtual void begin_capture();
   virtual std::unique_ptr<RecordedGraph> end_capture();
+
+  // ---- collectives between processes (optional) ----------------------------------------
+  /// Device collectives between the processes of a tensor-parallel group (NCCL on the
+  /// cuda backend). Rank 0's backend makes the group's id (opaque bytes that travel to the
+  /// other ranks over the rendezvous); every rank, this one's device included, then joins
+  /// with it. Empty: this backend has none, and the caller uses a host communicator
+  /// (docs/design.md, "Tensor parallelism").
+  virtual std::vector<uint8_t> new_communicator_id() { return {}; }
+  /// Joins the group `id` (from rank 0's new_communicator_id()) as `rank` of `size`;
+  /// blocks until every rank has joined. The communicator's collectives run on this
+  /// backend's stream (so graphs capture them) and it must not outlive the backend.
+  /// Throws Error when the backend has no device collectives or the join fails.
+  virtual std::unique_ptr<Communicator> join_communicator(const std::vector<uint8_t>& id,
+                                                          int rank, int size);
 
   // ---- sleep and wake (optional) -------------------------------------------------------
   /// allocate(bytes), telling the backend what the memory will hold so that sleep() knows
