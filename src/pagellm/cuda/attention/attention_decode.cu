@@ -762,12 +762,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
 template <int D>
 void launch_decode(const DecodeArgs& args, cudaStream_t stream) {
   using S = DecodeShape<D>;
-  static const bool smem_set = [] {
+  once_per_device(reinterpret_cast<const void*>(decode_split_kernel<D>), [] {
     PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(
         decode_split_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes));
-    return true;
-  }();
-  (void)smem_set;
+  });
   const PagedAttentionParams& p = args.p;
   const dim3 grid(p.num_seqs, p.num_kv_heads * args.subgroups, args.num_splits);
   launch_kernel(decode_split_kernel<D>, grid, dim3(kDecodeThreads), S::kSmemBytes, stream, 1,
@@ -776,12 +774,10 @@ void launch_decode(const DecodeArgs& args, cudaStream_t stream) {
 
 void launch_decode_tma(const DecodeArgs& args, cudaStream_t stream) {
   using T = DecodeTmaShape;
-  static const bool smem_set = [] {
+  once_per_device(reinterpret_cast<const void*>(decode_split_tma_kernel), [] {
     PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(
         decode_split_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
-    return true;
-  }();
-  (void)smem_set;
+  });
   const PagedAttentionParams& p = args.p;
   const int64_t rows = static_cast<int64_t>(p.num_pages) * p.num_kv_heads * p.page_size;
   DecodeTmaArgs t;

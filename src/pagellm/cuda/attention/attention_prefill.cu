@@ -405,12 +405,10 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
 
 template <class S>
 void launch_prefill(const PrefillArgs& args, cudaStream_t stream) {
-  static const bool smem_set = [] {
+  once_per_device(reinterpret_cast<const void*>(prefill_kernel<S>), [] {
     PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(
         prefill_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes));
-    return true;
-  }();
-  (void)smem_set;
+  });
   const PagedAttentionParams& p = args.p;
   const int64_t tiles = (static_cast<int64_t>(p.num_tokens) + S::BM - 1) / S::BM + p.num_seqs;
   const int64_t ctas = tiles * p.num_q_heads;

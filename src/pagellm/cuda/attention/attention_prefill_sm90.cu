@@ -499,12 +499,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <class S>
 void launch(const PagedAttentionParams& p, cudaStream_t stream) {
   constexpr int kSmemBytes = S::kSmemBytes;
-  static const bool smem_set = [] {
+  once_per_device(reinterpret_cast<const void*>(prefill_wgmma_kernel<S>), [] {
     PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(
-        prefill_wgmma_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    return true;
-  }();
-  (void)smem_set;
+        prefill_wgmma_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes));
+  });
   const int64_t pool_rows = static_cast<int64_t>(p.num_pages) * p.num_kv_heads * p.page_size;
   WgmmaPrefillArgs args;
   args.k_map = bf16_tensor_map(p.k_pool, pool_rows, kD, 64, kChunkKeys, "paged_prefill_attention");

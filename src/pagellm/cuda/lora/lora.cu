@@ -35,6 +35,7 @@
 #include <algorithm>
 
 #include "pagellm/common/check.h"
+#include "pagellm/cuda/support/device_info.h"
 #include "pagellm/cuda/support/pdl.cuh"
 
 namespace pagellm::cuda {
@@ -328,14 +329,12 @@ void launch_lora_add(const LoraAddArgs& g, cudaStream_t stream) {
   const int64_t window = std::min<int64_t>(g.rows, g.work_floats / per_row);
   PAGELLM_CHECK(window >= 1) << "cuda lora_add: " << g.work_floats
                              << " floats of scratch hold less than one row (" << per_row << ")";
-  static const bool smem_set = [] {
+  once_per_device(reinterpret_cast<const void*>(lora_shrink_kernel), [] {
     PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(
         lora_shrink_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShrinkSmem));
     PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(
         lora_expand_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kExpandSmem));
-    return true;
-  }();
-  (void)smem_set;
+  });
   const unsigned slots = static_cast<unsigned>(g.num_slots - 1);
   for (int64_t w = 0; w < g.rows; w += window) {
     const int64_t T = std::min(window, g.rows - w);

@@ -1071,8 +1071,7 @@ void launch(const void* x, const void* w, void* out, Epi epi, int64_t M, int64_t
 }  // namespace
 
 void prepare_skinny_gemm() {
-  static std::once_flag once;
-  std::call_once(once, [] {
+  once_per_device(reinterpret_cast<const void*>(&prepare_skinny_gemm), [] {
     set_smem_limits<8>();
     set_smem_limits<16>();
     set_smem_limits<32>();

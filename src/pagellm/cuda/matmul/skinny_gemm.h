@@ -125,7 +125,7 @@ SkinnyPlan skinny_gemm_plan(int64_t M, int64_t N, int64_t K, int num_sms, int sp
 /// then the same sum in the same order whatever M is and whatever the other rows hold.
 SkinnyPlan skinny_gemm_invariant_plan(int64_t M, int64_t N, int64_t K, int num_sms);
 
-/// Raises the kernels' dynamic shared-memory limit (once per process, on the current
+/// Raises the kernels' dynamic shared-memory limit (once per device, on the current
 /// device). launch_skinny_gemm calls it too; calling it at set-up keeps the first launch
 /// free of any runtime call but the launch itself (LtMatmul's constructor does).
 void prepare_skinny_gemm();

@@ -2,12 +2,16 @@
 
 #include <cuda_runtime.h>
 
+#include <mutex>
+#include <set>
+#include <utility>
+
 #include "pagellm/cuda/support/cuda_check.h"
 
 namespace pagellm::cuda {
 
 int current_device_info(int* sms) {
-  static int cached_device = -1, cached_sms = 0, cached_cc = 0;
+  thread_local int cached_device = -1, cached_sms = 0, cached_cc = 0;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();  // not sticky; clear it so the next launch check does not see it
@@ -25,6 +29,24 @@ int current_device_info(int* sms) {
   }
   if (sms) *sms = cached_sms;
   return cached_cc;
+}
+
+void once_per_device(const void* key, void (*set_up)()) {
+  int device = 0;
+  PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
+  const std::pair<int, const void*> entry(device, key);
+  thread_local std::set<std::pair<int, const void*>> seen;  // done, as this thread knows
+  if (seen.count(entry) != 0) return;
+  static std::mutex mutex;
+  static std::set<std::pair<int, const void*>> done;  // guarded by mutex
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (done.count(entry) == 0) {
+      set_up();
+      done.insert(entry);
+    }
+  }
+  seen.insert(entry);
 }
 
 }  // namespace pagellm::cuda
