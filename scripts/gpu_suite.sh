@@ -38,6 +38,24 @@ STEPS=${*:-tests e2e logprobs bench rl python lora serve trace prefill attn gemm
 mkdir -p "$LOG"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONUNBUFFERED=1
+# NCCL (tensor parallelism; test_cuda's Nccl* tests): pagellm dlopens libnccl.so.2, which is
+# too large for the bundle; the machine's PyTorch has one in its nvidia-nccl-cu13 wheel
+# (nvidia/nccl/lib). NVLink multicast (NVLS) stays off: it has taken shared hosts' GPUs out
+# of service (pagellm sets the same default itself; this covers torch's runs here too).
+if [ -z "${PAGELLM_NCCL_LIBRARY:-}" ]; then
+  nccl_lib=$(python3 -c "
+import glob, os, site
+dirs = [os.path.join(p, 'nvidia', 'nccl', 'lib') for p in site.getsitepackages()]
+try:
+    import nvidia.nccl as m
+    dirs = [os.path.join(p, 'lib') for p in m.__path__] + dirs
+except ImportError:
+    pass
+hits = [f for d in dirs for f in sorted(glob.glob(os.path.join(d, 'libnccl.so*')))]
+print(hits[0] if hits else '')" 2>/dev/null)
+  [ -n "$nccl_lib" ] && export PAGELLM_NCCL_LIBRARY="$nccl_lib"
+fi
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 # The measured crossover tables of the attention dispatcher travel with the source tree.
 export PAGELLM_ATTENTION_TABLES="${PAGELLM_ATTENTION_TABLES:-$PWD/data/attention}"
 status=0
@@ -47,6 +65,7 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 step "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$LOG/gpu.txt"
 ldd "$B/bin/pagellm" | grep -E "not found|cublas|cudnn" | tee "$LOG/ldd.txt"
+echo "NCCL: ${PAGELLM_NCCL_LIBRARY:-not found (the Nccl* tests will fail)}; NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE" | tee -a "$LOG/ldd.txt"
 
 if has tests; then
   step "op tests (test_cuda)"

@@ -39,6 +39,7 @@ TEST(CudaSettings, DefaultsWhenNothingIsSet) {
   EXPECT_TRUE(s.qkv_fusion);
   EXPECT_TRUE(s.pdl);
   EXPECT_EQ(s.cudnn_library, "");
+  EXPECT_EQ(s.nccl_library, "");
   EXPECT_TRUE(s.attention_tables.empty());
 }
 
@@ -110,10 +111,12 @@ TEST(CudaSettings, DisableSwitchesAreOnForAnythingButEmptyOrZero) {
   }
 }
 
-TEST(CudaSettings, ParsesCudnnLibraryAndAttentionTables) {
+TEST(CudaSettings, ParsesLibrariesAndAttentionTables) {
   const CudaSettings s = parse_env({{"PAGELLM_CUDNN_LIB", "/opt/cudnn/libcudnn.so.9"},
+                                    {"PAGELLM_NCCL_LIBRARY", "/opt/nccl/lib/libnccl.so.2"},
                                     {"PAGELLM_ATTENTION_TABLES", "a.json::dir/b:c"}});
   EXPECT_EQ(s.cudnn_library, "/opt/cudnn/libcudnn.so.9");
+  EXPECT_EQ(s.nccl_library, "/opt/nccl/lib/libnccl.so.2");
   EXPECT_EQ(s.attention_tables, (std::vector<std::string>{"a.json", "dir/b", "c"}));
 }
 

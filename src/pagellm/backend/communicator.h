@@ -14,14 +14,16 @@
 namespace pagellm {
 
 /// One rank's end of a group. Every rank calls the same collectives in the same order with
-/// tensors of the same shape and dtype; a call returns once this rank's result is written.
+/// tensors of the same shape and dtype; a call returns once this rank's result is written,
+/// or (a device communicator: NCCL's) once it is enqueued on the backend's stream, where
+/// the backend's later operations see it.
 class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
   /// `t` (on `backend`) becomes the element-wise sum over the ranks' `t`, the same bits on
-  /// every rank (summed in rank order).
+  /// every rank (InProcessGroup sums in rank order, NCCL in its algorithm's order).
   virtual void all_reduce_sum(Backend& backend, Tensor& t) = 0;
   /// `full` [R, size · C] becomes the ranks' `part` [R, C] side by side: rank r's at columns
   /// [r · C, (r + 1) · C).

@@ -11,6 +11,7 @@
 
 #include <utility>
 
+#include "pagellm/backend/communicator.h"
 #include "pagellm/common/check.h"
 #include "pagellm/cuda/attention/attention_dispatch.h"
 #include "pagellm/cuda/batch_staging.h"
@@ -21,6 +22,9 @@
 #include "pagellm/cuda/matmul/matmul.h"
 #include "pagellm/cuda/matmul/packed_weights.h"
 #include "pagellm/cuda/matmul/skinny_gemm.h"
+#if PAGELLM_HAVE_NCCL
+#include "pagellm/cuda/nccl_communicator.h"
+#endif
 #include "pagellm/cuda/sampling/gpu_sampler.h"
 #include "pagellm/cuda/support/cuda_check.h"
 #include "pagellm/cuda/support/device_info.h"
@@ -686,6 +690,30 @@ void* CudaBackend::open_ipc_memory(const std::array<uint8_t, 64>& handle) {
 void CudaBackend::close_ipc_memory(void* base) {
   if (base != nullptr) PAGELLM_CUDA_CHECK(cudaIpcCloseMemHandle(base));
 }
+
+// ---- collectives between processes (NcclCommunicator) ------------------------------------
+
+#if PAGELLM_HAVE_NCCL
+std::vector<uint8_t> CudaBackend::new_communicator_id() {
+  return new_nccl_group_id(settings_.nccl_library);
+}
+
+std::unique_ptr<Communicator> CudaBackend::join_communicator(const std::vector<uint8_t>& id,
+                                                             int rank, int size) {
+  return std::make_unique<NcclCommunicator>(*this, id, rank, size);
+}
+#else
+// Built without nccl.h (src/CMakeLists.txt): no device collectives.
+std::vector<uint8_t> CudaBackend::new_communicator_id() { return {}; }
+
+std::unique_ptr<Communicator> CudaBackend::join_communicator(const std::vector<uint8_t>& id,
+                                                             int rank, int size) {
+  (void)id;
+  PAGELLM_FAIL() << "join_communicator: this cuda backend was built without nccl.h, so it has "
+                    "no device collectives (rank "
+                 << rank << " of " << size << "); rebuild with the CUDA toolkit's NCCL headers";
+}
+#endif
 
 void CudaBackend::free_host_pinned(void* ptr) {
   if (ptr != nullptr) PAGELLM_CUDA_CHECK(cudaFreeHost(ptr));

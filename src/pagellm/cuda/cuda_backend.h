@@ -216,6 +216,17 @@ class CudaBackend final : public Backend {
   void write_weights(Tensor& dst, int64_t dst_offset, const void* src, DType src_dtype,
                      int64_t n, TensorMemory memory) override;
 
+  /// ncclGetUniqueId's 128 bytes, from the NCCL that settings().nccl_library names
+  /// (PAGELLM_NCCL_LIBRARY; else libnccl.so.2 through the loader's search), loaded at run
+  /// time (nccl_communicator.h). Throws Error naming where it looked when NCCL cannot be
+  /// loaded or is too old.
+  std::vector<uint8_t> new_communicator_id() override;
+  /// An NcclCommunicator on this backend's device and stream (ncclCommInitRank; blocks
+  /// until every rank has joined). Throws Error for an id that is not 128 bytes, a rank
+  /// outside [0, size), a capturing stream, or NCCL failing to load or join.
+  std::unique_ptr<Communicator> join_communicator(const std::vector<uint8_t>& id, int rank,
+                                                  int size) override;
+
   /// cudaHostAlloc / cudaFreeHost.
   void* allocate_host_pinned(size_t bytes) override;
   void free_host_pinned(void* ptr) override;

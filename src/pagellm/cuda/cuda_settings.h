@@ -75,6 +75,10 @@ struct CudaSettings {
   /// PAGELLM_CUDNN_LIB: a libcudnn.so.9 to try before the loader's search (empty: none).
   /// Process-wide (cuDNN is loaded once).
   std::string cudnn_library;
+  /// PAGELLM_NCCL_LIBRARY: the libnccl.so.2 that tensor parallelism loads (full path;
+  /// empty: "libnccl.so.2" through the loader's search). Read by join_communicator and
+  /// new_communicator_id (nccl_communicator.h), which never fall back to another library.
+  std::string nccl_library;
   /// PAGELLM_ATTENTION_TABLES: extra crossover tables (files or folders), after the
   /// shipped ones, in the order given (':'-separated in the variable).
   std::vector<std::string> attention_tables;
