@@ -144,6 +144,10 @@ void TpLeader::spawn_and_join() {
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     if (std::strncmp(*e, token_prefix.c_str(), token_prefix.size()) != 0) env_strings.push_back(*e);
   }
+  for (const std::string& setting : options_.default_env) {
+    const std::string name = setting.substr(0, setting.find('='));
+    if (std::getenv(name.c_str()) == nullptr) env_strings.push_back(setting);
+  }
   env_strings.push_back(token_prefix + token);
   std::vector<char*> envp;
   for (std::string& s : env_strings) envp.push_back(s.data());

@@ -42,6 +42,8 @@ class TpLeader final : public StepMirror {
     int64_t join_timeout_ms = 60'000;
     /// How long any later wait for a worker may take (loading, a collective).
     int64_t timeout_ms = 600'000;
+    /// NAME=VALUE settings added to the workers' environment where it lacks NAME.
+    std::vector<std::string> default_env;
   };
 
   /// Spawns the workers (posix_spawn) and waits until each has connected with this
