@@ -37,12 +37,12 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
                std::unique_ptr<Communicator> comm)
     : config_(config), tp_leader_(std::move(leader)) {
   const int ranks = tp_leader_ ? tp_leader_->size() : 1;
-  config_.tensor_parallel_size = ranks;
   try {
     PAGELLM_CHECK((comm != nullptr) == (tp_leader_ != nullptr) &&
-                  model->shard().size == ranks)
-        << "Engine: a model of " << model->shard().size << " tensor-parallel rank(s) with "
-        << (tp_leader_ ? "a" : "no") << " group of " << ranks
+                  model->shard().size == ranks && config_.tensor_parallel_size == ranks)
+        << "Engine: tensor_parallel_size " << config_.tensor_parallel_size << " with a model of "
+        << model->shard().size << " rank(s) and " << (tp_leader_ ? "a" : "no") << " group of "
+        << ranks
         << " (Engine::create_tensor_parallel makes the three together)";
     backend->set_attention_backend(config_.attention_backend);
     backend->set_batch_invariant(config_.batch_invariant);
