@@ -55,6 +55,12 @@ struct EngineOptions {
   /// adapters of higher rank are refused at load. The CUDA decode kernels size their work
   /// by it, so a value matching the adapters in use is faster (docs/design.md "LoRA").
   int32_t max_lora_rank = 64;
+  /// Tensor parallelism (docs/design.md "Tensor parallelism"): the model split over this
+  /// many ranks, one process each. The engine's process is rank 0; it starts the others
+  /// (the pagellm-worker program, found beside pagellm or through $PAGELLM_WORKER), rank r
+  /// on device r. 1: one process, no split. LoRA, weight updates, sleep and the float32
+  /// head are refused above 1.
+  int32_t tensor_parallel_size = 1;
 };
 
 /// How sleep (LLM::sleep, AsyncEngine::sleep, Engine::sleep) frees memory between rollouts,

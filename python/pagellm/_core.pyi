@@ -112,6 +112,12 @@ class EngineOptions:
     @max_lora_rank.setter
     def max_lora_rank(self, arg: int, /) -> None: ...
 
+    @property
+    def tensor_parallel_size(self) -> int: ...
+
+    @tensor_parallel_size.setter
+    def tensor_parallel_size(self, arg: int, /) -> None: ...
+
 class SamplingParams:
     """
     The C++ SamplingParams (pagellm/sampling_params.h); pagellm.SamplingParams builds it.

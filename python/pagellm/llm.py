@@ -180,6 +180,9 @@ class LLM:
         max_loras: LoRA adapters loaded at once (adapter slots).
         max_lora_rank: the largest LoRA rank an adapter may have (1..64; higher ranks are
             refused at load; the CUDA decode kernels are sized by it).
+        tensor_parallel_size: split the model over this many ranks, one process each
+            (this one and pagellm-worker processes; rank r on GPU r). LoRA, weight
+            updates and sleep are refused above 1.
 
     The GIL is released while the engine runs; calls from several threads take turns (a
     lock), as the engine steps on the caller's thread: that includes the reads of engine
@@ -198,14 +201,16 @@ class LLM:
                  page_size: int = 16, num_pages: Optional[int] = None,
                  max_num_batched_tokens: int = 0, enforce_eager: bool = False,
                  float32_head: bool = False, enable_prefix_caching: bool = True,
-                 max_loras: int = 8, max_lora_rank: int = 64) -> None:
+                 max_loras: int = 8, max_lora_rank: int = 64,
+                 tensor_parallel_size: int = 1) -> None:
         options = _engine_options(
             backend, kv_cache_gb=kv_cache_gb, max_num_seqs=max_num_seqs,
             max_model_len=max_model_len, attention_backend=attention_backend,
             batch_invariant=batch_invariant, page_size=page_size, num_pages=num_pages,
             max_num_batched_tokens=max_num_batched_tokens, use_graphs=not enforce_eager,
             float32_head=float32_head, enable_prefix_caching=enable_prefix_caching,
-            max_loras=max_loras, max_lora_rank=max_lora_rank)
+            max_loras=max_loras, max_lora_rank=max_lora_rank,
+            tensor_parallel_size=tensor_parallel_size)
         self.backend: str = options.backend
         self._core = _core.LLM(os.fspath(model), options)
         # The core runs on the calling thread and is not reentrant; it releases the GIL, so

@@ -48,6 +48,12 @@ void add_engine_options(CLI::App* cmd, EngineSettings& s) {
           },
           "N >= 0"))
       ->capture_default_str();
+  cmd->add_option("--tensor-parallel-size", s.config.tensor_parallel_size,
+                  "split the model over N ranks, one process each (this one and N - 1 "
+                  "pagellm-worker processes; rank r on GPU r); N must divide the model's "
+                  "heads, intermediate size and vocabulary")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   cmd->add_flag("!--no-prefix-caching", s.config.enable_prefix_caching,
                 "do not keep KV pages by their tokens for later requests to reuse (outputs "
                 "are the same; every prompt is prefilled in full)");

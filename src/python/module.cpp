@@ -247,7 +247,8 @@ NB_MODULE(_core, m) {
       .def_rw("batch_invariant", &EngineOptions::batch_invariant)
       .def_rw("enable_prefix_caching", &EngineOptions::enable_prefix_caching)
       .def_rw("max_loras", &EngineOptions::max_loras)
-      .def_rw("max_lora_rank", &EngineOptions::max_lora_rank);
+      .def_rw("max_lora_rank", &EngineOptions::max_lora_rank)
+      .def_rw("tensor_parallel_size", &EngineOptions::tensor_parallel_size);
 
   nb::class_<SamplingParams>(m, "SamplingParams", "The C++ SamplingParams (pagellm/sampling_params.h); pagellm.SamplingParams builds it.")
       .def(nb::init<>())

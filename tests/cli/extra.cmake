@@ -245,3 +245,12 @@ add_test(NAME cli_generate_max_loras_negative COMMAND ${_pl} generate --model ${
   --prompt-ids 1 --max-loras -1)
 set_tests_properties(cli_generate_max_loras_negative PROPERTIES FIXTURES_REQUIRED cli_model
   PASS_REGULAR_EXPRESSION "--max-loras: must be >= 0 \\(adapter slots\\), got -1")
+
+# Tensor parallelism from the command line: 2 processes (pagellm and a pagellm-worker found
+# beside it) on the embedded default model generate what one does.
+add_test(NAME cli_generate_tensor_parallel COMMAND ${CMAKE_COMMAND} -DPAGELLM=${_pl}
+  -DCACHE=${CMAKE_CURRENT_BINARY_DIR}/cli-tp-cache -P ${CMAKE_CURRENT_LIST_DIR}/tensor_parallel.cmake)
+add_test(NAME cli_generate_tensor_parallel_indivisible COMMAND ${_pl} generate --model ${_dir}
+  --prompt-ids 1 --tensor-parallel-size 3)
+set_tests_properties(cli_generate_tensor_parallel_indivisible PROPERTIES FIXTURES_REQUIRED cli_model
+  PASS_REGULAR_EXPRESSION "pagellm: error: tensor parallel size 3 does not fit this model:\n  num_attention_heads 4 is not a multiple of 3")

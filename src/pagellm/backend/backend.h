@@ -524,9 +524,10 @@ size_t check_kv_page_copies(const std::vector<LayerKv>& kv,
                             const std::vector<std::pair<int32_t, int32_t>>& src_dst,
                             const std::string& backend);
 
-/// Creates a backend by name: "cpu" or "cuda" (when built). Throws Error with the list of
+/// Creates a backend by name: "cpu" or "cuda" (when built), on device `device` (the GPU's
+/// index; the cpu backend has one device, and ignores it). Throws Error with the list of
 /// available backends otherwise, or when the device cannot be used.
-std::unique_ptr<Backend> create_backend(const std::string& name);
+std::unique_ptr<Backend> create_backend(const std::string& name, int device = 0);
 /// Names of the backends this build has.
 std::vector<std::string> available_backends();
 

@@ -18,10 +18,11 @@ std::vector<std::string> available_backends() {
   return names;
 }
 
-std::unique_ptr<Backend> create_backend(const std::string& name) {
+std::unique_ptr<Backend> create_backend(const std::string& name, int device) {
+  PAGELLM_CHECK(device >= 0) << "create_backend: device " << device << " (needs >= 0)";
   if (name == "cpu") return std::make_unique<CpuBackend>();
 #ifdef PAGELLM_HAVE_CUDA
-  if (name == "cuda") return make_cuda_backend(0);
+  if (name == "cuda") return make_cuda_backend(device);
 #endif
   std::string list;
   for (const auto& n : available_backends()) list += (list.empty() ? "" : ", ") + n;

@@ -116,6 +116,13 @@ std::unique_ptr<Engine> make_benchmark_engine(const DecodeWorkload& workload,
   const EngineConfig config = benchmark_engine_config(workload, base);
   if (!workload.model_dir.empty()) return Engine::create(workload.model_dir, config, progress);
   // Random weights made in memory: no files, the same values make-model would write.
+  if (config.tensor_parallel_size != 1) {
+    tp::ModelSource source;
+    source.preset = workload.preset;
+    source.seed = workload.seed;
+    source.dtype = DType::BF16;
+    return Engine::create_tensor_parallel(source, config, progress);
+  }
   std::unique_ptr<Backend> backend = create_backend(config.backend);
   const Qwen3Config model_config = preset_config(workload.preset);
   auto model = std::make_unique<Qwen3Model>(

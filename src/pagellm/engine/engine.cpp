@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
+#include "pagellm/backend/host_communicator.h"
 #include "pagellm/common/random.h"
 #include "pagellm/sampling/sampler.h"
 
@@ -31,9 +33,17 @@ std::vector<int32_t> min_tokens_banned(const SamplingParams& params,
 }  // namespace
 
 Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> model,
-               const EngineConfig& config)
-    : config_(config) {
+               const EngineConfig& config, std::unique_ptr<TpLeader> leader,
+               std::unique_ptr<Communicator> comm)
+    : config_(config), tp_leader_(std::move(leader)) {
+  const int ranks = tp_leader_ ? tp_leader_->size() : 1;
   try {
+    PAGELLM_CHECK((comm != nullptr) == (tp_leader_ != nullptr) &&
+                  model->shard().size == ranks && config_.tensor_parallel_size == ranks)
+        << "Engine: tensor_parallel_size " << config_.tensor_parallel_size << " with a model of "
+        << model->shard().size << " rank(s) and " << (tp_leader_ ? "a" : "no") << " group of "
+        << ranks
+        << " (Engine::create_tensor_parallel makes the three together)";
     backend->set_attention_backend(config_.attention_backend);
     backend->set_batch_invariant(config_.batch_invariant);
     resolve_config(model->config(), *backend);
@@ -45,12 +55,14 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
         << " backend: its float32 head runs on cuBLASLt, whose per-row results depend on the "
            "row count; choose one (on the float32 cpu backend both work)";
     if (config_.float32_head) model->enable_float32_head();
-    // LoRA's slot tables, before graphs that read them are captured.
-    if (config_.max_loras > 0 && backend->supports_lora()) {
+    // LoRA's slot tables, before graphs that read them are captured (one rank only:
+    // load_lora_adapter refuses at TP > 1).
+    if (config_.max_loras > 0 && backend->supports_lora() && ranks == 1) {
       model->enable_lora(config_.max_loras, config_.max_lora_rank);
     }
   } catch (...) {
     model.reset();  // its buffers belong to the backend: free them while it exists
+    comm.reset();
     throw;
   }
 
@@ -66,7 +78,21 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
   rc.use_graphs = config_.use_graphs;
   rc.graph_buckets = config_.graph_buckets;
   rc.persistent_page_table = config_.persistent_page_table;
-  runner_ = std::make_unique<ModelRunner>(std::move(backend), std::move(model), rc);
+  RunnerGroup group;
+  if (tp_leader_) {
+    // Host collectives (HostCommunicator) read and write host memory between kernels: a
+    // captured graph cannot hold them.
+    if (dynamic_cast<HostCommunicator*>(comm.get()) != nullptr) rc.use_graphs = false;
+    tp_leader_->send_runner_config(rc);
+    group.comm = std::move(comm);
+    group.mirror = tp_leader_.get();
+    group.agree_num_pages = [leader = tp_leader_.get()](int64_t own) {
+      return leader->agree_num_pages(own);
+    };
+  }
+  runner_ = std::make_unique<ModelRunner>(std::move(backend), std::move(model), rc,
+                                          std::move(group));
+  if (tp_leader_) tp_leader_->wait_ready();
   kv_cache_ = std::make_unique<KvCacheManager>(static_cast<int32_t>(runner_->num_pages()),
                                                config_.page_size, rc.page_table_rows,
                                                rc.max_pages_per_seq,
@@ -109,10 +135,79 @@ void Engine::resolve_config(const Qwen3Config& mc, const Backend& backend) {
   }
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  // The workers leave first (their runners and communicators go in parallel with ours);
+  // tp_leader_'s destructor, after the runner's, reaps them.
+  if (tp_leader_) tp_leader_->request_shutdown();
+}
+
+void Engine::refuse_tensor_parallel(const char* what) const {
+  PAGELLM_CHECK(tensor_parallel_size() == 1)
+      << what << " is not available with tensor parallelism yet (this engine runs "
+      << tensor_parallel_size() << " ranks; use tensor_parallel_size 1)";
+}
+
+std::unique_ptr<Engine> Engine::create_tensor_parallel(const tp::ModelSource& source,
+                                                       const EngineConfig& config,
+                                                       const ProgressFn& progress) {
+  const int size = config.tensor_parallel_size;
+  PAGELLM_CHECK(size >= 1 && size <= 64)
+      << "tensor_parallel_size must be in [1, 64], got " << size;
+  PAGELLM_CHECK(!(size > 1 && config.float32_head))
+      << "the float32 head is not available with tensor parallelism yet "
+      << "(tensor_parallel_size " << size << "); drop float32_head or use one rank";
+  // Everything that can be refused is, before any process starts.
+  const Qwen3Config model_config = source.config();
+  for (int r = 0; r < size; ++r) plan_tensor_parallel(model_config, size, r);
+  std::unique_ptr<Backend> backend = create_backend(config.backend, 0);
+  if (size == 1) {
+    std::unique_ptr<Qwen3Model> model = source.load(*backend, nullptr, progress);
+    return std::make_unique<Engine>(std::move(backend), std::move(model), config);
+  }
+  TpLeader::Options options;
+  options.size = size;
+  options.join_timeout_ms = config.tensor_parallel_join_timeout_ms;
+  options.timeout_ms = config.tensor_parallel_timeout_ms;
+  if (config.backend == "cpu") {
+    // The ranks share the host's cores: a worker takes its share of them, and its OpenMP
+    // threads sleep rather than spin while it waits for the others (spinning threads of
+    // one process starve the others' forward; 12 tok/s instead of 500 on 2 cores).
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    options.default_env = {"OMP_NUM_THREADS=" + std::to_string(std::max(1u, cores / size)),
+                           "OMP_WAIT_POLICY=PASSIVE"};
+  }
+  std::unique_ptr<TpLeader> leader = TpLeader::launch(options);
+  tp::WorkerSetup setup;
+  setup.source = source;
+  setup.backend = config.backend;
+  setup.attention_backend = config.attention_backend;
+  setup.batch_invariant = config.batch_invariant;
+  setup.communicator_id = backend->new_communicator_id();
+  setup.timeout_ms = config.tensor_parallel_timeout_ms;
+  leader->send_setup(setup);
+  std::unique_ptr<Communicator> comm =
+      setup.communicator_id.empty()
+          ? leader->host_communicator()
+          : backend->join_communicator(setup.communicator_id, 0, size);
+  const TensorParallel parallel{plan_tensor_parallel(model_config, size, 0), comm.get()};
+  std::unique_ptr<Qwen3Model> model;
+  try {
+    model = source.load(*backend, &parallel, progress);
+  } catch (...) {
+    comm.reset();  // before the backend (a device communicator uses its stream)
+    throw;
+  }
+  return std::make_unique<Engine>(std::move(backend), std::move(model), config, std::move(leader),
+                                  std::move(comm));
+}
 
 std::unique_ptr<Engine> Engine::create(const std::string& model_dir, const EngineConfig& config,
                                        const ProgressFn& progress) {
+  if (config.tensor_parallel_size != 1) {
+    tp::ModelSource source;
+    source.model_dir = model_dir;
+    return create_tensor_parallel(source, config, progress);
+  }
   std::unique_ptr<Backend> backend = create_backend(config.backend);
   std::unique_ptr<Qwen3Model> model = Qwen3Model::load(*backend, model_dir, progress);
   return std::make_unique<Engine>(std::move(backend), std::move(model), config);
@@ -264,6 +359,7 @@ std::string Engine::attach_lora(Sequence& seq, const std::string& lora) const {
 }
 
 LoraAdapterInfo Engine::load_lora_adapter(const LoraRequest& request) {
+  refuse_tensor_parallel("load_lora_adapter: LoRA");
   PAGELLM_CHECK(!request.name.empty())
       << "load_lora_adapter: the adapter needs a name (the name requests select it by)";
   PAGELLM_CHECK(!asleep_) << "load_lora_adapter: the engine is asleep; call wake_up() first";
@@ -364,6 +460,9 @@ std::vector<int64_t> Engine::step() {
   const auto start = Clock::now();
   if (paused_ && pause_mode_ == PauseMode::kKeep) return {};  // frozen until resume()
   if (asleep_) return {};  // nothing can run: add_request rejects while asleep
+  // A tensor-parallel group that failed stays failed: the same Error, before the
+  // scheduler (whose failed step was never completed) is asked anything.
+  if (tp_leader_) tp_leader_->throw_if_failed();
   kv_cache_->set_prefix_salt(weights_version_);  // new chains hash under today's weights
   SchedulerOutput out = scheduler_->schedule();
   stats_.preemptions += static_cast<int64_t>(out.preempted.size());
@@ -378,7 +477,13 @@ std::vector<int64_t> Engine::step() {
   }
   count_tokens(out);
 
-  ModelRunner::StepResult result = runner_->run(out, kv_cache_->page_table());
+  ModelRunner::StepResult result;
+  try {
+    result = runner_->run(out, kv_cache_->page_table());
+  } catch (const std::exception& e) {
+    if (tp_leader_) tp_leader_->mark_failed(e.what());
+    throw;
+  }
   for (SampledToken& t : result.sampled) t.weights_version = weights_version_;
   stats_.graph_steps += result.replayed_graph ? 1 : 0;
   stats_.page_table_entries_uploaded += result.page_table_entries;
@@ -463,6 +568,7 @@ WeightUpdateResult Engine::update_weights(const std::vector<NamedTensor>& tensor
 }
 
 WeightUpdateResult Engine::load_weights(const std::string& path, PauseMode mode) {
+  refuse_tensor_parallel("a weight update");
   const WeightStore store = WeightStore::open(path);
   const std::vector<NamedTensor> tensors = named_tensors_of(store);
   try {
@@ -616,7 +722,14 @@ std::vector<ScoreOutput> Engine::score(const std::vector<std::vector<int32_t>>& 
         rows_left -= std::max(0, begin + count - std::max(begin, first_row));
       }
       if (out.scheduled.empty()) break;
-      const Tensor logits = runner_->forward_rows(out, kv_cache_->page_table(), indices);
+      if (tp_leader_) tp_leader_->throw_if_failed();
+      Tensor logits;
+      try {
+        logits = runner_->forward_rows(out, kv_cache_->page_table(), indices);
+      } catch (const std::exception& e) {
+        if (tp_leader_) tp_leader_->mark_failed(e.what());
+        throw;
+      }
       for (const ScheduledSeq& s : out.scheduled) s.seq->num_computed += s.num_new_tokens;
       if (indices.empty()) continue;
       const std::vector<float> host = backend().download_f32(logits);
@@ -650,6 +763,7 @@ std::vector<ScoreOutput> Engine::score(const std::vector<std::vector<int32_t>>& 
 
 SleepReport Engine::sleep(const SleepOptions& options) {
   using Clock = std::chrono::steady_clock;
+  refuse_tensor_parallel("sleep");
   PAGELLM_CHECK(!asleep_) << "sleep: the engine is already asleep (call wake_up() first)";
   PAGELLM_CHECK(!scheduler_->has_unfinished())
       << "sleep: " << scheduler_->num_waiting() << " waiting and " << scheduler_->num_running()
@@ -678,6 +792,7 @@ SleepReport Engine::sleep(const SleepOptions& options) {
 }
 
 size_t Engine::recapture_graphs() {
+  refuse_tensor_parallel("recapture_graphs");
   PAGELLM_CHECK(!asleep_) << "recapture_graphs: the engine is asleep (wake_up() first)";
   PAGELLM_CHECK(!scheduler_->has_unfinished())
       << "recapture_graphs: requests are running; call it between generations";

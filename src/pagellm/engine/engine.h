@@ -15,6 +15,8 @@
 #include "pagellm/engine_options.h"
 #include "pagellm/engine/scheduler.h"
 #include "pagellm/engine/sequence.h"
+#include "pagellm/engine/tp_leader.h"
+#include "pagellm/engine/tp_protocol.h"
 #include "pagellm/kv/kv_cache_manager.h"
 #include "pagellm/lora_request.h"
 #include "pagellm/model/qwen3.h"
@@ -31,6 +33,11 @@ struct EngineConfig : EngineOptions {
   /// (Backend::supports_persistent_page_table); false sends every batch its dense rows
   /// (an ablation: `pagellm bench --dense-page-table`).
   bool persistent_page_table = true;
+  /// Tensor parallelism: how long the worker processes have to start and connect, and how
+  /// long any later wait for one (loading, a step's collective) may take before the engine
+  /// gives up on it with an Error naming the rank.
+  int64_t tensor_parallel_join_timeout_ms = 60'000;
+  int64_t tensor_parallel_timeout_ms = 600'000;
 };
 
 /// Counters since the engine started.
@@ -59,12 +66,35 @@ struct EngineStats {
 /// it. docs/design.md, "The engine step", states what one step does.
 class Engine {
  public:
+  /// A single-process engine. With `leader` (and `comm`, rank 0's end of the collectives
+  /// `model` was loaded with), rank 0 of a tensor-parallel group: the runner tells the
+  /// leader's workers every device operation (create_tensor_parallel makes the three).
   Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> model,
-         const EngineConfig& config);
-  /// Loads the model folder onto the named backend.
+         const EngineConfig& config, std::unique_ptr<TpLeader> leader = nullptr,
+         std::unique_ptr<Communicator> comm = nullptr);
+  /// Loads the model folder onto the named backend; with tensor_parallel_size > 1 through
+  /// create_tensor_parallel.
   static std::unique_ptr<Engine> create(const std::string& model_dir, const EngineConfig& config,
                                         const ProgressFn& progress = nullptr);
+  /// A tensor-parallel engine of config.tensor_parallel_size ranks over `source` (docs/
+  /// design.md "Tensor parallelism"): checks that the size divides the model and that no
+  /// option refused at TP > 1 is set, before any process starts; spawns the workers, which
+  /// load their shares while this process loads rank 0's; joins the backend's device
+  /// collectives or, where it has none, a HostCommunicator over the workers' connections.
+  /// Throws Error naming the problem (a worker that is missing, exits or does not join
+  /// names its rank and exit status), leaving no process behind.
+  static std::unique_ptr<Engine> create_tensor_parallel(const tp::ModelSource& source,
+                                                        const EngineConfig& config,
+                                                        const ProgressFn& progress = nullptr);
+  /// Tells the workers (tensor parallelism) to exit, and reaps them.
   ~Engine();
+
+  /// Ranks of the model: 1, or tensor_parallel_size.
+  int tensor_parallel_size() const { return tp_leader_ ? tp_leader_->size() : 1; }
+  /// The worker processes' ids, rank 1 first (empty for one rank). For tests and tools.
+  std::vector<pid_t> tensor_parallel_worker_pids() const {
+    return tp_leader_ ? tp_leader_->worker_pids() : std::vector<pid_t>{};
+  }
 
   /// Queues a request and returns its id. A request that can never run (empty or
   /// too-long prompt, token ids outside the vocabulary, bad sampling parameters) is
@@ -170,6 +200,7 @@ class Engine {
   /// same Error, pauses and writes nothing. update_weights runs them before it pauses, so
   /// that a bad update never waits for running requests.
   void check_weights_update(const std::vector<NamedTensor>& tensors) const {
+    refuse_tensor_parallel("a weight update");
     runner_->model().check_weights_update(tensors);
   }
 
@@ -245,8 +276,14 @@ class Engine {
   /// Adds the step's computed tokens to the prefill and decode counters.
   void count_tokens(const SchedulerOutput& out);
 
+  /// Refuses `what` at TP > 1 (not built for tensor parallelism yet) with an Error.
+  void refuse_tensor_parallel(const char* what) const;
+
   EngineConfig config_;
   SchedulerConfig scheduler_config_;
+  /// Tensor parallelism: the worker processes. Declared before the runner, so that the
+  /// runner (whose communicator may use the workers' connections) goes first.
+  std::unique_ptr<TpLeader> tp_leader_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<KvCacheManager> kv_cache_;
   std::unique_ptr<Scheduler> scheduler_;

@@ -7,11 +7,16 @@
 namespace pagellm {
 
 ModelRunner::ModelRunner(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> model,
-                         const ModelRunnerConfig& config)
-    : config_(config), backend_(std::move(backend)), model_(std::move(model)) {
+                         const ModelRunnerConfig& config, RunnerGroup group)
+    : config_(config),
+      backend_(std::move(backend)),
+      comm_(std::move(group.comm)),
+      mirror_(group.mirror),
+      model_(std::move(model)) {
   persistent_ = config_.persistent_page_table && backend_->supports_persistent_page_table();
   model_->reserve(config_.max_num_batched_tokens, config_.max_num_seqs);
-  allocate_kv(size_kv_cache());
+  const int64_t pages = size_kv_cache();
+  allocate_kv(group.agree_num_pages ? group.agree_num_pages(pages) : pages);
   if (config_.use_graphs && backend_->supports_graphs()) capture_graphs();
 }
 
@@ -19,9 +24,10 @@ ModelRunner::~ModelRunner() = default;
 
 int64_t ModelRunner::size_kv_cache() const {
   const Qwen3Config& mc = model_->config();
-  // KV pages: all layers' K and V for one page.
+  // KV pages: all layers' K and V for one page, of this rank's KV heads (tensor parallel:
+  // model_->shard().kv_heads; all of them for one rank).
   const size_t page_bytes = 2 * static_cast<size_t>(mc.num_hidden_layers) *
-                            mc.num_key_value_heads * config_.page_size * mc.head_dim *
+                            model_->shard().kv_heads * config_.page_size * mc.head_dim *
                             dtype_size(backend_->kv_dtype());
   int64_t pages = config_.num_pages;
   if (pages <= 0) {
@@ -53,7 +59,7 @@ void ModelRunner::allocate_kv(int64_t num_pages) {
   const Qwen3Config& mc = model_->config();
   num_pages_ = num_pages;
   const DType dt = backend_->kv_dtype();
-  const int64_t Hkv = mc.num_key_value_heads, P = config_.page_size, D = mc.head_dim;
+  const int64_t Hkv = model_->shard().kv_heads, P = config_.page_size, D = mc.head_dim;
   const size_t bytes = static_cast<size_t>(num_pages * Hkv * P * D) * dtype_size(dt);
   kv_.resize(static_cast<size_t>(mc.num_hidden_layers));
   for (LayerKv& layer : kv_) {
@@ -151,18 +157,44 @@ Tensor ModelRunner::forward(ForwardBatch& batch, bool pure_decode, StepResult* r
       graph = graphs.find(bucket->first);
     }
   }
+  int32_t bucket = 0;
   if (graph != graphs.end()) {
-    append_padding_rows(batch, graph->first - rows);
+    bucket = graph->first;
+    append_padding_rows(batch, bucket - rows);
     batch.kv_len_capacity = config_.max_model_len;
   }
   result->page_table_entries = static_cast<int64_t>(
       persistent_ ? batch.page_table_values.size() : batch.page_table.size());
-  BatchTensors tensors = backend_->upload_batch(batch);
-  result->launched = std::chrono::steady_clock::now();
-  if (graph == graphs.end()) return model_->forward(tensors, kv_);
-  graph->second.graph->replay();
-  result->replayed_graph = true;
-  return graph->second.logits.rows(0, rows);
+  if (mirror_ != nullptr) mirror_->forward(batch, bucket);
+  return run_forward(batch, bucket, rows, result);
+}
+
+Tensor ModelRunner::run_forward(const ForwardBatch& batch, int32_t graph_bucket, int32_t rows,
+                                StepResult* result) {
+  try {
+    BatchTensors tensors = backend_->upload_batch(batch);
+    if (result != nullptr) result->launched = std::chrono::steady_clock::now();
+    if (graph_bucket == 0) return model_->forward(tensors, kv_);
+    std::map<int32_t, DecodeGraph>& graphs = batch.lora_slots.empty() ? graphs_ : lora_graphs_;
+    const auto graph = graphs.find(graph_bucket);
+    PAGELLM_CHECK(graph != graphs.end())
+        << "no decode graph of " << graph_bucket << " rows was captured on this rank "
+        << "(the tensor-parallel ranks were built with different settings)";
+    graph->second.graph->replay();
+    if (result != nullptr) result->replayed_graph = true;
+    return graph->second.logits.rows(0, rows);
+  } catch (const std::exception& e) {
+    if (comm_ != nullptr) comm_->abort(std::string("its forward failed: ") + e.what());
+    throw;
+  }
+}
+
+void ModelRunner::follow_copy_kv_pages(const std::vector<std::pair<int32_t, int32_t>>& src_dst) {
+  backend_->copy_kv_pages(kv_, src_dst);
+}
+
+void ModelRunner::follow_forward(const ForwardBatch& batch, int32_t graph_bucket) {
+  run_forward(batch, graph_bucket, batch.num_seqs(), nullptr);
 }
 
 ModelRunner::StepResult ModelRunner::run(const SchedulerOutput& out, PageTable& page_table) {
@@ -176,7 +208,10 @@ ModelRunner::StepResult ModelRunner::run(const SchedulerOutput& out, PageTable& 
     pure_decode = pure_decode && s.num_new_tokens == 1 && s.samples && s.fan_out.empty();
   }
   // Copy-on-write of pages shared after a fan-out, before the forward writes into them.
-  if (!out.page_copies.empty()) backend_->copy_kv_pages(kv_, out.page_copies);
+  if (!out.page_copies.empty()) {
+    if (mirror_ != nullptr) mirror_->copy_kv_pages(out.page_copies);
+    backend_->copy_kv_pages(kv_, out.page_copies);
+  }
   Tensor logits = forward(batch, pure_decode, &result);
   if (logits_hook_) {
     const std::vector<float> host = backend_->download_f32(logits);

@@ -10,9 +10,11 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pagellm/backend/backend.h"
+#include "pagellm/backend/communicator.h"
 #include "pagellm/engine/scheduler.h"
 #include "pagellm/kv/page_table.h"
 #include "pagellm/model/qwen3.h"
@@ -41,6 +43,32 @@ struct ModelRunnerConfig {
   bool persistent_page_table = true;
 };
 
+/// What the leader (rank 0) of a tensor-parallel group tells the other ranks before each
+/// device operation of a step, so that every rank runs the same operations in the same
+/// order: the collectives inside a forward need every rank (docs/design.md, "Tensor
+/// parallelism"). Throws Error naming a rank that cannot be told.
+class StepMirror {
+ public:
+  virtual ~StepMirror() = default;
+  /// Backend::copy_kv_pages with these pairs.
+  virtual void copy_kv_pages(const std::vector<std::pair<int32_t, int32_t>>& src_dst) = 0;
+  /// A forward of `batch` as the leader uploads it (padding rows included): the replay of
+  /// the decode graph of `graph_bucket` rows, or (0) an eager forward.
+  virtual void forward(const ForwardBatch& batch, int32_t graph_bucket) = 0;
+};
+
+/// A ModelRunner's place in a tensor-parallel group (the default: a single rank).
+struct RunnerGroup {
+  /// This rank's end of the collectives the model calls; the runner keeps it until the
+  /// model is gone (and lets it go before the backend).
+  std::unique_ptr<Communicator> comm;
+  /// The leader's: told each device operation before this runner runs it. Null elsewhere.
+  StepMirror* mirror = nullptr;
+  /// Turns the KV pages that fit this rank into the group's count (the minimum over the
+  /// ranks), so that every rank's pools have the same pages. Null: this rank's own count.
+  std::function<int64_t(int64_t)> agree_num_pages;
+};
+
 /// Runs steps on one backend. Not thread-safe: the engine's thread only.
 class ModelRunner {
  public:
@@ -67,8 +95,10 @@ class ModelRunner {
   /// the model's activations and, when asked and the backend has graphs, captures one
   /// decode graph per bucket. Throws Error when not even 2 pages fit or the page count
   /// overflows 32-bit slot numbers.
+  /// In a tensor-parallel group (`group`), every rank is built with the same `config`,
+  /// so that each captures the same graphs with the same collectives inside.
   ModelRunner(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> model,
-              const ModelRunnerConfig& config);
+              const ModelRunnerConfig& config, RunnerGroup group = {});
   ~ModelRunner();
 
   /// Runs the step `out` plans (non-empty, between schedule() and on_step_done()) with the
@@ -87,6 +117,11 @@ class ModelRunner {
   int32_t max_logits_rows() const { return config_.max_num_seqs; }
   /// The most tokens one forward may hold.
   int32_t max_forward_tokens() const { return config_.max_num_batched_tokens; }
+
+  /// A tensor-parallel follower (rank > 0): the device operations the leader's StepMirror
+  /// sent, run as the leader runs them. Nothing is sampled or read back here.
+  void follow_copy_kv_pages(const std::vector<std::pair<int32_t, int32_t>>& src_dst);
+  void follow_forward(const ForwardBatch& batch, int32_t graph_bucket);
 
   void set_logits_hook(LogitsHook hook) { logits_hook_ = std::move(hook); }
   /// Whether batches carry the persistent page table (the backend supports it).
@@ -113,6 +148,11 @@ class ModelRunner {
   /// Pads `batch` to a bucket and replays its graph when it is a pure decode batch and a
   /// bucket fits; otherwise runs the forward eagerly. Returns the logits rows.
   Tensor forward(ForwardBatch& batch, bool pure_decode, StepResult* result);
+  /// Uploads `batch` and runs it: the graph of `graph_bucket` rows (returning the first
+  /// `rows` logits rows) or, for 0, the eager forward. A failure aborts the group's
+  /// communicator first, so that no other rank waits for this one.
+  Tensor run_forward(const ForwardBatch& batch, int32_t graph_bucket, int32_t rows,
+                     StepResult* result);
   /// Fills the top-k alternatives (SamplingParams::logprobs) of the sampled rows that ask
   /// for them: each such row of logits is copied to the host and scored by the host
   /// sampler's add_top_logprobs, whatever the backend (docs/design.md, "The
@@ -125,6 +165,10 @@ class ModelRunner {
 
   ModelRunnerConfig config_;
   std::unique_ptr<Backend> backend_;
+  // Declared between the backend and the model: the model (which calls it) goes first,
+  // the backend (whose stream a device communicator uses) last.
+  std::unique_ptr<Communicator> comm_;
+  StepMirror* mirror_ = nullptr;
   std::unique_ptr<Qwen3Model> model_;
   bool persistent_ = false;
   int64_t num_pages_ = 0;

@@ -69,9 +69,11 @@ class Qwen3Model {
   /// head are refused at TP > 1 (not built yet).
   Qwen3Model(Backend& backend, const Qwen3Config& config, const WeightLookup& lookup,
              const ProgressFn& progress = nullptr, const TensorParallel* parallel = nullptr);
-  /// Loads a Hugging Face folder (config.json + safetensors), validating every weight.
+  /// Loads a Hugging Face folder (config.json + safetensors), validating every weight;
+  /// with `parallel`, the rank's share (as the constructor).
   static std::unique_ptr<Qwen3Model> load(Backend& backend, const std::string& model_dir,
-                                          const ProgressFn& progress = nullptr);
+                                          const ProgressFn& progress = nullptr,
+                                          const TensorParallel* parallel = nullptr);
 
   const Qwen3Config& config() const { return config_; }
   /// This rank's share (the whole model for one rank).

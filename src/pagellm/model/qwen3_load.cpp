@@ -6,7 +6,8 @@
 namespace pagellm {
 
 std::unique_ptr<Qwen3Model> Qwen3Model::load(Backend& backend, const std::string& model_dir,
-                                             const ProgressFn& progress) {
+                                             const ProgressFn& progress,
+                                             const TensorParallel* parallel) {
   const Qwen3Config config = load_qwen3_config(model_dir);
   const WeightStore store = WeightStore::open(model_dir);
   validate_qwen3_weights(store, config);
@@ -15,7 +16,7 @@ std::unique_ptr<Qwen3Model> Qwen3Model::load(Backend& backend, const std::string
     store.prefetch(t);
     return WeightView{t.data, t.dtype, t.shape};
   };
-  return std::make_unique<Qwen3Model>(backend, config, lookup, progress);
+  return std::make_unique<Qwen3Model>(backend, config, lookup, progress, parallel);
 }
 
 }  // namespace pagellm
