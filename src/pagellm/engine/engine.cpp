@@ -185,6 +185,7 @@ std::unique_ptr<Engine> Engine::create_tensor_parallel(const tp::ModelSource& so
   setup.communicator_id = backend->new_communicator_id();
   setup.timeout_ms = config.tensor_parallel_timeout_ms;
   leader->send_setup(setup);
+  leader->wait_backends_up();
   std::unique_ptr<Communicator> comm =
       setup.communicator_id.empty()
           ? leader->host_communicator()

@@ -415,6 +415,10 @@ int64_t TpLeader::agree_num_pages(int64_t own) {
   return pages;
 }
 
+void TpLeader::wait_backends_up() {
+  for (int r = 1; r < size(); ++r) receive(r, tp::kBackendUp);
+}
+
 void TpLeader::wait_ready() {
   for (int r = 1; r < size(); ++r) receive(r, tp::kReady);
 }

@@ -70,6 +70,10 @@ class TpLeader final : public StepMirror {
   /// RunnerGroup::agree_num_pages: the minimum of `own` and every worker's count, which
   /// every worker is then told.
   int64_t agree_num_pages(int64_t own);
+  /// Waits until every worker has made its backend (after send_setup). Before joining a
+  /// device group, whose join (ncclCommInitRank) would wait forever for a rank that failed
+  /// to make its backend (a missing GPU): such a rank's Error arrives here instead.
+  void wait_backends_up();
   /// Waits until every worker has built its runner.
   void wait_ready();
   /// Records that the group failed (a step threw on this rank: its collectives were

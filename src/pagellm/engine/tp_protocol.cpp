@@ -148,6 +148,7 @@ std::string message_name(uint32_t type) {
     case kHello: return "hello";
     case kWelcome: return "welcome";
     case kSetup: return "setup";
+    case kBackendUp: return "backend up";
     case kRunnerConfig: return "runner config";
     case kPages: return "pages";
     case kPagesAgreed: return "pages agreed";

@@ -19,7 +19,7 @@ namespace pagellm::tp {
 
 /// First in every hello and welcome, before the version: "PGLMTP" as little-endian bytes.
 constexpr uint64_t kMagic = 0x0000'5054'4d4c'4750ULL;
-constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kProtocolVersion = 2;
 /// The environment variable that carries the launch's token to a worker (not argv, which
 /// every user of the machine can read in /proc).
 constexpr const char* kTokenEnv = "PAGELLM_TP_TOKEN";
@@ -29,6 +29,7 @@ enum Message : uint32_t {
   kHello = 1,        // W: u64 magic, u32 version, i32 rank, string token
   kWelcome = 2,      // L: u64 magic, u32 version
   kSetup = 3,        // L: WorkerSetup
+  kBackendUp = 11,   // W: the backend is made; the worker joins the device group next
   kRunnerConfig = 4, // L: ModelRunnerConfig
   kPages = 5,        // W: i64 the KV pages that fit this rank
   kPagesAgreed = 6,  // L: i64 the group's page count (the minimum)

@@ -115,6 +115,7 @@ int serve(FramedSocket& leader, int rank, int size) {
   std::unique_ptr<Backend> backend = create_backend(setup.backend, setup.device);
   backend->set_attention_backend(setup.attention_backend);
   backend->set_batch_invariant(setup.batch_invariant);
+  if (!leader.send(tp::kBackendUp, nullptr, 0)) return 0;
   std::unique_ptr<Communicator> comm;
   if (setup.communicator_id.empty()) {
     comm = std::make_unique<HostCommunicator>(rank, size, std::vector<FramedSocket*>{&leader},
