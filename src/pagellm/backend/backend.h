@@ -81,12 +81,11 @@ struct LoraGroup {
   int64_t in = 0;  // the input width every module reads
   std::array<int64_t, kMaxModules> width{};
   int64_t col_offset = 0;
-  /// Backend memory: kCounters uint32 the fused products (Backend::lora_matmul and its
-  /// kin) use to order a launch's shrink before its expand; zero between launches (each
-  /// launch leaves them zero). One set per (layer, group): a launch never shares them.
-  /// Null: the fused products are not used for this group.
+  /// Backend memory: two uint32 the fused products (Backend::lora_matmul and its kin) use
+  /// to order a launch's shrink before its expand; zero between launches (each launch
+  /// leaves them zero). One pair per (layer, group): a launch never shares them. Null: the
+  /// fused products are not used for this group.
   uint32_t* counters = nullptr;
-  static constexpr int kCounters = 16;
   /// No slot's rank exceeds it (1..kMaxRank; the model refuses larger adapters): the fused
   /// products size their grids and staging by it.
   int32_t max_rank = kMaxRank;

@@ -383,7 +383,7 @@ void Qwen3Model::enable_lora(int32_t max_slots, int32_t max_rank) {
   lora_table_host_.assign(entries, LoraSlotFactors{});
   lora_table_ = DeviceBuffer(&backend_, entries * sizeof(LoraSlotFactors));
   upload_lora_table();
-  const std::vector<uint32_t> zeros(layers_.size() * kNumLoraGroups * LoraGroup::kCounters, 0u);
+  const std::vector<uint32_t> zeros(layers_.size() * kNumLoraGroups * 2, 0u);
   lora_counters_ = DeviceBuffer(&backend_, zeros.size() * sizeof(uint32_t));
   backend_.copy_to_device(lora_counters_.get(), zeros.data(), zeros.size() * sizeof(uint32_t));
   lora_slots_.clear();
@@ -414,7 +414,7 @@ LoraGroup Qwen3Model::lora_group(size_t layer, int group) const {
   g.col_offset = 0;  // every group's modules fill their output from its first column
   g.max_rank = lora_max_rank_;
   g.counters = static_cast<uint32_t*>(lora_counters_.get()) +
-               (layer * kNumLoraGroups + static_cast<size_t>(group)) * LoraGroup::kCounters;
+               (layer * kNumLoraGroups + static_cast<size_t>(group)) * 2;
   return g;
 }
 

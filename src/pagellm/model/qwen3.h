@@ -234,8 +234,7 @@ class Qwen3Model {
   /// [layers][group][slot] entries, on the host and (lora_table_) in backend memory.
   std::vector<LoraSlotFactors> lora_table_host_;
   DeviceBuffer lora_table_;
-  /// [layers][group][LoraGroup::kCounters] uint32, zeros: LoraGroup::counters of each
-  /// (layer, group).
+  /// [layers][group][2] uint32, zeros: LoraGroup::counters of each (layer, group).
   DeviceBuffer lora_counters_;
 
   struct Workspace {

@@ -120,8 +120,7 @@ struct LoraParams {
   const LoraSlotRef* slots = nullptr;   // [num_slots] (entry 0 unused)
   const int32_t* row_slots = nullptr;   // [M]: each token's slot, 0: none
   float* s = nullptr;                   // [M][modules · 64]: the shrink's sums
-  uint32_t* counters = nullptr;         // kLoraFused: [row clusters done, per token tile
-                                        // the shrink clusters done]
+  uint32_t* counters = nullptr;         // kLoraFused: [shrink clusters done, clusters done]
   int mode = kLoraNone;
   int tiles = 0;           // grid.x entries before the row tiles that are LoRA tiles
   int tiles_per_slot = 0;  // ceil(modules · max_rank / 128)
@@ -130,6 +129,7 @@ struct LoraParams {
   int width[3] = {0, 0, 0};
   int width_total = 0;     // the group's columns
   int row_tiles = 0;       // the product's row tiles (a packed B holds one block each)
+  unsigned shrink_clusters = 0;  // kLoraFused: clusters the expand waits for
   int num_slots = 0;       // entries of slots (slot 0 unused)
 };
 
@@ -277,13 +277,9 @@ __device__ __forceinline__ void qk_finish_row(const QkNormRopeArgs& e, int head,
 // rows up to 128 rows of one adapter slot's stacked A (the group's modules · rank rows,
 // packed by pack_lora_a in 64-row halves) through the same pipeline against the same x tile,
 // and writing the finished sums s = x · Aᵀ (float32) of the tokens that use that slot. In
-// one launch (kLoraFused) the LoRA tiles come first in the grid; a LoRA tile none of whose
-// tokens uses its slot (or whose slot's adapter has fewer rows than it starts at) returns at
-// once, touching nothing (no wait for the previous kernel: an idle LoRA launch costs the
-// product no more than its CTAs' start), and one that works signals its token tile's counter.
-// A row tile with adapter tokens waits, after its own main loop, for exactly the LoRA
-// tiles its tokens' slots need (ceil(modules · rank / 128) a slot, which the row tile
-// computes from the same slot table). The launcher uses one launch only when the whole grid fits on the GPU at once (so
+// one launch (kLoraFused) the LoRA tiles come first in the grid and signal a counter; a row
+// tile waits on it only after its own main loop, and only if one of its tokens has an
+// adapter. The launcher uses one launch only when the whole grid fits on the GPU at once (so
 // a waiting CTA can never keep a LoRA tile from running), and otherwise a shrink-only launch
 // followed by an expand-only one: the same arithmetic, so the same bits.
 //
@@ -336,15 +332,13 @@ __device__ __forceinline__ RankShare rank_share(int rank, int count, int splits)
           static_cast<int>(static_cast<int64_t>(rank + 1) * count / splits)};
 }
 
-/// Called once by every row-tile cluster (thread 0 of rank 0) at its very end in kLoraFused
-/// mode: the last one sets the counters back to zero for the next launch. Every LoRA tile
-/// that signalled did so before the row clusters of its token tile stopped waiting for it,
-/// so none signals after the reset; idle LoRA tiles touch no counter.
+/// Called once by every cluster (thread 0 of rank 0) at its very end in kLoraFused mode: the
+/// last cluster of the launch sets the counters back to zero for the next launch.
 __device__ __forceinline__ void lora_cluster_finished(const LoraParams& l) {
-  const uint32_t total = (gridDim.x - l.tiles) * gridDim.z;
-  __threadfence();
-  if (atomicAdd(&l.counters[0], 1u) == total - 1) {
-    for (unsigned z = 0; z <= gridDim.z; ++z) l.counters[z] = 0;
+  const uint32_t total = gridDim.x * gridDim.z;
+  if (atomicAdd(&l.counters[1], 1u) == total - 1) {
+    l.counters[0] = 0;
+    l.counters[1] = 0;
   }
 }
 #endif  // PAGELLM_SKINNY_WGMMA
@@ -406,11 +400,11 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     const bool used = __syncthreads_or(lora_halves > 0 && tid < valid_tokens &&
                                        __ldg(lora.row_slots + m0 + tid) == lora_slot);
     if (!used) {
-      // Nothing read or written, no counter ("LoRA inside the product"). A shrink-only
-      // launch still waits for the previous kernel: were every CTA to leave without
-      // waiting, the launch could complete before it, and the expand launch's wait, which
-      // covers only this launch, would not cover that kernel's writes of x.
-      if (lora.mode == kLoraShrink) pdl_wait();
+      pdl_wait();
+      if (tid == 0 && split == 0 && lora.mode == kLoraFused) {
+        atomicAdd(&lora.counters[0], 1u);
+        lora_cluster_finished(lora);
+      }
       return;
     }
     // The slot's whole packed B (every row tile's block) starts into L2 now, next to the
@@ -609,15 +603,9 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
                            smem_addr(&lora_bar), policy);
           }
           if (b0 == 0 && lora.mode == kLoraFused) {
-            // One launch: wait for the sums of the LoRA tiles of every slot the tile's
-            // tokens use (the slots of the other ranks' lists too: the cluster's counter).
-            uint32_t needed = 0;
-            for (unsigned long long m = lora_mask; m != 0; m &= m - 1) {
-              const int q = __ffsll(static_cast<long long>(m)) - 1;
-              needed += (lora.modules * lora_q_rank[q] + kRows - 1) / kRows;
-            }
+            // One launch: wait for every LoRA tile's sums.
             uint32_t spins = 0;
-            while (ld_acquire_gpu(lora.counters + 1 + blockIdx.z) < needed) {
+            while (ld_acquire_gpu(lora.counters) < lora.shrink_clusters) {
               __nanosleep(32);
               // A launch that fits the GPU cannot wait this long (seconds): fail loudly
               // rather than hang the stream.
@@ -758,7 +746,10 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     } else {
       __syncthreads();
     }
-    if (fused && tid == 0 && rank == 0) atomicAdd(&lora.counters[1 + blockIdx.z], 1u);
+    if (fused && tid == 0 && rank == 0) {
+      atomicAdd(&lora.counters[0], 1u);
+      lora_cluster_finished(lora);
+    }
     return;
   }
   if constexpr (kEpi == Epi::kQkNormRope) {
@@ -1056,11 +1047,12 @@ void launch(const void* x, const void* w, void* out, Epi epi, int64_t M, int64_t
   }
   const int lora_tiles = (lora->num_slots - 1) * p.lora.tiles_per_slot;
   const int64_t clusters = static_cast<int64_t>(lora_tiles + plan.grid_x) * plan.grid_z;
-  if (p.lora.counters != nullptr && plan.grid_z < kSkinnyLoraCounters &&
+  if (p.lora.counters != nullptr &&
       clusters <= max_resident_clusters(plan.tokens_per_tile, epi, plan.splits)) {
     // One launch: LoRA tiles first; the row tiles' epilogues wait for them.
     p.lora.mode = kLoraFused;
     p.lora.tiles = lora_tiles;
+    p.lora.shrink_clusters = static_cast<unsigned>(lora_tiles * plan.grid_z);
     launch_params(p, epi, plan.tokens_per_tile,
                   dim3(lora_tiles + plan.grid_x, plan.grid_y, plan.grid_z), stream);
     return;

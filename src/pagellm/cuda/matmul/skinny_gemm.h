@@ -61,13 +61,8 @@ struct SkinnyLora {
   int32_t max_rank = 64;               // no slot's rank exceeds it (1..64): sizes the grid
   int64_t width[3] = {0, 0, 0};        // multiples of 8
   float* s = nullptr;                  // lora_skinny_s_floats(M, num_modules) floats of scratch
-  uint32_t* counters = nullptr;  // [kSkinnyLoraCounters] device zeros (left zero), or null: two launches
+  uint32_t* counters = nullptr;        // [2] device zeros (left zero), or null: two launches
 };
-
-/// uint32 counters of a fused LoRA launch (SkinnyLora::counters): the row clusters that
-/// finished, then per token tile the shrink clusters that wrote their sums. A launch of more
-/// token tiles than kSkinnyLoraCounters - 1 takes two launches.
-constexpr int32_t kSkinnyLoraCounters = 16;
 
 /// Module widths of a fused LoRA group are multiples of this: each 64-row half of a tile
 /// (one warpgroup's rows) then belongs to one module, whose shrink sums it multiplies.
