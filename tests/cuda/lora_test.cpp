@@ -208,7 +208,7 @@ TEST_F(LoraAddTest, FusedProductsMatchProductPlusLoraAdd) {
   // max_rank 32: every slot's B is one block (more slots per batch); 64: up to two.
   for (const int max_rank : {32, 64})
   for (const Shape& sh : shapes) {
-    for (int64_t rows : {1, 5, 16, 32, 64}) {
+    for (int64_t rows : {1, 5, 16, 32, 64, 130}) {
       // 7 adapters of ranks up to 64 (and an empty slot): more than one batch of slots.
       const int num_slots = 9;
       int64_t W = 0;
@@ -219,7 +219,8 @@ TEST_F(LoraAddTest, FusedProductsMatchProductPlusLoraAdd) {
                          std::to_string(sh.in) + " width " + std::to_string(W) + " rows " +
                          std::to_string(rows) + " ranks";
       for (int r : tab.rank) what += " " + std::to_string(r);
-      // 64 rows: every slot in the one token tile (so several batches of slots).
+      // 64 rows: every slot in the one token tile (so several batches of slots); 130: three
+      // token tiles in one launch.
       std::vector<int32_t> row_slot = random_row_slots(rows, num_slots);
       if (rows == 64) {
         for (int64_t t = 0; t < rows; ++t) row_slot[static_cast<size_t>(t)] = static_cast<int32_t>(t % num_slots);
