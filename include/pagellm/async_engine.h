@@ -15,6 +15,7 @@
 #include "pagellm/prefix_cache_stats.h"
 #include "pagellm/prompt.h"
 #include "pagellm/sampling_params.h"
+#include "pagellm/weight_broadcast.h"
 #include "pagellm/weight_update.h"
 
 namespace pagellm {
@@ -119,6 +120,26 @@ class AsyncEngine {
   /// opened, changing nothing.
   WeightUpdateResult update_weights_from_ipc(const std::vector<IpcTensor>& tensors,
                                              PauseMode mode = PauseMode::kWait);
+  /// Weight updates broadcast from a trainer process (docs/design.md, "Weight updates",
+  /// broadcast). Joins the group the trainer made (WeightGroupSpec), on the loop thread
+  /// between steps: it blocks stepping until the trainer has joined too (it should be
+  /// joining already: NCCL's join waits for every rank; "tcp" waits up to the spec's
+  /// timeout for the trainer to listen). Throws pagellm::Error when a group is joined
+  /// already, at tensor_parallel_size > 1, or naming why the join failed.
+  void init_weight_group(const WeightGroupSpec& spec);
+  /// Leaves the group (no-op without one).
+  void destroy_weight_group();
+  bool has_weight_group() const;
+  /// update_weights, the tensors' bytes coming from the trainer, which broadcasts them
+  /// packed as plan_broadcast_buckets(tensors, bucket_bytes) says while this call runs.
+  /// The checks run before the pause; a rejected update still receives (and drops) the
+  /// trainer's buckets, so its broadcast completes and the group stays usable. `group`:
+  /// empty, or the joined group's name. Engine::update_weights_from_broadcast says what a
+  /// transfer failing midway leaves.
+  WeightUpdateResult update_weights_from_broadcast(const std::vector<BroadcastTensor>& tensors,
+                                                   uint64_t bucket_bytes,
+                                                   PauseMode mode = PauseMode::kWait,
+                                                   const std::string& group = "");
   /// Tokenizer access, safe from any thread (throws without a tokenizer).
   std::vector<int32_t> encode(const std::string& text) const;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;

@@ -162,6 +162,39 @@ class PagellmClient:
         update's report (weights_version, tensors_updated, seconds, ...)."""
         return self._call("POST", "/update_weights", {"path": path, "mode": mode})
 
+    # ---- weights broadcast from a trainer (pagellm.weight_broadcast drives these) ---------
+    def init_weights_group(self, backend: str = "nccl", unique_id: Optional[bytes] = None,
+                           master_address: Optional[str] = None, master_port: Optional[int] = None,
+                           rank_offset: int = 1, world_size: int = 2, group_name: str = "",
+                           timeout_seconds: Optional[float] = None) -> dict:
+        """Has the server join the trainer's weight group: ``backend`` "nccl" with the 128
+        bytes of ncclGetUniqueId, or "tcp" with the address where the trainer listens. Blocks
+        until the server has joined, so the trainer must be joining (or accepting) meanwhile."""
+        body: Dict[str, Any] = {"backend": backend, "rank_offset": rank_offset,
+                                "world_size": world_size, "group_name": group_name}
+        if unique_id is not None:
+            body["unique_id"] = base64.b64encode(bytes(unique_id)).decode()
+        if master_address is not None:
+            body["master_address"] = master_address
+        if master_port is not None:
+            body["master_port"] = master_port
+        if timeout_seconds is not None:
+            body["timeout_seconds"] = timeout_seconds
+        return self._call("POST", "/init_weights_group", body)
+
+    def destroy_weights_group(self) -> dict:
+        return self._call("POST", "/destroy_weights_group")
+
+    def update_weights_from_broadcast(self, tensors: Sequence[dict], bucket_bytes: int,
+                                      mode: str = "wait", group_name: str = "") -> dict:
+        """Tells the server to receive an update from the joined group: ``tensors`` are
+        {"name", "dtype", "shape"} in the order the trainer packs them into buckets of
+        ``bucket_bytes``. Blocks until the server has received and written them, so the
+        trainer broadcasts meanwhile (pagellm.weight_broadcast.WeightBroadcaster does both)."""
+        body = {"broadcast": {"tensors": list(tensors), "bucket_bytes": int(bucket_bytes),
+                              "group_name": group_name}, "mode": mode}
+        return self._call("POST", "/update_weights", body)
+
     # ---- weights from a colocated trainer over CUDA IPC ----------------------------------
     @staticmethod
     def raw_cuda_ipc_handle(handle: bytes) -> bytes:

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "common/expect_error.h"
 #include "common/reference_qwen3.h"
 #include "pagellm/backend/backend.h"
 #include "pagellm/engine/engine.h"
@@ -12,14 +13,7 @@
 namespace pagellm {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(AttentionBackendChoice, CpuAcceptsAutoAndNativeAndRefusesCudnn) {
   auto backend = create_backend("cpu");

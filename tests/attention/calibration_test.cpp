@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/expect_error.h"
 #include "fixtures.h"
 #include "pagellm/attention/attention_call.h"
 #include "pagellm/attention/calibration.h"
@@ -25,14 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing::error_of;
 
 size_t count_if(const std::vector<AttentionCallShape>& grid,
                 const std::function<bool(const AttentionCallShape&)>& pred) {
@@ -214,7 +208,7 @@ TEST(CalibrationOptionsTest, BadOptionsNameTheOptionAndRange) {
     edit(o);
     return error_of([&] { o.validate(); });
   };
-  EXPECT_EQ(bad([](auto&) {}), "no error");
+  EXPECT_EQ(bad([](auto&) {}), "");
   EXPECT_EQ(bad([](auto& o) { o.iters = 0; }),
             "calibration iterations must be at least 1, got 0");
   EXPECT_EQ(bad([](auto& o) { o.layers = -2; }), "calibration layers must be at least 1, got -2");

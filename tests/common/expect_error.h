@@ -1,9 +1,10 @@
 // Expects a call to throw pagellm::Error with a given piece of message (the tests' usual
-// check of an error path: the message must name what was wrong).
+// check of an error path: the message must name what was wrong), or returns the message.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 
 #include "pagellm/common/check.h"
@@ -19,6 +20,16 @@ void expect_error(Fn fn, const std::string& needle) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
+}
+
+/// The message of the pagellm::Error that `fn` throws, or "" when it throws none.
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace pagellm::testing

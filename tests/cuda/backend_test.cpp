@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/expect_error.h"
 #include "cuda/cuda_test_util.h"
 #include "pagellm/cuda/cuda_backend.h"
 
@@ -18,14 +19,7 @@ using test::CudaOpTest;
 using test::cuda_device_count;
 using test::relative_close;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 // ---- opening the device ---------------------------------------------------------------------
 

@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/expect_error.h"
 #include "common/reference_qwen3.h"
 #include "cuda/cuda_test_util.h"
 #include "pagellm/backend/communicator.h"
@@ -46,14 +47,7 @@ namespace {
 
 using test::ScopedEnv;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
@@ -261,6 +255,16 @@ TEST_F(NcclOneRank, AllGatherColumnsCopiesItsInput) {
     }
   }
   EXPECT_GT(nccl().scratch_bytes(), 0u);
+}
+
+TEST_F(NcclOneRank, BroadcastFromItselfKeepsTheBytesAndRefusesAnotherRoot) {
+  Tensor t = alloc(gpu(), DType::BF16, {uniform_int(1, 50000)});
+  const std::vector<uint8_t> in = refill(t);
+  comm_->broadcast(gpu(), t.data, t.nbytes(), 0);
+  EXPECT_EQ(bytes_of(gpu(), t), in) << seed_note();
+  comm_->broadcast(gpu(), nullptr, 0, 0);  // nothing to send: no call
+  const std::string error = error_of([&] { comm_->broadcast(gpu(), t.data, t.nbytes(), 1); });
+  EXPECT_NE(error.find("root 1 is not a rank of 1"), std::string::npos) << error;
 }
 
 TEST_F(NcclOneRank, CollectivesReplayInsideACapturedGraph) {
@@ -515,6 +519,39 @@ TEST(NcclTwoRanks, AllReduceSumsAndEveryRankGetsTheSameBits) {
       ADD_FAILURE() << "float32 element " << i << ": " << got << ", host sum " << s << "; "
                     << note;
     }
+  }
+}
+
+TEST(NcclTwoRanks, BroadcastGivesEveryRankTheRootsBytes) {
+  if (!two_gpus()) GTEST_SKIP() << "needs two CUDA GPUs";
+  const uint64_t seed = test::test_seed();
+  // An odd size, and one over NCCL's chunk sizes.
+  const std::vector<size_t> sizes = {1, 4097, (size_t{48} << 20) + 3};
+  std::vector<std::vector<uint8_t>> sent(sizes.size());
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    for (size_t k = 0; k < sizes[i]; ++k) sent[i].push_back(static_cast<uint8_t>(rng()));
+  }
+  std::vector<std::vector<uint8_t>> got(sizes.size());
+  expect_no_errors(run_ranks(2, [&](int rank, Backend& b, Communicator& comm) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      DeviceBuffer buf(&b, sizes[i]);
+      if (rank == 0) {
+        b.copy_to_device(buf.get(), sent[i].data(), sizes[i]);
+      } else {
+        std::vector<uint8_t> poison(sizes[i], 0xA5);
+        b.copy_to_device(buf.get(), poison.data(), sizes[i]);
+      }
+      comm.broadcast(b, buf.get(), sizes[i], 0);
+      if (rank == 1) {
+        got[i].resize(sizes[i]);
+        b.copy_to_host(got[i].data(), buf.get(), sizes[i]);
+      }
+    }
+  }));
+  if (HasFailure()) return;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_TRUE(got[i] == sent[i]) << sizes[i] << " bytes; seed " << seed;
   }
 }
 

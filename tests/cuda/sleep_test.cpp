@@ -11,6 +11,7 @@
 
 #include "common/reference_qwen3.h"
 #include "cuda/cuda_test_util.h"
+#include "cuda/engine_run.h"
 #include "pagellm/cuda/cuda_backend.h"
 #include "pagellm/engine/engine.h"
 
@@ -18,6 +19,8 @@ namespace pagellm {
 namespace {
 
 using test::CudaOpTest;
+using test::EngineRun;
+using test::run_seeded;
 
 std::vector<unsigned char> raw(Backend& b, const void* ptr, size_t bytes) {
   std::vector<unsigned char> out(bytes);
@@ -148,51 +151,12 @@ TEST_F(CudaSleepTest, GraphCapturedBeforeSleepMatchesCpuAfterWake) {
   check("after a second wake", 0.0f);
 }
 
-struct EngineRun {
-  std::vector<std::vector<int32_t>> tokens;
-  std::vector<std::vector<float>> logprobs;
-};
-
-EngineRun run_seeded(Engine& engine) {
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<SamplingParams> params;
-  for (int i = 0; i < 6; ++i) {
-    std::vector<int32_t> p;
-    for (int j = 0; j < 5 + 7 * i; ++j) p.push_back((j * 31 + i * 17) % 380 + 1);
-    prompts.push_back(p);
-    SamplingParams sp;
-    sp.temperature = 1.0f;
-    sp.seed = 900 + i;
-    sp.max_tokens = 20;
-    sp.ignore_eos = true;
-    params.push_back(sp);
-  }
-  EngineRun run;
-  for (const Sequence* s : engine.generate(prompts, params)) {
-    EXPECT_EQ(s->finish_reason, FinishReason::kLength) << s->error;
-    run.tokens.push_back(s->output);
-    std::vector<float> lp;
-    for (const SampledToken& t : s->sampled) lp.push_back(t.logprob);
-    run.logprobs.push_back(lp);
-    engine.release(s->id);
-  }
-  return run;
-}
-
 TEST(CudaEngineSleep, DecodeGraphsGiveTheSameTokensAfterWake) {
   if (test::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
   const Qwen3Config c = testing::small_gpu_config();
   const testing::HostWeights w = testing::random_weights(c, 31337);
-  auto backend = create_backend("cuda");
-  auto model = std::make_unique<Qwen3Model>(*backend, c, w.lookup());
-  EngineConfig ec;
-  ec.backend = "cuda";
-  ec.page_size = 16;
-  ec.num_pages = 200;
-  ec.max_num_seqs = 8;
-  ec.max_num_batched_tokens = 256;
-  ec.max_model_len = 256;
-  Engine engine(std::move(backend), std::move(model), ec);
+  std::unique_ptr<Engine> owned = test::make_cuda_engine(c, w);
+  Engine& engine = *owned;
   ASSERT_FALSE(engine.graph_buckets().empty());
 
   const EngineRun before = run_seeded(engine);

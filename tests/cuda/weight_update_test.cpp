@@ -11,9 +11,13 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "common/reference_qwen3.h"
 #include "cuda/cuda_test_util.h"
+#include "cuda/engine_run.h"
+#include "pagellm/engine/engine.h"
+#include "pagellm/engine/weight_group.h"
 #include "pagellm/model/qwen3.h"
 
 namespace pagellm {
@@ -207,6 +211,58 @@ TEST_F(CudaWeightUpdate, WrongMemoryKindsAreRefusedAndNothingIsWritten) {
   const std::vector<float> after = logits_now();
   ASSERT_EQ(after.size(), before.size());
   for (size_t i = 0; i < after.size(); ++i) ASSERT_EQ(after[i], before[i]) << "logit " << i;
+}
+
+// ---- broadcast from a trainer, on the cuda backend ------------------------------------------
+// The "tcp" transport (NCCL's needs a second GPU: NcclTwoRanks): buckets arrive in host
+// memory and go through the pinned staging of write_weights. The engine updated by
+// broadcast, in small buckets, serves exactly what an engine given the same tensors directly
+// serves, captured decode graphs included.
+
+TEST(CudaWeightBroadcast, TcpUpdateServesWhatTheSameDirectUpdateServes) {
+  if (test::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  const uint64_t seed = test::test_seed();
+  const Qwen3Config c = testing::small_gpu_config();
+  const testing::HostWeights a = testing::random_weights(c, seed);
+  const testing::HostWeights b = testing::random_weights(c, seed + 1);
+  std::vector<BroadcastTensor> list;
+  std::vector<NamedTensor> direct;
+  std::vector<const void*> data;
+  for (const auto& [name, values] : b.data) {
+    list.push_back({name, TensorDType::kFloat32, b.shapes.at(name)});
+    data.push_back(values.data());
+    direct.push_back({name, values.data(), TensorDType::kFloat32, b.shapes.at(name),
+                      TensorMemory::kHost});
+  }
+  auto reference = test::make_cuda_engine(c, a);
+  const test::EngineRun before = test::run_seeded(*reference);
+  reference->update_weights(direct);
+  const test::EngineRun want = test::run_seeded(*reference);
+  ASSERT_NE(want.tokens, before.tokens);
+
+  auto engine = test::make_cuda_engine(c, a);
+  ASSERT_FALSE(engine->graph_buckets().empty());
+  EXPECT_EQ(test::run_seeded(*engine).logprobs, before.logprobs);  // graphs captured, in use
+  TcpWeightSender sender("127.0.0.1", 0, 2);
+  WeightGroupSpec spec;
+  spec.transport = "tcp";
+  spec.address = sender.address();
+  spec.timeout_seconds = 30;
+  std::thread accept([&] { sender.accept(30'000); });
+  engine->join_weight_group(spec);
+  accept.join();
+  const uint64_t bucket = 100'000;  // a few tensors per bucket, large ones alone
+  ASSERT_GT(plan_broadcast_buckets(list, bucket).size(), 5u);
+  std::thread trainer([&] { sender.send(list, data, bucket); });
+  const WeightUpdateResult r = engine->update_weights_from_broadcast(list, bucket);
+  trainer.join();
+  EXPECT_EQ(r.weights_version, 1u);
+  EXPECT_EQ(r.tensors_updated, static_cast<int64_t>(list.size()));
+  const test::EngineRun got = test::run_seeded(*engine);
+  EXPECT_EQ(got.tokens, want.tokens) << "seed " << seed;
+  EXPECT_EQ(got.logprobs, want.logprobs) << "seed " << seed;
+  engine->check_invariants();
+  EXPECT_EQ(engine->allocator().num_free(), engine->allocator().num_usable());
 }
 
 }  // namespace

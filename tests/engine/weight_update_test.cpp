@@ -10,11 +10,14 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <thread>
 
+#include "common/expect_error.h"
 #include "common/reference_qwen3.h"
 #include "pagellm/common/dtype.h"
 #include "pagellm/cpu/cpu_backend.h"
 #include "pagellm/engine/engine.h"
+#include "pagellm/engine/weight_group.h"
 #include "pagellm/model/make_model.h"
 #include "pagellm/model/safetensors.h"
 
@@ -417,6 +420,225 @@ TEST_F(PauseModes, RequestsAddedWhilePausedRunAfterResume) {
   engine->release(late);
   engine->release(late_aborted);
   expect_all_pages_free(*engine);
+}
+
+// ---- weights broadcast from a trainer ("tcp" transport; NCCL's runs on two GPUs) ---------
+
+TEST(BroadcastBuckets, PackInOrderAlignedAndSplitWhereTheBucketIsFull) {
+  auto t = [](const char* name, TensorDType d, std::vector<int64_t> shape) {
+    return BroadcastTensor{name, d, std::move(shape)};
+  };
+  // 600 + 10 bytes, then 1000 bytes, then 5000 bytes (alone, over the bucket), then 2.
+  const std::vector<BroadcastTensor> tensors = {
+      t("a", TensorDType::kBFloat16, {300}), t("b", TensorDType::kFloat32, {2, 5, 0, 1}),
+      t("c", TensorDType::kFloat16, {10}), t("d", TensorDType::kFloat32, {250}),
+      t("e", TensorDType::kBFloat16, {2500}), t("f", TensorDType::kInt64, {1})};
+  const std::vector<BroadcastBucket> b = plan_broadcast_buckets(tensors, 1024);
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_EQ(b[0].first, 0u);
+  EXPECT_EQ(b[0].offsets, (std::vector<uint64_t>{0, 768, 768}));  // 600 -> 768; b is empty
+  EXPECT_EQ(b[0].bytes, 768u + 20u);
+  EXPECT_EQ(b[1].first, 3u);  // 1024 + 1000 would pass 1024
+  EXPECT_EQ(b[1].offsets, (std::vector<uint64_t>{0}));
+  EXPECT_EQ(b[1].bytes, 1000u);
+  EXPECT_EQ(b[2].first, 4u);
+  EXPECT_EQ(b[2].bytes, 5000u);
+  EXPECT_EQ(b[3].first, 5u);
+  EXPECT_EQ(b[3].bytes, 8u);
+  // One bucket when everything fits.
+  EXPECT_EQ(plan_broadcast_buckets(tensors, uint64_t{1} << 20).size(), 1u);
+
+  testing::expect_error([&] { plan_broadcast_buckets({}, 1024); }, "at least one tensor");
+  testing::expect_error([&] { plan_broadcast_buckets(tensors, 0); }, "bucket_bytes");
+  testing::expect_error([&] { plan_broadcast_buckets({t("x", TensorDType::kFloat32, {-1})}, 64); },
+                        "negative size");
+  testing::expect_error([&] { plan_broadcast_buckets({t("", TensorDType::kFloat32, {1})}, 64); },
+                        "name is empty");
+  testing::expect_error(
+      [&] { plan_broadcast_buckets({t("x", TensorDType::kFloat32, {1 << 20, 1 << 20})}, 64); },
+      "2^40");
+}
+
+// A trainer (TcpWeightSender on the loopback) and an engine that joined its group.
+class WeightBroadcast : public WeightUpdate {
+ protected:
+  void join(Engine& engine, const std::string& name = "") {
+    sender = std::make_unique<TcpWeightSender>("127.0.0.1", 0, 2, name);
+    WeightGroupSpec spec;
+    spec.transport = "tcp";
+    spec.address = sender->address();
+    spec.name = name;
+    spec.timeout_seconds = 20;
+    std::thread trainer([&] { sender->accept(20'000); });
+    engine.join_weight_group(spec);
+    trainer.join();
+  }
+  // B's tensors as the trainer names them (float32 host data).
+  void tensors_of(const HostWeights& w, std::vector<BroadcastTensor>& list,
+                  std::vector<const void*>& data) {
+    for (const auto& [name, values] : w.data) {
+      list.push_back({name, TensorDType::kFloat32, w.shapes.at(name)});
+      data.push_back(values.data());
+    }
+  }
+  // The trainer sends while the engine updates, as over HTTP.
+  WeightUpdateResult update(Engine& engine, const std::vector<BroadcastTensor>& list,
+                            const std::vector<const void*>& data, uint64_t bucket_bytes,
+                            const std::vector<BroadcastTensor>* engine_list = nullptr) {
+    std::string trainer_error;
+    std::thread trainer([&] {
+      try {
+        sender->send(list, data, bucket_bytes);
+      } catch (const Error& e) {
+        trainer_error = e.what();
+      }
+    });
+    WeightUpdateResult r;
+    try {
+      r = engine.update_weights_from_broadcast(engine_list ? *engine_list : list, bucket_bytes);
+    } catch (...) {
+      trainer.join();
+      throw;
+    }
+    trainer.join();
+    EXPECT_EQ(trainer_error, "");
+    return r;
+  }
+  std::unique_ptr<TcpWeightSender> sender;
+};
+
+TEST_F(WeightBroadcast, UpdateInManyBucketsEqualsAFreshEngine) {
+  auto fresh = make_engine(c, b.lookup());
+  const Outputs want = generate(*fresh);
+  auto engine = make_engine(c, a.lookup());
+  ASSERT_NE(generate(*engine).tokens, want.tokens);
+  join(*engine, "rl");
+  ASSERT_NE(engine->weight_group(), nullptr);
+  EXPECT_EQ(engine->weight_group()->name, "rl");
+  std::vector<BroadcastTensor> list;
+  std::vector<const void*> data;
+  tensors_of(b, list, data);
+  // Small buckets: many tensors split across buckets, fused q/k/v in different ones.
+  const uint64_t bucket = 3000;
+  ASSERT_GT(plan_broadcast_buckets(list, bucket).size(), 10u);
+  const WeightUpdateResult r = update(*engine, list, data, bucket);
+  EXPECT_EQ(r.weights_version, 1u);
+  EXPECT_EQ(r.tensors_updated, static_cast<int64_t>(b.data.size()));
+  expect_same(generate(*engine), want);
+  expect_all_pages_free(*engine);
+
+  // A second update over the same group (back to A, bf16-exact values are not needed:
+  // float32 copies), in one bucket.
+  list.clear();
+  data.clear();
+  tensors_of(a, list, data);
+  EXPECT_EQ(update(*engine, list, data, uint64_t{1} << 30).weights_version, 2u);
+  auto fresh_a = make_engine(c, a.lookup());
+  expect_same(generate(*engine), generate(*fresh_a));
+}
+
+TEST_F(WeightBroadcast, RejectedUpdateDrainsTheBucketsAndTheGroupStaysUsable) {
+  auto engine = make_engine(c, a.lookup());
+  const Outputs before = generate(*engine);
+  join(*engine);
+  std::vector<BroadcastTensor> list;
+  std::vector<const void*> data;
+  tensors_of(b, list, data);
+  // The engine is told of a name the model lacks (same byte size, so the trainer's buckets
+  // still pack alike): nothing is written, the buckets are drained.
+  std::vector<BroadcastTensor> wrong = list;
+  wrong[3].name = "model.layers.99.mlp.up_proj.weight";
+  const std::string error = testing::error_of([&] { update(*engine, list, data, 4096, &wrong); });
+  EXPECT_NE(error.find("model.layers.99.mlp.up_proj.weight"), std::string::npos) << error;
+  EXPECT_NE(error.find("received and dropped"), std::string::npos) << error;
+  EXPECT_EQ(engine->weights_version(), 0u);
+  engine->reset_prefix_cache();  // the first run's prompts would hit it (other chunking)
+  expect_same(generate(*engine), before);
+
+  // The group is in step: the next update works.
+  EXPECT_EQ(update(*engine, list, data, 4096).weights_version, 1u);
+  auto fresh = make_engine(c, b.lookup());
+  expect_same(generate(*engine), generate(*fresh));
+  expect_all_pages_free(*engine);
+}
+
+TEST_F(WeightBroadcast, TrainerLeavingMidwayAdvancesTheVersionAndLeavesTheGroup) {
+  auto engine = make_engine(c, a.lookup());
+  join(*engine);
+  std::vector<BroadcastTensor> list;
+  std::vector<const void*> data;
+  tensors_of(b, list, data);
+  // The trainer sends the first three tensors' buckets, then goes away.
+  const std::vector<BroadcastTensor> head(list.begin(), list.begin() + 3);
+  const std::vector<const void*> head_data(data.begin(), data.begin() + 3);
+  std::thread trainer([&] {
+    sender->send(head, head_data, 1);  // bucket_bytes 1: one tensor per bucket
+    sender->close();
+  });
+  const std::string error =
+      testing::error_of([&] { engine->update_weights_from_broadcast(list, 1); });
+  trainer.join();
+  EXPECT_NE(error.find("after 3 of " + std::to_string(list.size()) + " buckets"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("closed the connection"), std::string::npos) << error;
+  EXPECT_EQ(engine->weights_version(), 1u);  // part of the weights changed
+  EXPECT_EQ(engine->weight_group(), nullptr);
+  testing::expect_error([&] { engine->update_weights_from_broadcast(list, 1); },
+                        "no weight group is joined");
+  expect_all_pages_free(*engine);
+}
+
+TEST_F(WeightBroadcast, BadGroupsAndUpdatesAreRefusedNamingTheProblem) {
+  auto engine = make_engine(c, a.lookup());
+  std::vector<BroadcastTensor> list = {{"model.norm.weight", TensorDType::kFloat32, {c.hidden_size}}};
+  testing::expect_error([&] { engine->update_weights_from_broadcast(list, 64); },
+                        "no weight group is joined");
+  WeightGroupSpec spec;
+  spec.nccl_unique_id.assign(128, 1);
+  testing::expect_error([&] { engine->join_weight_group(spec); }, "\"tcp\" transport");
+  spec.nccl_unique_id.assign(5, 1);
+  testing::expect_error([&] { engine->join_weight_group(spec); }, "128 bytes, got 5");
+  spec.transport = "smoke";
+  testing::expect_error([&] { engine->join_weight_group(spec); }, "unknown transport 'smoke'");
+  spec.transport = "tcp";
+  spec.address = "localhost";
+  testing::expect_error([&] { engine->join_weight_group(spec); }, "is not host:port");
+  spec.rank = 0;
+  testing::expect_error([&] { engine->join_weight_group(spec); }, "the trainer is rank 0");
+  // A trainer that is not listening: the join gives up after the timeout, naming the place.
+  spec.rank = 1;
+  {
+    TcpWeightSender closed("127.0.0.1", 0, 2);
+    spec.address = closed.address();
+  }
+  spec.timeout_seconds = 0.3;
+  testing::expect_error([&] { engine->join_weight_group(spec); }, "cannot connect to the trainer");
+  // The trainer's group is of another size: it refuses the engine, which says why.
+  TcpWeightSender three("127.0.0.1", 0, 3);
+  spec.address = three.address();
+  spec.timeout_seconds = 20;
+  std::thread trainer([&] {
+    try {
+      three.accept(1500);
+    } catch (const Error&) {
+    }
+  });
+  testing::expect_error([&] { engine->join_weight_group(spec); }, "world size 2, the trainer's group has 3");
+  trainer.join();
+  EXPECT_EQ(engine->weight_group(), nullptr);
+
+  join(*engine, "g");
+  testing::expect_error([&] { engine->join_weight_group(spec); }, "joined already");
+  // Another group's name: refused, the trainer's bucket drained.
+  const std::vector<float> norm(static_cast<size_t>(c.hidden_size), 1.0f);
+  std::thread send([&] { sender->send(list, {norm.data()}, 64); });
+  testing::expect_error([&] { engine->update_weights_from_broadcast(list, 64, PauseMode::kWait, "h"); },
+                        "names weight group 'h'");
+  send.join();
+  engine->leave_weight_group();
+  EXPECT_EQ(engine->weight_group(), nullptr);
+  EXPECT_EQ(engine->weights_version(), 0u);
 }
 
 }  // namespace

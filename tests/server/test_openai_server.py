@@ -188,8 +188,10 @@ def test_control_calls_and_metrics(server, client, model_dir):
     status, err = server.call("POST", "/update_weights", {"ipc_tensors": [{**ipc, "handle": "xyz"}]})
     assert status == 400 and err["error"]["param"] == "ipc_tensors[0].handle"
     assert server.call("GET", "/health")[1]["paused"] is False
-    status, err = server.call("POST", "/update_weights", {"nccl": {"group": "x"}})
-    assert status == 501 and "tensor-parallel" in err["error"]["message"]
+    broadcast = {"tensors": [{"name": "model.norm.weight", "dtype": "bfloat16", "shape": [64]}],
+                 "bucket_bytes": 1024}
+    status, err = server.call("POST", "/update_weights", {"broadcast": broadcast})
+    assert status == 400 and "no weight group is joined" in err["error"]["message"], err
     status, slept = server.call("POST", "/sleep", {"offload_weights": False})
     assert status == 200 and slept["asleep"] is True
     with pytest.raises(openai.APIStatusError) as e:

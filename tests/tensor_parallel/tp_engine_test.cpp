@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/expect_error.h"
 #include "pagellm/engine/engine.h"
 #include "pagellm/model/make_model.h"
 
@@ -69,14 +70,7 @@ void expect_no_children() {
   EXPECT_EQ(errno, ECHILD);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 struct RunResult {
   std::vector<std::vector<int32_t>> tokens;

@@ -377,12 +377,14 @@ void AsyncEngine::resume() {
 namespace {
 
 // The pause protocol of AsyncEngine::update_weights: check (on the loop thread, before any
-// pause), pause unless paused, wait for the drain, update, resume what it paused.
-WeightUpdateResult update_on_loop(AsyncEngine::Impl& impl, PauseMode mode,
-                                  const std::vector<NamedTensor>& tensors) {
+// pause), pause unless paused, wait for the drain, update, resume what it paused. `check`
+// (Engine&) throws for a bad update; `update` (Engine&) writes and returns the result.
+template <class Check, class Update>
+WeightUpdateResult update_on_loop(AsyncEngine::Impl& impl, PauseMode mode, Check check,
+                                  Update update) {
   const bool paused_here = impl.call([&] {
     Engine& engine = impl.core->engine();
-    engine.check_weights_update(tensors);
+    check(engine);
     if (engine.paused()) return false;
     engine.pause(mode);
     return true;
@@ -391,21 +393,31 @@ WeightUpdateResult update_on_loop(AsyncEngine::Impl& impl, PauseMode mode,
     // kWait: the loop keeps stepping (and delivering deltas) until the requests finish.
     impl.wait_drained();
     WeightUpdateResult result = impl.call([&] {
-      WeightUpdateResult r = impl.core->engine().update_weights(tensors, mode);
+      WeightUpdateResult r = update(impl.core->engine());
       impl.weights_version.store(r.weights_version, std::memory_order_release);
       return r;
     });
     if (paused_here) impl.call([&] { impl.core->engine().resume(); });
     return result;
   } catch (...) {
-    if (paused_here) {
-      try {
-        impl.call([&] { impl.core->engine().resume(); });
-      } catch (const std::exception&) {
-      }
+    try {
+      impl.call([&] {
+        Engine& engine = impl.core->engine();
+        // A failed broadcast may have written part of the weights and advanced the version.
+        impl.weights_version.store(engine.weights_version(), std::memory_order_release);
+        if (paused_here) engine.resume();
+      });
+    } catch (const std::exception&) {
     }
     throw;
   }
+}
+
+WeightUpdateResult update_on_loop(AsyncEngine::Impl& impl, PauseMode mode,
+                                  const std::vector<NamedTensor>& tensors) {
+  return update_on_loop(
+      impl, mode, [&](Engine& engine) { engine.check_weights_update(tensors); },
+      [&](Engine& engine) { return engine.update_weights(tensors, mode); });
 }
 
 }  // namespace
@@ -464,6 +476,29 @@ WeightUpdateResult AsyncEngine::update_weights_from_ipc(const std::vector<IpcTen
     unmap();
     throw;
   }
+}
+
+void AsyncEngine::init_weight_group(const WeightGroupSpec& spec) {
+  impl_->call([&] { impl_->core->engine().join_weight_group(spec); });
+}
+
+void AsyncEngine::destroy_weight_group() {
+  impl_->call([&] { impl_->core->engine().leave_weight_group(); });
+}
+
+bool AsyncEngine::has_weight_group() const {
+  return impl_->call([&] { return impl_->core->engine().weight_group() != nullptr; });
+}
+
+WeightUpdateResult AsyncEngine::update_weights_from_broadcast(
+    const std::vector<BroadcastTensor>& tensors, uint64_t bucket_bytes, PauseMode mode,
+    const std::string& group) {
+  return update_on_loop(
+      *impl_, mode,
+      [&](Engine& engine) { engine.check_broadcast_update(tensors, bucket_bytes, group); },
+      [&](Engine& engine) {
+        return engine.update_weights_from_broadcast(tensors, bucket_bytes, mode, group);
+      });
 }
 
 WeightUpdateResult AsyncEngine::load_weights(const std::string& path, PauseMode mode) {

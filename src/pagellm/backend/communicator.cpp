@@ -9,6 +9,13 @@
 
 namespace pagellm {
 
+void Communicator::broadcast(Backend& backend, void* data, size_t bytes, int root) {
+  (void)data;
+  PAGELLM_FAIL() << "this " << backend.name() << " communicator (rank " << rank() << " of "
+                 << size() << ") cannot broadcast " << bytes << " bytes from rank " << root
+                 << ": only a device communicator (NCCL) broadcasts";
+}
+
 /// Every rank waits in arrive_and_wait until all `count` have arrived (a generation count,
 /// so the barrier is reusable at once), or until a rank aborts the group: then it throws.
 struct InProcessGroup::Barrier {

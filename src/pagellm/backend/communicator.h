@@ -28,6 +28,11 @@ class Communicator {
   /// `full` [R, size · C] becomes the ranks' `part` [R, C] side by side: rank r's at columns
   /// [r · C, (r + 1) · C).
   virtual void all_gather_columns(Backend& backend, const Tensor& part, Tensor& full) = 0;
+  /// The `bytes` at `data` (this backend's memory) become rank `root`'s on every rank:
+  /// what a trainer's weight broadcast uses (docs/design.md, "Weight updates"). The
+  /// default throws Error: the tensor-parallel communicators between the engine's own
+  /// ranks (InProcessGroup, HostCommunicator) never broadcast.
+  virtual void broadcast(Backend& backend, void* data, size_t bytes, int root);
   /// Gives up on the group (this rank failed between or inside collectives, saying why):
   /// every rank waiting in a collective, and every later collective on any rank, throws
   /// Error naming the reason instead of waiting for this rank forever.

@@ -114,21 +114,35 @@ ReceiveStatus FramedSocket::read_exact(void* dst, size_t bytes, int64_t deadline
   return ReceiveStatus::kFrame;
 }
 
-ReceiveStatus FramedSocket::receive(Frame& frame, int64_t timeout_ms,
-                                    const std::atomic<bool>* interrupt) {
+ReceiveStatus FramedSocket::receive_header(uint32_t& type, uint64_t& bytes, int64_t timeout_ms,
+                                           const std::atomic<bool>* interrupt) {
   if (fd_ < 0) return ReceiveStatus::kClosed;
   const int64_t deadline = timeout_ms < 0 ? -1 : monotonic_ms() + timeout_ms;
   FrameHeader header{};
-  ReceiveStatus status = read_exact(&header, sizeof(header), deadline, interrupt);
+  const ReceiveStatus status = read_exact(&header, sizeof(header), deadline, interrupt);
   if (status != ReceiveStatus::kFrame) return status;
   PAGELLM_CHECK(header.zero == 0 && header.bytes <= kMaxPayload)
       << "malformed frame from " << peer_ << " (type " << header.type << ", " << header.bytes
-      << " bytes): not a pagellm tensor-parallel peer, or a corrupt stream";
-  frame.type = header.type;
-  frame.payload.resize(static_cast<size_t>(header.bytes));
+      << " bytes): not a pagellm peer, or a corrupt stream";
+  type = header.type;
+  bytes = header.bytes;
+  return ReceiveStatus::kFrame;
+}
+
+ReceiveStatus FramedSocket::read_payload(void* dst, size_t bytes, int64_t timeout_ms) {
+  if (fd_ < 0) return ReceiveStatus::kClosed;
+  return read_exact(dst, bytes, timeout_ms < 0 ? -1 : monotonic_ms() + timeout_ms, nullptr);
+}
+
+ReceiveStatus FramedSocket::receive(Frame& frame, int64_t timeout_ms,
+                                    const std::atomic<bool>* interrupt) {
+  uint64_t bytes = 0;
+  const ReceiveStatus status = receive_header(frame.type, bytes, timeout_ms, interrupt);
+  if (status != ReceiveStatus::kFrame) return status;
+  frame.payload.resize(static_cast<size_t>(bytes));
   // The rest of a frame whose header arrived follows at once: no deadline or interrupt,
   // so a frame is never cut in half (EOF still ends the wait).
-  return read_exact(frame.payload.data(), frame.payload.size(), -1, nullptr);
+  return read_payload(frame.payload.data(), frame.payload.size(), -1);
 }
 
 }  // namespace pagellm

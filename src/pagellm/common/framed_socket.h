@@ -63,6 +63,14 @@ class FramedSocket {
   /// for a frame larger than kMaxPayload or a failing socket.
   ReceiveStatus receive(Frame& frame, int64_t timeout_ms,
                         const std::atomic<bool>* interrupt = nullptr);
+  /// receive() in two parts, for a large payload that goes straight into the caller's
+  /// memory: the next frame's header (its type and payload size; checked as receive()
+  /// checks it), then read_payload() calls that take exactly that many bytes in all.
+  ReceiveStatus receive_header(uint32_t& type, uint64_t& bytes, int64_t timeout_ms,
+                               const std::atomic<bool>* interrupt = nullptr);
+  /// The next `bytes` of the current frame's payload into `dst`, within `timeout_ms` (< 0:
+  /// no limit).
+  ReceiveStatus read_payload(void* dst, size_t bytes, int64_t timeout_ms);
   /// Closes the socket now (the peer reads end-of-file).
   void close();
 

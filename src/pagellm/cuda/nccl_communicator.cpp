@@ -36,6 +36,7 @@ struct NcclApi {
   decltype(&::ncclCommGetAsyncError) comm_get_async_error = nullptr;
   decltype(&::ncclAllReduce) all_reduce = nullptr;
   decltype(&::ncclAllGather) all_gather = nullptr;
+  decltype(&::ncclBroadcast) broadcast = nullptr;
   decltype(&::ncclGetErrorString) get_error_string = nullptr;
   decltype(&::ncclGetLastError) get_last_error = nullptr;
 };
@@ -107,6 +108,7 @@ std::unique_ptr<NcclApi> open_nccl(const std::string& configured) {
   bind(api->comm_get_async_error, "ncclCommGetAsyncError");
   bind(api->all_reduce, "ncclAllReduce");
   bind(api->all_gather, "ncclAllGather");
+  bind(api->broadcast, "ncclBroadcast");
   bind(api->get_error_string, "ncclGetErrorString");
   bind(api->get_last_error, "ncclGetLastError");
   // The file the loader found (the name may have been a bare soname).
@@ -320,6 +322,18 @@ void NcclCommunicator::all_reduce_sum(Backend& backend, Tensor& t) {
   check_call(api_->all_reduce(t.data, t.data, static_cast<size_t>(n), type, ncclSum, comm_,
                               backend_.stream()),
              "ncclAllReduce");
+}
+
+void NcclCommunicator::broadcast(Backend& backend, void* data, size_t bytes, int root) {
+  check_usable("broadcast", backend);
+  if (root < 0 || root >= size_) {
+    fail("NCCL broadcast: root " + std::to_string(root) + " is not a rank of " +
+         std::to_string(size_));
+  }
+  if (bytes == 0) return;
+  if (data == nullptr) fail("NCCL broadcast: " + std::to_string(bytes) + " bytes at a null pointer");
+  check_call(api_->broadcast(data, data, bytes, ncclUint8, root, comm_, backend_.stream()),
+             "ncclBroadcast");
 }
 
 void NcclCommunicator::all_gather_columns(Backend& backend, const Tensor& part, Tensor& full) {

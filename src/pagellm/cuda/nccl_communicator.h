@@ -93,6 +93,8 @@ class NcclCommunicator final : public Communicator {
   /// as every rank does alike); a scratch that a graph captured is kept until
   /// the communicator goes, since the graph still reads it.
   void all_gather_columns(Backend& backend, const Tensor& part, Tensor& full) override;
+  /// In place: ncclBroadcast of `bytes` (as uint8) from `root`, on the backend's stream.
+  void broadcast(Backend& backend, void* data, size_t bytes, int root) override;
   /// ncclCommAbort, once; later calls throw Error naming `reason`.
   void abort(const std::string& reason) override;
 

@@ -565,7 +565,7 @@ void Engine::resume() {
 WeightUpdateResult Engine::update_weights(const std::vector<NamedTensor>& tensors,
                                           PauseMode mode) {
   check_weights_update(tensors);  // before pausing: a bad update waits for nothing
-  return run_update(mode, tensors);
+  return run_update(mode, [&] { return runner_->model().update_weights(tensors); });
 }
 
 WeightUpdateResult Engine::load_weights(const std::string& path, PauseMode mode) {
@@ -577,10 +577,146 @@ WeightUpdateResult Engine::load_weights(const std::string& path, PauseMode mode)
   } catch (const Error& e) {
     PAGELLM_FAIL() << store.source() << ": " << e.what();
   }
-  return run_update(mode, tensors);
+  return run_update(mode, [&] { return runner_->model().update_weights(tensors); });
 }
 
-WeightUpdateResult Engine::run_update(PauseMode mode, const std::vector<NamedTensor>& tensors) {
+void Engine::join_weight_group(const WeightGroupSpec& spec) {
+  refuse_tensor_parallel("a weight broadcast group");
+  if (weight_group_ && weight_group_->broken()) weight_group_.reset();
+  PAGELLM_CHECK(weight_group_ == nullptr)
+      << "a weight group is joined already (transport " << weight_group_->spec().transport
+      << ", name '" << weight_group_->spec().name << "'): leave it first";
+  weight_group_ = pagellm::join_weight_group(backend(), spec);
+  weight_group_updates_ = 0;
+}
+
+namespace {
+
+// The staging memory of a broadcast update, the largest bucket's size, where the receiver
+// writes: device memory for a device receiver (NCCL), else page-locked host memory, from
+// which write_weights copies a bucket of the weights' dtype straight to the device.
+struct BroadcastStaging {
+  BroadcastStaging(Backend& backend, TensorMemory receiver, uint64_t bytes)
+      : memory(receiver == TensorMemory::kDevice ? TensorMemory::kDevice
+                                                  : TensorMemory::kHostPinned) {
+    const size_t n = static_cast<size_t>(std::max<uint64_t>(bytes, 1));
+    if (memory == TensorMemory::kDevice) {
+      device = DeviceBuffer(&backend, n);
+    } else {
+      pinned = PinnedHostBuffer(&backend, n);
+    }
+  }
+  uint8_t* data() const {
+    return static_cast<uint8_t*>(memory == TensorMemory::kDevice ? device.get() : pinned.get());
+  }
+  TensorMemory memory;
+  DeviceBuffer device;
+  PinnedHostBuffer pinned;
+};
+
+uint64_t largest_bucket(const std::vector<BroadcastBucket>& buckets) {
+  uint64_t most = 1;
+  for (const BroadcastBucket& b : buckets) most = std::max(most, b.bytes);
+  return most;
+}
+
+// The NamedTensors of bucket `b`, their bytes at their offsets from `base`.
+std::vector<NamedTensor> bucket_tensors(const std::vector<BroadcastTensor>& tensors,
+                                        const BroadcastBucket& b, uint8_t* base,
+                                        TensorMemory memory) {
+  std::vector<NamedTensor> out;
+  for (size_t j = 0; j < b.offsets.size(); ++j) {
+    const BroadcastTensor& t = tensors[b.first + j];
+    NamedTensor n;
+    n.name = t.name;
+    n.data = base + b.offsets[j];
+    n.dtype = t.dtype;
+    n.shape = t.shape;
+    n.memory = memory;
+    out.push_back(std::move(n));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<BroadcastBucket> Engine::check_broadcast_update(
+    const std::vector<BroadcastTensor>& tensors, uint64_t bucket_bytes, const std::string& group) {
+  refuse_tensor_parallel("a weight update");
+  const std::vector<BroadcastBucket> buckets = plan_broadcast_buckets(tensors, bucket_bytes);
+  PAGELLM_CHECK(weight_group_ != nullptr)
+      << "no weight group is joined: the trainer makes one and the engine joins it first "
+         "(init_weights_group)";
+  PAGELLM_CHECK(!weight_group_->broken())
+      << "the weight group broke in an earlier update; leave it and join a new one";
+  // From here the trainer's buckets are on their way: a rejected update drains them, so
+  // that the trainer's broadcast completes and the next update finds the group in step.
+  const BroadcastStaging staging(backend(), weight_group_->memory(), largest_bucket(buckets));
+  try {
+    PAGELLM_CHECK(group.empty() || group == weight_group_->spec().name)
+        << "the update names weight group '" << group << "', the engine has joined '"
+        << weight_group_->spec().name << "'";
+    std::vector<NamedTensor> all;
+    for (const BroadcastBucket& b : buckets) {
+      for (NamedTensor& n : bucket_tensors(tensors, b, staging.data(), staging.memory)) {
+        all.push_back(std::move(n));
+      }
+    }
+    check_weights_update(all);
+  } catch (const Error& e) {
+    const uint64_t update = weight_group_updates_++;
+    for (size_t i = 0; i < buckets.size(); ++i) {
+      weight_group_->receive(staging.data(), buckets[i].bytes, update, i);
+    }
+    backend().synchronize();
+    PAGELLM_FAIL() << e.what() << "\n(the trainer's " << buckets.size()
+                   << " bucket(s) were received and dropped; the weight group stays usable)";
+  }
+  return buckets;
+}
+
+WeightUpdateResult Engine::update_weights_from_broadcast(const std::vector<BroadcastTensor>& tensors,
+                                                         uint64_t bucket_bytes, PauseMode mode,
+                                                         const std::string& group) {
+  const std::vector<BroadcastBucket> buckets = check_broadcast_update(tensors, bucket_bytes, group);
+  return run_update(mode, [&] {
+    const BroadcastStaging staging(backend(), weight_group_->memory(), largest_bucket(buckets));
+    Qwen3Model& model = runner_->model();
+    Qwen3Model::PartialUpdate update = model.begin_weights_update();
+    const uint64_t number = weight_group_updates_++;
+    size_t written = 0;
+    try {
+      for (; written < buckets.size(); ++written) {
+        const BroadcastBucket& b = buckets[written];
+        weight_group_->receive(staging.data(), b.bytes, number, written);
+        model.write_weights_part(bucket_tensors(tensors, b, staging.data(), staging.memory),
+                                 update);
+      }
+    } catch (const Error& e) {
+      weight_group_.reset();
+      if (written == 0) {
+        PAGELLM_FAIL() << "weight broadcast failed before any weight was written: " << e.what()
+                       << "; the weight group was left (join again)";
+      }
+      // Part of the model holds the new weights: nothing computed before may match again.
+      try {
+        model.finish_weights_update(update);
+      } catch (const Error&) {
+      }
+      ++weights_version_;
+      kv_cache_->reset_prefix_cache();
+      PAGELLM_FAIL() << "weight broadcast failed after " << written << " of " << buckets.size()
+                     << " buckets were written: " << e.what()
+                     << "; the weights are partly updated (weights version now "
+                     << weights_version_
+                     << "), and the weight group was left: join again and send the whole update";
+    }
+    return model.finish_weights_update(update);
+  });
+}
+
+WeightUpdateResult Engine::run_update(PauseMode mode,
+                                      const std::function<WeightWriteStats()>& write) {
   using Clock = std::chrono::steady_clock;
   const bool pause_here = !paused_;
   if (pause_here) pause(mode);
@@ -598,7 +734,7 @@ WeightUpdateResult Engine::run_update(PauseMode mode, const std::vector<NamedTen
           static_cast<int64_t>(scheduler_->num_running() + scheduler_->num_waiting());
     }
     const auto start = Clock::now();
-    const WeightWriteStats written = runner_->model().update_weights(tensors);
+    const WeightWriteStats written = write();
     result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     result.tensors_updated = written.tensors;
     result.bytes = written.bytes;

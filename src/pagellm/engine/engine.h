@@ -17,9 +17,11 @@
 #include "pagellm/engine/sequence.h"
 #include "pagellm/engine/tp_leader.h"
 #include "pagellm/engine/tp_protocol.h"
+#include "pagellm/engine/weight_group.h"
 #include "pagellm/kv/kv_cache_manager.h"
 #include "pagellm/lora_request.h"
 #include "pagellm/model/qwen3.h"
+#include "pagellm/weight_broadcast.h"
 #include "pagellm/weight_update.h"
 
 namespace pagellm {
@@ -204,6 +206,38 @@ class Engine {
     runner_->model().check_weights_update(tensors);
   }
 
+  // ---- weight updates broadcast from a trainer (docs/design.md, "Weight updates") -------
+  /// Joins the trainer's group (join_weight_group: blocks until the trainer has joined too,
+  /// or, for "tcp", the timeout). Throws Error when a usable group is joined already (leave
+  /// it first; a broken one is replaced), at TP > 1, or when the join fails.
+  void join_weight_group(const WeightGroupSpec& spec);
+  /// Leaves the group (no-op without one).
+  void leave_weight_group() { weight_group_.reset(); }
+  /// The joined group's spec, or null.
+  const WeightGroupSpec* weight_group() const {
+    return weight_group_ ? &weight_group_->spec() : nullptr;
+  }
+  /// The checks of update_weights_from_broadcast (the bucket plan, a group is joined and
+  /// usable, `group` empty or its name, every name, dtype and shape) before anything
+  /// pauses. On a problem found once the plan is known and the group usable, every bucket
+  /// is received and dropped first, so that the trainer's broadcast completes and the
+  /// group stays in step; then Error names the problem and says the buckets were "received
+  /// and dropped". Returns the plan.
+  std::vector<BroadcastBucket> check_broadcast_update(const std::vector<BroadcastTensor>& tensors,
+                                                      uint64_t bucket_bytes,
+                                                      const std::string& group = "");
+  /// update_weights with the tensors' bytes coming from the trainer's broadcast, a bucket
+  /// at a time (plan_broadcast_buckets): each is received into a staging buffer of the
+  /// largest bucket's size and written before the next arrives, so the update needs that
+  /// much memory beyond the weights, not the model's. The pause protocol is update_weights'.
+  /// A transfer that fails after some buckets were written leaves those written: the
+  /// weights version advances (so nothing cached from the old weights matches), the group
+  /// is left, and Error says so; join again and send the whole update.
+  WeightUpdateResult update_weights_from_broadcast(const std::vector<BroadcastTensor>& tensors,
+                                                   uint64_t bucket_bytes,
+                                                   PauseMode mode = PauseMode::kWait,
+                                                   const std::string& group = "");
+
   // ---- LoRA adapters (docs/design.md, "LoRA") -----------------------------------------
   /// Loads the PEFT adapter folder request.path under request.name (non-empty) into a free
   /// adapter slot, or, when the name is loaded already, replaces that adapter in place
@@ -301,7 +335,10 @@ class Engine {
   std::string attach_lora(Sequence& seq, const std::string& lora) const;
 
   /// Runs `write` (the model's update) under the pause protocol of update_weights.
-  WeightUpdateResult run_update(PauseMode mode, const std::vector<NamedTensor>& tensors);
+  WeightUpdateResult run_update(PauseMode mode, const std::function<WeightWriteStats()>& write);
+  /// The trainer's weight group, when joined; its updates so far (the "tcp" numbering).
+  std::unique_ptr<WeightReceiver> weight_group_;
+  uint64_t weight_group_updates_ = 0;
   // Pause state (pause() / resume()).
   bool paused_ = false;
   PauseMode pause_mode_ = PauseMode::kWait;

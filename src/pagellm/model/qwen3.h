@@ -100,6 +100,18 @@ class Qwen3Model {
   void check_weights_update(const std::vector<NamedTensor>& tensors) const;
   /// update_weights from a safetensors folder or file (WeightStore::open; host memory).
   WeightWriteStats update_weights_from(const std::string& path);
+  /// An update whose tensors arrive in parts (a trainer's broadcast buckets): begin, write
+  /// each part (checked as update_weights checks it, then written; it synchronises before
+  /// returning, so the part's memory may be reused at once), then finish: the decode
+  /// copies of every matrix a part rewrote, and the float32 head, are refreshed once. A
+  /// part that fails its checks writes nothing, but the parts before it stay written.
+  struct PartialUpdate {
+    std::vector<bool> touched;  // per prepared matrix
+    WeightWriteStats stats;
+  };
+  PartialUpdate begin_weights_update() const;
+  void write_weights_part(const std::vector<NamedTensor>& part, PartialUpdate& update);
+  WeightWriteStats finish_weights_update(PartialUpdate& update);
 
   /// The float32 head (EngineOptions::float32_head): from now on the final RMSNorm and
   /// lm_head run in float32 (Backend::float32_head) on float32 copies of their weights,
@@ -178,6 +190,8 @@ class Qwen3Model {
   };
   /// Every name update_weights accepts.
   std::vector<std::pair<std::string, WeightTarget>> weight_targets() const;
+  /// check_weights_update, then the writes of `tensors` (asynchronous), recorded in `update`.
+  void write_checked(const std::vector<NamedTensor>& tensors, PartialUpdate& update);
   /// The matrices given to prepare_matrix, with their gated_inter.
   std::vector<std::pair<Tensor, int64_t>> prepared_matrices() const;
 

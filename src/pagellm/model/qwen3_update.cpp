@@ -166,34 +166,53 @@ void Qwen3Model::check_weights_update(const std::vector<NamedTensor>& tensors) c
   }
 }
 
-WeightWriteStats Qwen3Model::update_weights(const std::vector<NamedTensor>& tensors) {
+Qwen3Model::PartialUpdate Qwen3Model::begin_weights_update() const {
   check_single_rank("a weight update");
+  PartialUpdate update;
+  update.touched.assign(static_cast<size_t>(4 * config_.num_hidden_layers), false);
+  return update;
+}
+
+void Qwen3Model::write_weights_part(const std::vector<NamedTensor>& part, PartialUpdate& update) {
+  write_checked(part, update);
+  backend_.synchronize();
+}
+
+WeightWriteStats Qwen3Model::finish_weights_update(PartialUpdate& update) {
+  const auto matrices = prepared_matrices();
+  for (size_t m = 0; m < matrices.size() && m < update.touched.size(); ++m) {
+    if (update.touched[m]) {
+      prepared_bytes_ += backend_.prepare_matrix(matrices[m].first, matrices[m].second);
+    }
+  }
+  // The float32 head's copies follow the final norm and the output projection.
+  if (float32_head_) enable_float32_head();
+  backend_.synchronize();
+  return update.stats;
+}
+
+void Qwen3Model::write_checked(const std::vector<NamedTensor>& tensors, PartialUpdate& update) {
   // Check everything; write nothing until every tensor passed.
   check_weights_update(tensors);
   std::map<std::string, WeightTarget> targets;
   for (auto& [name, target] : weight_targets()) targets.emplace(name, std::move(target));
-
-  // Write: one contiguous run per tensor (q/k/v and gate/up are row ranges of their
-  // fused matrix), then refresh the decode copies of the rewritten matrices, then wait once.
-  WeightWriteStats stats;
-  std::vector<bool> touched(static_cast<size_t>(4 * config_.num_hidden_layers), false);
+  // One contiguous run per tensor (q/k/v and gate/up are row ranges of their fused matrix).
   for (const NamedTensor& t : tensors) {
     WeightTarget& target = targets.at(t.name);
     if (target.skip) continue;
     const int64_t n = numel_of(t.shape);
     backend_.write_weights(target.dst, target.offset, t.data, to_dtype(t.dtype), n, t.memory);
-    if (target.matrix >= 0) touched[static_cast<size_t>(target.matrix)] = true;
-    ++stats.tensors;
-    stats.bytes += static_cast<uint64_t>(n) * dtype_size(to_dtype(t.dtype));
+    if (target.matrix >= 0) update.touched[static_cast<size_t>(target.matrix)] = true;
+    ++update.stats.tensors;
+    update.stats.bytes += static_cast<uint64_t>(n) * dtype_size(to_dtype(t.dtype));
   }
-  const auto matrices = prepared_matrices();
-  for (size_t m = 0; m < matrices.size(); ++m) {
-    if (touched[m]) prepared_bytes_ += backend_.prepare_matrix(matrices[m].first, matrices[m].second);
-  }
-  // The float32 head's copies follow the final norm and the output projection.
-  if (float32_head_) enable_float32_head();
-  backend_.synchronize();
-  return stats;
+}
+
+WeightWriteStats Qwen3Model::update_weights(const std::vector<NamedTensor>& tensors) {
+  // Write every tensor, refresh the decode copies of the rewritten matrices, wait once.
+  PartialUpdate update = begin_weights_update();
+  write_checked(tensors, update);
+  return finish_weights_update(update);
 }
 
 std::vector<NamedTensor> named_tensors_of(const WeightStore& store) {

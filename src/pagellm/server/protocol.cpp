@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "pagellm/error.h"
+
 namespace pagellm::server {
 
 using nlohmann::json;
@@ -372,6 +374,116 @@ std::optional<std::string> decode_base64(const std::string& text) {
   return out;
 }
 
+namespace {
+
+// A weight tensor's "dtype" ("bfloat16", "float16", "float32") in the object at `at`.
+TensorDType tensor_dtype_field(const json& t, const std::string& at) {
+  auto dtype = t.find("dtype");
+  const std::string d = dtype != t.end() && dtype->is_string() ? dtype->get<std::string>() : "";
+  if (d == "bfloat16") return TensorDType::kBFloat16;
+  if (d == "float16") return TensorDType::kFloat16;
+  if (d == "float32") return TensorDType::kFloat32;
+  bad_field(at + ".dtype", "must be \"bfloat16\", \"float16\" or \"float32\"");
+}
+
+// A tensor's "shape" (sizes >= 0) in the object at `at`.
+std::vector<int64_t> shape_field(const json& t, const std::string& at) {
+  auto shape = t.find("shape");
+  if (shape == t.end() || !shape->is_array()) bad_field(at + ".shape", "must be a list of sizes");
+  std::vector<int64_t> out;
+  for (const json& dim : *shape) {
+    if (!dim.is_number_integer() || dim.get<int64_t>() < 0) {
+      bad_field(at + ".shape", "must be a list of sizes (integers >= 0), got " + shown(*shape));
+    }
+    out.push_back(dim.get<int64_t>());
+  }
+  return out;
+}
+
+// A non-empty string field `name` of `j`, or nullopt when absent or null.
+std::optional<std::string> get_string(const json& j, const char* name, const std::string& at) {
+  const json* v = field(j, name);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) bad_field(at, "must be a string, got " + shown(*v));
+  return v->get<std::string>();
+}
+
+}  // namespace
+
+WeightGroupSpec parse_init_weights_group(const json& body) {
+  WeightGroupSpec spec;
+  const std::string transport = get_string(body, "backend", "backend").value_or("nccl");
+  if (transport != "nccl" && transport != "tcp") {
+    bad_field("backend", "must be \"nccl\" or \"tcp\", got \"" + transport + "\"");
+  }
+  spec.transport = transport;
+  if (transport == "nccl") {
+    const std::optional<std::string> id = get_string(body, "unique_id", "unique_id");
+    std::optional<std::string> bytes;
+    if (id) bytes = decode_base64(*id);
+    if (!bytes || bytes->size() != 128) {
+      bad_field("unique_id", "must be the base64 of ncclGetUniqueId's 128 bytes (backend nccl)");
+    }
+    spec.nccl_unique_id.assign(bytes->begin(), bytes->end());
+  } else {
+    const std::optional<std::string> host = get_string(body, "master_address", "master_address");
+    if (!host || host->empty()) {
+      bad_field("master_address", "the host where the trainer listens is required (backend tcp)");
+    }
+    const std::optional<int64_t> port = get_int(body, "master_port", 1, 65535);
+    if (!port) bad_field("master_port", "the port where the trainer listens is required (backend tcp)");
+    const bool v6 = host->find(':') != std::string::npos;
+    spec.address = (v6 ? "[" + *host + "]" : *host) + ":" + std::to_string(*port);
+    if (std::optional<float> t = get_float(body, "timeout_seconds")) {
+      if (*t <= 0) bad_field("timeout_seconds", "must be > 0");
+      spec.timeout_seconds = *t;
+    }
+  }
+  spec.rank = static_cast<int>(get_int(body, "rank_offset", 1, 1 << 20).value_or(1));
+  spec.world_size = static_cast<int>(get_int(body, "world_size", 2, 1 << 20).value_or(spec.rank + 1));
+  if (spec.rank >= spec.world_size) {
+    bad_field("rank_offset", "must be below world_size (" + std::to_string(spec.world_size) +
+                                 "; the trainer is rank 0), got " + std::to_string(spec.rank));
+  }
+  spec.name = get_string(body, "group_name", "group_name").value_or("");
+  return spec;
+}
+
+BroadcastUpdateRequest parse_broadcast_update(const json& broadcast) {
+  if (!broadcast.is_object()) {
+    bad_field("broadcast", "must be an object {tensors, bucket_bytes, group_name}, got " +
+                               shown(broadcast));
+  }
+  BroadcastUpdateRequest out;
+  const json* list = field(broadcast, "tensors");
+  if (!list || !list->is_array() || list->empty()) {
+    bad_field("broadcast.tensors", "must be a non-empty list of {name, dtype, shape}");
+  }
+  for (size_t i = 0; i < list->size(); ++i) {
+    const json& t = (*list)[i];
+    const std::string at = "broadcast.tensors[" + std::to_string(i) + "]";
+    if (!t.is_object()) bad_field(at, "must be an object, got " + shown(t));
+    BroadcastTensor b;
+    const std::optional<std::string> name = get_string(t, "name", at + ".name");
+    if (!name || name->empty()) bad_field(at + ".name", "must be a parameter's name (a non-empty string)");
+    b.name = *name;
+    b.dtype = tensor_dtype_field(t, at);
+    b.shape = shape_field(t, at);
+    out.tensors.push_back(std::move(b));
+  }
+  const std::optional<int64_t> bucket =
+      get_int(broadcast, "bucket_bytes", 1, std::numeric_limits<int64_t>::max());
+  if (!bucket) bad_field("broadcast.bucket_bytes", "the trainer's bucket size in bytes is required");
+  out.bucket_bytes = static_cast<uint64_t>(*bucket);
+  out.group_name = get_string(broadcast, "group_name", "broadcast.group_name").value_or("");
+  try {
+    plan_broadcast_buckets(out.tensors, out.bucket_bytes);  // sizes too large to pack
+  } catch (const Error& e) {
+    bad_field("broadcast.tensors", e.what());
+  }
+  return out;
+}
+
 std::vector<IpcTensor> parse_ipc_tensors(const json& list) {
   if (!list.is_array() || list.empty()) {
     bad_field("ipc_tensors", "must be a non-empty list of {name, handle, offset, dtype, shape}");
@@ -397,25 +509,8 @@ std::vector<IpcTensor> parse_ipc_tensors(const json& list) {
     if (auto v = get_int(t, "offset", 0, std::numeric_limits<int64_t>::max())) {
       ipc.offset = static_cast<uint64_t>(*v);
     }
-    auto dtype = t.find("dtype");
-    const std::string d = dtype != t.end() && dtype->is_string() ? dtype->get<std::string>() : "";
-    if (d == "bfloat16") {
-      ipc.dtype = TensorDType::kBFloat16;
-    } else if (d == "float16") {
-      ipc.dtype = TensorDType::kFloat16;
-    } else if (d == "float32") {
-      ipc.dtype = TensorDType::kFloat32;
-    } else {
-      bad_field(at + ".dtype", "must be \"bfloat16\", \"float16\" or \"float32\"");
-    }
-    auto shape = t.find("shape");
-    if (shape == t.end() || !shape->is_array()) bad_field(at + ".shape", "must be a list of sizes");
-    for (const json& dim : *shape) {
-      if (!dim.is_number_integer() || dim.get<int64_t>() < 0) {
-        bad_field(at + ".shape", "must be a list of sizes (integers >= 0), got " + shown(*shape));
-      }
-      ipc.shape.push_back(dim.get<int64_t>());
-    }
+    ipc.dtype = tensor_dtype_field(t, at);
+    ipc.shape = shape_field(t, at);
     out.push_back(std::move(ipc));
   }
   return out;

@@ -16,6 +16,7 @@
 #include "pagellm/outputs.h"
 #include "pagellm/prompt.h"
 #include "pagellm/sampling_params.h"
+#include "pagellm/weight_broadcast.h"
 #include "pagellm/weight_update.h"
 
 namespace pagellm::server {
@@ -88,6 +89,25 @@ GenerateRequest parse_generate_request(const std::string& body);
 /// allocation), "dtype" ("bfloat16", "float16", "float32"), "shape"}. Throws HttpError 400
 /// naming the element and field ("ipc_tensors[3].handle").
 std::vector<IpcTensor> parse_ipc_tensors(const nlohmann::json& list);
+
+/// A POST /init_weights_group body: the trainer's weight-broadcast group for the engine to
+/// join (docs/design.md, "Server", weight updates). {"backend": "nccl" (default) or "tcp",
+/// "unique_id": base64 of ncclGetUniqueId's 128 bytes (nccl), "master_address" and
+/// "master_port" where the trainer listens (tcp), "rank_offset" (the engine's rank, >= 1;
+/// default 1), "world_size" (the trainer and the engine's ranks; default rank_offset + 1),
+/// "group_name" (optional), "timeout_seconds" (tcp; default 300)}. Throws HttpError 400
+/// naming the field.
+WeightGroupSpec parse_init_weights_group(const nlohmann::json& body);
+
+/// The "broadcast" object of a POST /update_weights body: {"tensors": [{"name", "dtype",
+/// "shape"}, ...] in the order the trainer packs them, "bucket_bytes" (the trainer's
+/// bucket size), "group_name" (optional)}. Throws HttpError 400 naming the field.
+struct BroadcastUpdateRequest {
+  std::vector<BroadcastTensor> tensors;
+  uint64_t bucket_bytes = 0;
+  std::string group_name;
+};
+BroadcastUpdateRequest parse_broadcast_update(const nlohmann::json& broadcast);
 
 /// A POST /v1/load_lora_adapter body, {"lora_name", "lora_path"} (vLLM's); "lora_int_id"
 /// is accepted as the caller's own number. Throws HttpError 400 naming the missing field.

@@ -472,13 +472,6 @@ struct Server::Impl {
 
   json update_weights(const json& body) {
     const PauseMode mode = parse_mode(body);
-    if (body.contains("nccl")) {
-      throw HttpError(501,
-                      "nccl: weight broadcast over NCCL is not available: it needs the "
-                      "tensor-parallel work (docs/design.md, \"Server\", describes the interface); "
-                      "use \"path\" or \"ipc_tensors\"",
-                      "nccl", "not_implemented");
-    }
     const auto report = [](const WeightUpdateResult& r) -> json {
       return {{"weights_version", r.weights_version}, {"tensors_updated", r.tensors_updated},
               {"bytes", r.bytes},         {"seconds", r.seconds},
@@ -486,16 +479,36 @@ struct Server::Impl {
               {"requests_aborted", r.requests_aborted}, {"requests_kept", r.requests_kept},
               {"requests_waited", r.requests_waited}};
     };
+    if (auto broadcast = body.find("broadcast"); broadcast != body.end()) {
+      const BroadcastUpdateRequest request = parse_broadcast_update(*broadcast);
+      return report(engine.update_weights_from_broadcast(request.tensors, request.bucket_bytes,
+                                                         mode, request.group_name));
+    }
     if (auto ipc = body.find("ipc_tensors"); ipc != body.end()) {
       return report(engine.update_weights_from_ipc(parse_ipc_tensors(*ipc), mode));
     }
     auto path = body.find("path");
     if (path == body.end() || !path->is_string() || path->get<std::string>().empty()) {
       throw HttpError(400,
-                      "path: a safetensors folder or file is required (or \"ipc_tensors\")",
+                      "path: a safetensors folder or file is required (or \"ipc_tensors\", or "
+                      "\"broadcast\" from a joined weight group)",
                       "path");
     }
     return report(engine.load_weights(path->get<std::string>(), mode));
+  }
+
+  json init_weights_group(const json& body) {
+    const WeightGroupSpec spec = parse_init_weights_group(body);
+    if (engine.has_weight_group()) {
+      throw HttpError(409, "a weight group is joined already: POST /destroy_weights_group first",
+                      "", "conflict");
+    }
+    engine.init_weight_group(spec);
+    return {{"joined", true},
+            {"backend", spec.transport},
+            {"rank", spec.rank},
+            {"world_size", spec.world_size},
+            {"group_name", spec.name}};
   }
 
   void install_routes() {
@@ -532,7 +545,8 @@ struct Server::Impl {
                                 "; the routes are GET /v1/models, POST /v1/completions, POST "
                                 "/v1/chat/completions, POST /generate, POST "
                                 "/v1/load_lora_adapter, /v1/unload_lora_adapter, GET /health, GET /metrics and "
-                                "POST /pause, /resume, /update_weights, /reset_prefix_cache, /sleep, "
+                                "POST /pause, /resume, /update_weights, /init_weights_group, "
+                                "/destroy_weights_group, /reset_prefix_cache, /sleep, "
                                 "/wake_up",
                             "", "NotFoundError"));
       } else {
@@ -602,6 +616,16 @@ struct Server::Impl {
     });
     http.Post("/update_weights", [this](const httplib::Request& req, httplib::Response& res) {
       guarded(res, [&] { reply_json(res, update_weights(optional_body(req))); });
+    });
+    http.Post("/init_weights_group", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(res, [&] { reply_json(res, init_weights_group(optional_body(req))); });
+    });
+    http.Post("/destroy_weights_group", [this](const httplib::Request&, httplib::Response& res) {
+      guarded(res, [&] {
+        const bool had = engine.has_weight_group();
+        engine.destroy_weight_group();
+        reply_json(res, {{"left", had}});
+      });
     });
     http.Post("/reset_prefix_cache", [this](const httplib::Request&, httplib::Response& res) {
       guarded(res, [&] {

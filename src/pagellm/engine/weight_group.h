@@ -1,0 +1,101 @@
+// Weight updates broadcast from a trainer process (docs/design.md, "Weight updates",
+// broadcast): the engine's end of the trainer's group, which receives a bucket at a time,
+// and the trainer's end of the "tcp" transport (for C++ trainers and the tests; the Python
+// package has its own, pagellm.weight_broadcast).
+//
+// The "tcp" wire protocol, over FramedSocket frames (common/framed_socket.h):
+//   engine -> trainer  kFrameWeightHello   { string "pagellm-weight-group", uint32 version,
+//                                            int32 rank, int32 world_size, string name }
+//   trainer -> engine  kFrameWeightWelcome { uint32 version }   (or kFrameAbort: why not)
+//   trainer -> engine  kFrameWeightBucket  { uint64 update, uint64 bucket, bytes... }
+// for every bucket of every update, in order; `update` counts the trainer's updates from 0.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pagellm/backend/backend.h"
+#include "pagellm/common/framed_socket.h"
+#include "pagellm/weight_broadcast.h"
+
+namespace pagellm {
+
+enum WeightGroupFrame : uint32_t {
+  kFrameWeightHello = 0x5000'0001u,
+  kFrameWeightWelcome = 0x5000'0002u,
+  kFrameWeightBucket = 0x5000'0003u,
+};
+inline constexpr uint32_t kWeightGroupVersion = 1;
+inline constexpr const char* kWeightGroupMagic = "pagellm-weight-group";
+
+/// The engine's end of a trainer's weight group (rank >= 1; the trainer is rank 0).
+class WeightReceiver {
+ public:
+  virtual ~WeightReceiver() = default;
+  /// Where receive() writes: kDevice (the backend's memory: NCCL) or kHost ("tcp").
+  virtual TensorMemory memory() const = 0;
+  /// Receives the next bucket, `bytes` long, that rank 0 broadcasts, into `dst` (memory of
+  /// the kind memory() says). `update` and `bucket` number it, for the checks of "tcp".
+  /// Asynchronous on the backend's stream for kDevice (later work on the stream sees it).
+  /// Throws Error naming what failed (the trainer went away, sent a bucket of another
+  /// size or number, timed out); the group is unusable afterwards.
+  virtual void receive(void* dst, uint64_t bytes, uint64_t update, uint64_t bucket) = 0;
+  /// Whether a receive failed (the group is broken; join again).
+  virtual bool broken() const = 0;
+  /// "nccl" or "tcp", and the spec it was joined with.
+  const WeightGroupSpec& spec() const { return spec_; }
+
+ protected:
+  explicit WeightReceiver(WeightGroupSpec spec) : spec_(std::move(spec)) {}
+  WeightGroupSpec spec_;
+};
+
+/// Checks `spec` (transport, id size, address form, 1 <= rank < world_size, timeout) and
+/// joins: "nccl" through backend.join_communicator (blocks until every rank has joined;
+/// a backend without device collectives, such as cpu, is refused naming "tcp"), "tcp" by
+/// connecting to the trainer (retrying until timeout_seconds while it is not listening yet)
+/// and exchanging the hello. Throws Error naming the problem.
+std::unique_ptr<WeightReceiver> join_weight_group(Backend& backend, const WeightGroupSpec& spec);
+
+/// Splits "host:port" (host a name, an IPv4 address, or [IPv6]); throws Error naming `what`.
+void split_host_port(const std::string& address, const std::string& what, std::string& host,
+                     int& port);
+
+/// The trainer's end of a "tcp" weight group (rank 0): listens, accepts the engine ranks,
+/// and sends every update's buckets. For C++ trainers and the tests.
+class TcpWeightSender {
+ public:
+  /// Listens on `host` ("127.0.0.1"; port 0: one the kernel picks) for world_size - 1
+  /// engine ranks.
+  TcpWeightSender(const std::string& host, int port, int world_size, std::string name = "");
+  ~TcpWeightSender();
+  TcpWeightSender(const TcpWeightSender&) = delete;
+  TcpWeightSender& operator=(const TcpWeightSender&) = delete;
+
+  /// "host:port" to put in WeightGroupSpec::address.
+  std::string address() const;
+  /// Accepts the world_size - 1 ranks (each hello checked: magic, version, rank not yet
+  /// seen, world size, name; a wrong one is answered with kFrameAbort and refused), within
+  /// timeout_ms. Throws Error naming the problem.
+  void accept(int64_t timeout_ms);
+  /// Sends one update: `data[i]` holds tensors[i]'s bytes; they are packed as
+  /// plan_broadcast_buckets(tensors, bucket_bytes) says and each bucket goes to every rank.
+  /// Throws Error when a rank's connection is gone.
+  void send(const std::vector<BroadcastTensor>& tensors, const std::vector<const void*>& data,
+            uint64_t bucket_bytes);
+  /// Closes the connections (the engine ranks see their group end).
+  void close();
+
+ private:
+  int listen_fd_ = -1;
+  std::string host_;
+  int port_ = 0;
+  int world_size_;
+  std::string name_;
+  std::vector<std::unique_ptr<FramedSocket>> ranks_;
+  uint64_t updates_ = 0;
+};
+
+}  // namespace pagellm
