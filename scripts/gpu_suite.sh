@@ -3,7 +3,7 @@
 # compiler or package needed there beyond the CUDA toolkit, python3 with torch and
 # transformers). Usage: scripts/gpu_suite.sh BUNDLE_DIR LOG_DIR [steps...]
 # BUNDLE_DIR holds bundle.tar.xz (bin/ and lib/) as scripts/build_gpu.sh leaves it.
-# Steps (default: all but ablate and soak): tests e2e logprobs bench rl python lora serve trace prefill ablate attn gemm stream calib hf soak
+# Steps (default: all but ablate and soak): tests e2e logprobs bench rl python lora serve broadcast trace prefill ablate attn gemm stream calib hf tp soak
 # "python" installs the bundle's wheel (pagellm-*-cp312-*.whl) into /tmp/pagellm-site and
 # runs scripts/grpo_loop.py: 20 GRPO steps with torch, weights pushed by update_weights,
 # pagellm's score() checked against torch after each push.
@@ -21,6 +21,12 @@
 # a mixed-adapter LLM.generate batch) against transformers + PEFT in float32 on a random
 # Qwen3-0.6B with two random r = 32 adapters (LORA_PRESET), and the W1 LoRA benchmarks: one
 # r = 32 adapter and 8 adapters, each as a fraction of W1 without LoRA (--lora-compare).
+# "broadcast" runs scripts/weight_broadcast_bench.py on random Qwen3-4B (BROADCAST_PRESETS):
+# the whole model broadcast from a torch trainer to `pagellm serve`, timed, log-probabilities
+# checked; over NCCL (server on GPU 1, trainer on GPU 0) with two GPUs, else over "tcp".
+# "tp" (two GPUs or more; skipped below): W1 and batch-1 decode at tensor_parallel_size 2
+# beside 1 in the same call (issue 22's targets: >= 1.6x and >= 1.5x), and the NCCL
+# broadcast of Qwen3-4B and Qwen3-8B (target: 8B <= 1 s).
 # "trace" records 8 mid-decode W1 steps' kernels (CUPTI) and prints where the time goes.
 # "prefill" runs `pagellm bench` at 16 x 2,048 and 4 x 8,192 prompt tokens beside
 # bench/peers/hf_prefill.py (transformers, SDPA) and traces the 16 x 2,048 prefill.
@@ -34,7 +40,7 @@ shift 2 || true
 # (a soak in the background) needs its own.
 B=${PAGELLM_GPU_DIR:-/tmp/pagellm-gpu}
 rm -rf "$B" && mkdir -p "$B" && xz -dc "$BUNDLE/bundle.tar.xz" | tar -C "$B" -xf - || exit 1
-STEPS=${*:-tests e2e logprobs bench rl python lora serve trace prefill attn gemm stream calib hf}
+STEPS=${*:-tests e2e logprobs bench rl python lora serve broadcast trace prefill attn gemm stream calib hf tp}
 mkdir -p "$LOG"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONUNBUFFERED=1
@@ -210,6 +216,57 @@ if has serve; then
   python3 scripts/serve_bench.py --pagellm "$B/bin/pagellm" --model "$dir" \
     --out "$LOG/serve.jsonl" 2>&1 | tee "$LOG/serve.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if has broadcast; then
+  for preset in ${BROADCAST_PRESETS:-qwen3-4b}; do
+    dir=/tmp/rand-$preset
+    [ -f "$dir/config.json" ] || "$B/bin/pagellm" make-model --preset "$preset" --out "$dir" > /dev/null 2>&1
+    if [ "$gpus" -ge 2 ]; then
+      step "weight broadcast over NCCL from a torch trainer on GPU 0 to pagellm serve on GPU 1 ($preset)"
+      args=(--transport nccl --server-gpu 1 --trainer-device cuda:0)
+    else
+      step "weight broadcast over tcp from a torch trainer to pagellm serve ($preset; one GPU)"
+      args=(--transport tcp --trainer-device cpu)
+    fi
+    timeout 600 python3 scripts/weight_broadcast_bench.py --pagellm "$B/bin/pagellm" --model "$dir" \
+      "${args[@]}" --out "$LOG/broadcast.jsonl" 2>&1 | tee -a "$LOG/broadcast.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
+fi
+if has tp; then
+  if [ "$gpus" -lt 2 ]; then
+    step "tensor parallelism: skipped ($gpus GPU; needs 2)"
+  else
+    step "tensor parallelism: W1 and batch 1 at TP 2 beside TP 1; NCCL broadcast of 4B and 8B"
+    for tp in 1 2; do
+      "$B/bin/pagellm" bench --tensor-parallel-size $tp --json-out "$LOG/tp$tp.jsonl" 2>&1 | tee -a "$LOG/tp.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      "$B/bin/pagellm" bench --tensor-parallel-size $tp --batch 1 --output-len 128 \
+        --json-out "$LOG/tp$tp.jsonl" 2>&1 | tee -a "$LOG/tp.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    done
+    python3 - "$LOG/tp1.jsonl" "$LOG/tp2.jsonl" <<'PY' | tee -a "$LOG/tp.log"
+import json, sys
+def tok(path, batch):
+    rows = [json.loads(l) for l in open(path)] if __import__("os").path.exists(path) else []
+    hits = [r["decode_tok_s"] for r in rows if r.get("batch") == batch]
+    return hits[-1] if hits else None
+for batch, target in ((32, 1.6), (1, 1.5)):
+    one, two = tok(sys.argv[1], batch), tok(sys.argv[2], batch)
+    if one and two:
+        print(f"TP 2 / TP 1 at batch {batch}: {two:.0f} / {one:.0f} tok/s = {two / one:.2f}x (target {target}x)")
+    else:
+        print(f"TP 2 / TP 1 at batch {batch}: a run gave no figure")
+PY
+    for preset in qwen3-4b qwen3-8b; do
+      dir=/tmp/rand-$preset
+      [ -f "$dir/config.json" ] || "$B/bin/pagellm" make-model --preset "$preset" --out "$dir" > /dev/null 2>&1
+      timeout 600 python3 scripts/weight_broadcast_bench.py --pagellm "$B/bin/pagellm" --model "$dir" \
+        --transport nccl --server-gpu 1 --trainer-device cuda:0 --out "$LOG/broadcast.jsonl" 2>&1 | tee -a "$LOG/tp.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    done
+  fi
 fi
 if has soak; then
   preset=${SOAK_PRESET:-qwen3-0.6b}

@@ -13,9 +13,11 @@
 
 namespace pagellm::test {
 
-/// A cuda engine of config `c` with weights `w`: 16-token pages, 200 of them, 8 sequences.
-inline std::unique_ptr<Engine> make_cuda_engine(const Qwen3Config& c, const testing::HostWeights& w) {
-  auto backend = create_backend("cuda");
+/// A cuda engine of config `c` with weights `w` on `device`: 16-token pages, 200 of them,
+/// 8 sequences.
+inline std::unique_ptr<Engine> make_cuda_engine(const Qwen3Config& c, const testing::HostWeights& w,
+                                                int device = 0) {
+  auto backend = create_backend("cuda", device);
   auto model = std::make_unique<Qwen3Model>(*backend, c, w.lookup());
   EngineConfig ec;
   ec.backend = "cuda";

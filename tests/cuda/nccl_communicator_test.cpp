@@ -36,9 +36,11 @@
 #include "common/expect_error.h"
 #include "common/reference_qwen3.h"
 #include "cuda/cuda_test_util.h"
+#include "cuda/engine_run.h"
 #include "pagellm/backend/communicator.h"
 #include "pagellm/cuda/cuda_backend.h"
 #include "pagellm/cuda/nccl_communicator.h"
+#include "pagellm/engine/weight_group.h"
 #include "pagellm/model/qwen3.h"
 #include "pagellm/model/tensor_parallel.h"
 
@@ -553,6 +555,72 @@ TEST(NcclTwoRanks, BroadcastGivesEveryRankTheRootsBytes) {
   for (size_t i = 0; i < sizes.size(); ++i) {
     EXPECT_TRUE(got[i] == sent[i]) << sizes[i] << " bytes; seed " << seed;
   }
+}
+
+// A trainer on GPU 0 (rank 0: its own backend, NCCL broadcasts of packed buckets) and an
+// engine on GPU 1 that joined its group: the update by broadcast serves exactly what the
+// same update given directly serves (decode graphs captured before it).
+TEST(NcclTwoRanks, WeightBroadcastIntoAnEngineEqualsADirectUpdate) {
+  if (!two_gpus()) GTEST_SKIP() << "needs two CUDA GPUs";
+  const uint64_t seed = test::test_seed();
+  const Qwen3Config c = testing::small_gpu_config();
+  const testing::HostWeights a = testing::random_weights(c, seed);
+  const testing::HostWeights b = testing::random_weights(c, seed + 1);
+  std::vector<BroadcastTensor> list;
+  std::vector<NamedTensor> direct;
+  for (const auto& [name, values] : b.data) {
+    list.push_back({name, TensorDType::kFloat32, b.shapes.at(name)});
+    direct.push_back({name, values.data(), TensorDType::kFloat32, b.shapes.at(name),
+                      TensorMemory::kHost});
+  }
+  auto reference = test::make_cuda_engine(c, a, 1);
+  reference->update_weights(direct);
+  const test::EngineRun want = test::run_seeded(*reference);
+
+  auto engine = test::make_cuda_engine(c, a, 1);
+  const test::EngineRun before = test::run_seeded(*engine);
+  ASSERT_NE(before.tokens, want.tokens);
+  auto trainer = make_cuda_backend(0);
+  WeightGroupSpec spec;
+  spec.nccl_unique_id = trainer->new_communicator_id();
+  std::unique_ptr<Communicator> comm;
+  std::thread join([&] { comm = trainer->join_communicator(spec.nccl_unique_id, 0, 2); });
+  engine->join_weight_group(spec);  // rank 1 of 2
+  join.join();
+  ASSERT_NE(comm, nullptr);
+
+  const uint64_t bucket_bytes = 300'000;
+  const std::vector<BroadcastBucket> buckets = plan_broadcast_buckets(list, bucket_bytes);
+  ASSERT_GT(buckets.size(), 3u);
+  std::string trainer_error;
+  std::thread send([&] {
+    try {
+      uint64_t largest = 0;
+      for (const BroadcastBucket& bucket : buckets) largest = std::max(largest, bucket.bytes);
+      DeviceBuffer staging(trainer.get(), static_cast<size_t>(largest));
+      for (const BroadcastBucket& bucket : buckets) {
+        for (size_t j = 0; j < bucket.offsets.size(); ++j) {
+          const std::vector<float>& values = b.data.at(list[bucket.first + j].name);
+          trainer->copy_to_device(static_cast<uint8_t*>(staging.get()) + bucket.offsets[j],
+                                  values.data(), values.size() * 4);
+        }
+        comm->broadcast(*trainer, staging.get(), bucket.bytes, 0);
+        trainer->synchronize();
+      }
+    } catch (const std::exception& e) {
+      trainer_error = e.what();
+      comm->abort(e.what());
+    }
+  });
+  const WeightUpdateResult r = engine->update_weights_from_broadcast(list, bucket_bytes);
+  send.join();
+  EXPECT_EQ(trainer_error, "");
+  EXPECT_EQ(r.weights_version, 1u);
+  const test::EngineRun got = test::run_seeded(*engine);
+  EXPECT_EQ(got.tokens, want.tokens) << "seed " << seed;
+  EXPECT_EQ(got.logprobs, want.logprobs) << "seed " << seed;
+  engine->leave_weight_group();
+  comm.reset();
 }
 
 TEST(NcclTwoRanks, AllGatherColumnsPutsEachRanksColumnsSideBySide) {

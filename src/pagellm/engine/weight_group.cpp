@@ -247,10 +247,13 @@ std::unique_ptr<WeightReceiver> join_weight_group(Backend& backend, const Weight
     try {
       return std::make_unique<NcclWeightReceiver>(backend, spec);
     } catch (const Error& e) {
+      const std::string why = e.what();
+      const bool no_collectives = why.find("no device collectives") != std::string::npos;
       PAGELLM_FAIL() << "weight group: joining the NCCL group as rank " << spec.rank << " of "
-                     << spec.world_size << " failed: " << e.what()
-                     << " (a backend without device collectives, such as cpu, takes the "
-                        "\"tcp\" transport)";
+                     << spec.world_size << " failed: " << why
+                     << (no_collectives ? " (a backend without device collectives, such as cpu, "
+                                          "takes the \"tcp\" transport)"
+                                        : "");
     }
   }
   if (spec.transport == "tcp") {
