@@ -10,6 +10,7 @@
 
 #include "common/reference_qwen3.h"
 #include "pagellm/engine/engine.h"
+#include "pagellm/weight_broadcast.h"
 
 namespace pagellm::test {
 
@@ -32,6 +33,22 @@ inline std::unique_ptr<Engine> make_cuda_engine(const Qwen3Config& c, const test
 struct EngineRun {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::vector<float>> logprobs;
+};
+
+/// Every tensor of `w` (float32 host data) as a trainer lists it for a broadcast and as the
+/// same update given directly.
+struct WeightUpdateOf {
+  explicit WeightUpdateOf(const testing::HostWeights& w) {
+    for (const auto& [name, values] : w.data) {
+      list.push_back({name, TensorDType::kFloat32, w.shapes.at(name)});
+      data.push_back(values.data());
+      direct.push_back({name, values.data(), TensorDType::kFloat32, w.shapes.at(name),
+                        TensorMemory::kHost});
+    }
+  }
+  std::vector<BroadcastTensor> list;
+  std::vector<const void*> data;
+  std::vector<NamedTensor> direct;
 };
 
 inline EngineRun run_seeded(Engine& engine) {

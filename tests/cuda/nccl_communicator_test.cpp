@@ -566,13 +566,9 @@ TEST(NcclTwoRanks, WeightBroadcastIntoAnEngineEqualsADirectUpdate) {
   const Qwen3Config c = testing::small_gpu_config();
   const testing::HostWeights a = testing::random_weights(c, seed);
   const testing::HostWeights b = testing::random_weights(c, seed + 1);
-  std::vector<BroadcastTensor> list;
-  std::vector<NamedTensor> direct;
-  for (const auto& [name, values] : b.data) {
-    list.push_back({name, TensorDType::kFloat32, b.shapes.at(name)});
-    direct.push_back({name, values.data(), TensorDType::kFloat32, b.shapes.at(name),
-                      TensorMemory::kHost});
-  }
+  const test::WeightUpdateOf update(b);
+  const std::vector<BroadcastTensor>& list = update.list;
+  const std::vector<NamedTensor>& direct = update.direct;
   auto reference = test::make_cuda_engine(c, a, 1);
   reference->update_weights(direct);
   const test::EngineRun want = test::run_seeded(*reference);

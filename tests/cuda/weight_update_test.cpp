@@ -225,15 +225,10 @@ TEST(CudaWeightBroadcast, TcpUpdateServesWhatTheSameDirectUpdateServes) {
   const Qwen3Config c = testing::small_gpu_config();
   const testing::HostWeights a = testing::random_weights(c, seed);
   const testing::HostWeights b = testing::random_weights(c, seed + 1);
-  std::vector<BroadcastTensor> list;
-  std::vector<NamedTensor> direct;
-  std::vector<const void*> data;
-  for (const auto& [name, values] : b.data) {
-    list.push_back({name, TensorDType::kFloat32, b.shapes.at(name)});
-    data.push_back(values.data());
-    direct.push_back({name, values.data(), TensorDType::kFloat32, b.shapes.at(name),
-                      TensorMemory::kHost});
-  }
+  const test::WeightUpdateOf update(b);
+  const std::vector<BroadcastTensor>& list = update.list;
+  const std::vector<const void*>& data = update.data;
+  const std::vector<NamedTensor>& direct = update.direct;
   auto reference = test::make_cuda_engine(c, a);
   const test::EngineRun before = test::run_seeded(*reference);
   reference->update_weights(direct);
