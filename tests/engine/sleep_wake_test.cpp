@@ -230,6 +230,29 @@ TEST(EngineSleep, RequestsWhileAsleepAreRejectedAndStepIsHarmless) {
   EXPECT_EQ(after.logprobs, before.logprobs);
 }
 
+TEST(EngineSleep, WeightUpdatesWhileAsleepAreRefusedAndChangeNothing) {
+  auto engine = make_engine();
+  const Outputs before = run_workload(*engine);
+  for (bool offload : {false, true}) {
+    engine->sleep(SleepOptions{offload});
+    const std::vector<float> ones(static_cast<size_t>(engine->model().config().hidden_size), 1.0f);
+    const NamedTensor norm{"model.norm.weight", ones.data(), TensorDType::kFloat32,
+                           {engine->model().config().hidden_size}, TensorMemory::kHost};
+    try {
+      engine->update_weights({norm});
+      ADD_FAILURE() << "an update while asleep must be refused (offload " << offload << ")";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("call wake_up() first"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(engine->weights_version(), 0u);
+    EXPECT_FALSE(engine->paused());
+    engine->wake_up();
+    const Outputs after = run_workload(*engine);
+    EXPECT_EQ(after.tokens, before.tokens) << "offload " << offload;
+    EXPECT_EQ(after.logprobs, before.logprobs) << "offload " << offload;
+  }
+}
+
 TEST(EngineSleep, BackendWithoutSleepSaysSo) {
   auto engine = make_engine(64, std::make_unique<SleeplessCpuBackend>());
   try {

@@ -562,6 +562,13 @@ void Engine::resume() {
   }
 }
 
+void Engine::check_weights_update(const std::vector<NamedTensor>& tensors) const {
+  refuse_tensor_parallel("a weight update");
+  PAGELLM_CHECK(!asleep_) << "a weight update while the engine is asleep (sleep() may have "
+                             "released the weights' memory): call wake_up() first";
+  runner_->model().check_weights_update(tensors);
+}
+
 WeightUpdateResult Engine::update_weights(const std::vector<NamedTensor>& tensors,
                                           PauseMode mode) {
   check_weights_update(tensors);  // before pausing: a bad update waits for nothing

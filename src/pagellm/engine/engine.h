@@ -198,13 +198,10 @@ class Engine {
                                     PauseMode mode = PauseMode::kWait);
   /// update_weights from a safetensors folder or file (WeightStore::open; errors name it).
   WeightUpdateResult load_weights(const std::string& path, PauseMode mode = PauseMode::kWait);
-  /// The checks of update_weights alone (Qwen3Model::check_weights_update): throws the
-  /// same Error, pauses and writes nothing. update_weights runs them before it pauses, so
-  /// that a bad update never waits for running requests.
-  void check_weights_update(const std::vector<NamedTensor>& tensors) const {
-    refuse_tensor_parallel("a weight update");
-    runner_->model().check_weights_update(tensors);
-  }
+  /// The checks of update_weights alone (Qwen3Model::check_weights_update, and that the
+  /// engine is awake: sleep() may have released the weights' memory): throws the same Error, pauses and writes nothing. update_weights runs them
+  /// before it pauses, so that a bad update never waits for running requests.
+  void check_weights_update(const std::vector<NamedTensor>& tensors) const;
 
   // ---- weight updates broadcast from a trainer (docs/design.md, "Weight updates") -------
   /// Joins the trainer's group (join_weight_group: blocks until the trainer has joined too,
