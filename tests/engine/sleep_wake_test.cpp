@@ -253,6 +253,24 @@ TEST(EngineSleep, WeightUpdatesWhileAsleepAreRefusedAndChangeNothing) {
   }
 }
 
+TEST(EngineSleep, ScoringWhileAsleepIsRefusedAndWorksAfterWake) {
+  auto engine = make_engine();
+  const std::vector<std::vector<int32_t>> seqs = {{3, 1, 4, 1, 5}, {9, 2, 6}};
+  const std::vector<ScoreOutput> before = engine->score(seqs);
+  engine->sleep();
+  try {
+    engine->score(seqs);
+    ADD_FAILURE() << "scoring while asleep must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("asleep"), std::string::npos) << e.what();
+  }
+  expect_all_pages_free(*engine);
+  engine->wake_up();
+  const std::vector<ScoreOutput> after = engine->score(seqs);
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(after[i].logprobs, before[i].logprobs);
+}
+
 TEST(EngineSleep, BackendWithoutSleepSaysSo) {
   auto engine = make_engine(64, std::make_unique<SleeplessCpuBackend>());
   try {

@@ -761,6 +761,8 @@ WeightUpdateResult Engine::run_update(PauseMode mode,
 std::vector<ScoreOutput> Engine::score(const std::vector<std::vector<int32_t>>& sequences,
                                        const std::vector<int32_t>& prompt_lengths, int top_k,
                                        const std::string& lora) {
+  PAGELLM_CHECK(!asleep_) << "score: the engine is asleep (sleep() released its KV cache): "
+                             "call wake_up() first";
   PAGELLM_CHECK(prompt_lengths.empty() || prompt_lengths.size() == sequences.size())
       << "score: " << prompt_lengths.size() << " prompt lengths for " << sequences.size()
       << " sequences (give none, meaning 1 each, or one per sequence)";

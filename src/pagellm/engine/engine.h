@@ -148,7 +148,7 @@ class Engine {
   /// sequence. Throws Error, with nothing held, when the free pages cannot hold one
   /// sequence while requests run.
   /// With `lora` (a loaded adapter's name) the sequences are scored with that adapter; a
-  /// name not loaded throws Error before any work.
+  /// name not loaded throws Error before any work, as does an asleep engine.
   std::vector<ScoreOutput> score(const std::vector<std::vector<int32_t>>& sequences,
                                  const std::vector<int32_t>& prompt_lengths = {},
                                  int top_k = 0, const std::string& lora = "");
