@@ -2,13 +2,15 @@
 // sound.
 //
 // Input: one selector byte (0: POST /v1/completions, 1: POST /v1/chat/completions, 2: POST
-// /generate; taken modulo 3) and the body (any bytes). Each parser either throws HttpError
+// /generate, 3: POST /init_weights_group or /update_weights {"broadcast"}; taken modulo 4)
+// and the body (any bytes). Each parser either throws HttpError
 // with a status of 400 or 404 and an error object that is valid JSON, or returns a request
 // whose prompts are non-empty and whose sampling parameters hold what the engine's own
 // validation checks next (n >= 1, max_tokens >= 1, logprobs in [0, 20]); the accepted
 // request then formats a response and a stream chunk from a made-up output without a crash.
-// The server's other bodies (/pause, /update_weights, /sleep) are single fields read through
-// the same JSON parser.
+// The weight-group bodies must give a rank in 1..world_size - 1, a 128-byte NCCL id or a tcp
+// address, and broadcast tensors with names and sizes >= 0. The server's other bodies
+// (/pause, /update_weights's path, /sleep) are single fields read through the same parser.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -45,10 +47,31 @@ void check_error(const pagellm::server::HttpError& e) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   using namespace pagellm::server;
-  const int route = data[0] % 3;
+  const int route = data[0] % 4;
   const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
   const ProtocolContext ctx{"tiny", 256};
   try {
+    if (route == 3) {  // the weight-group control bodies
+      const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+      if (!j.is_object()) return 0;
+      if (j.contains("broadcast")) {
+        const BroadcastUpdateRequest b = parse_broadcast_update(j["broadcast"]);
+        if (b.tensors.empty() || b.bucket_bytes < 1) fail("an empty broadcast update accepted");
+        for (const pagellm::BroadcastTensor& t : b.tensors) {
+          if (t.name.empty()) fail("a broadcast tensor without a name accepted");
+          for (int64_t d : t.shape) {
+            if (d < 0) fail("a negative size accepted");
+          }
+        }
+        return 0;
+      }
+      const pagellm::WeightGroupSpec spec = parse_init_weights_group(j);
+      if (spec.rank < 1 || spec.rank >= spec.world_size) fail("a rank outside 1..world_size - 1");
+      if (spec.transport == "nccl" && spec.nccl_unique_id.size() != 128) fail("a short NCCL id");
+      if (spec.transport == "tcp" && spec.address.empty()) fail("a tcp group without an address");
+      if (spec.transport != "nccl" && spec.transport != "tcp") fail("an unknown transport");
+      return 0;
+    }
     if (route == 2) {
       const GenerateRequest g = parse_generate_request(body);
       check_params(g.params);
