@@ -8,7 +8,8 @@
 // whose prompts are non-empty and whose sampling parameters hold what the engine's own
 // validation checks next (n >= 1, max_tokens >= 1, logprobs in [0, 20]); the accepted
 // request then formats a response and a stream chunk from a made-up output without a crash.
-// The weight-group bodies must give a rank in 1..world_size - 1, a 128-byte NCCL id or a tcp
+// The weight-group bodies (for an engine of 1 to 4 tensor-parallel ranks, from the selector
+// byte's high bits) must give every engine rank in 1..world_size - 1, a 128-byte NCCL id or a tcp
 // address, and broadcast tensors with names and sizes >= 0. The server's other bodies
 // (/pause, /update_weights's path, /sleep) are single fields read through the same parser.
 #include <cstdint>
@@ -65,8 +66,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         return 0;
       }
-      const pagellm::WeightGroupSpec spec = parse_init_weights_group(j);
-      if (spec.rank < 1 || spec.rank >= spec.world_size) fail("a rank outside 1..world_size - 1");
+      // The engine's tensor-parallel ranks (1..4), from the selector byte's high bits.
+      const int ranks = 1 + (data[0] >> 2) % 4;
+      const pagellm::WeightGroupSpec spec = parse_init_weights_group(j, ranks);
+      if (spec.rank < 1 || spec.rank + ranks - 1 >= spec.world_size) {
+        fail("an engine rank outside 1..world_size - 1");
+      }
       if (spec.transport == "nccl" && spec.nccl_unique_id.size() != 128) fail("a short NCCL id");
       if (spec.transport == "tcp" && spec.address.empty()) fail("a tcp group without an address");
       if (spec.transport != "nccl" && spec.transport != "tcp") fail("an unknown transport");

@@ -94,6 +94,8 @@ class AsyncEngine {
 
   /// Version of the weights the engine samples with now; increases on a weight update.
   uint64_t weights_version() const;
+  /// The engine's tensor-parallel ranks (EngineOptions::tensor_parallel_size).
+  int tensor_parallel_size() const;
 
   // ---- weight updates (docs/design.md, "Weight updates"); from any thread but a callback
   /// Pauses generation; `mode` says what happens to the requests submitted before:
@@ -124,8 +126,9 @@ class AsyncEngine {
   /// broadcast). Joins the group the trainer made (WeightGroupSpec), on the loop thread
   /// between steps: it blocks stepping until the trainer has joined too (it should be
   /// joining already: NCCL's join waits for every rank; "tcp" waits up to the spec's
-  /// timeout for the trainer to listen). Throws pagellm::Error when a group is joined
-  /// already, at tensor_parallel_size > 1, or naming why the join failed.
+  /// timeout for the trainer to listen). At tensor_parallel_size N every rank joins, rank r
+  /// as spec.rank + r. Throws pagellm::Error when a group is joined already, or naming why
+  /// the join failed (on any rank).
   void init_weight_group(const WeightGroupSpec& spec);
   /// Leaves the group (no-op without one).
   void destroy_weight_group();

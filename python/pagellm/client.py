@@ -132,6 +132,11 @@ class PagellmClient:
         return self._call("POST", "/v1/completions", {"prompt": prompt, **params})
 
     # ---- control ----------------------------------------------------------------------
+    def models(self) -> dict:
+        """GET /v1/models: the served model (with its max_model_len and
+        tensor_parallel_size) and the loaded LoRA adapters."""
+        return self._call("GET", "/v1/models")
+
     def health(self) -> dict:
         """Load and state: running, waiting, free_pages, usable_pages, paused, asleep,
         weights_version."""
@@ -165,13 +170,16 @@ class PagellmClient:
     # ---- weights broadcast from a trainer (pagellm.weight_broadcast drives these) ---------
     def init_weights_group(self, backend: str = "nccl", unique_id: Optional[bytes] = None,
                            master_address: Optional[str] = None, master_port: Optional[int] = None,
-                           rank_offset: int = 1, world_size: int = 2, group_name: str = "",
+                           rank_offset: int = 1, world_size: Optional[int] = None, group_name: str = "",
                            timeout_seconds: Optional[float] = None) -> dict:
         """Has the server join the trainer's weight group: ``backend`` "nccl" with the 128
         bytes of ncclGetUniqueId, or "tcp" with the address where the trainer listens. Blocks
-        until the server has joined, so the trainer must be joining (or accepting) meanwhile."""
-        body: Dict[str, Any] = {"backend": backend, "rank_offset": rank_offset,
-                                "world_size": world_size, "group_name": group_name}
+        until the server has joined, so the trainer must be joining (or accepting) meanwhile.
+        A server of N tensor-parallel ranks joins as ranks rank_offset .. rank_offset + N - 1;
+        world_size (default: rank_offset + N) counts the trainer and all of them."""
+        body: Dict[str, Any] = {"backend": backend, "rank_offset": rank_offset, "group_name": group_name}
+        if world_size is not None:
+            body["world_size"] = world_size
         if unique_id is not None:
             body["unique_id"] = base64.b64encode(bytes(unique_id)).decode()
         if master_address is not None:

@@ -1,7 +1,8 @@
 """The trainer's end of a weight broadcast to `pagellm serve` (docs/design.md, "Weight
-updates", broadcast): the trainer makes a group, the server joins it, and every training
-step the trainer broadcasts its new weights, packed in buckets, while the server receives
-and writes them in place.
+updates", broadcast): the trainer makes a group, the server joins it (with every
+tensor-parallel rank it runs), and every training step the trainer broadcasts its new
+weights, packed in buckets, while the server's ranks receive them and write their shares in
+place.
 
     from pagellm.client import PagellmClient
     from pagellm.weight_broadcast import WeightBroadcaster
@@ -186,8 +187,9 @@ class _Call(threading.Thread):
 
 
 class WeightBroadcaster:
-    """Rank 0 of a weight group whose other rank is the server behind ``client``
-    (a pagellm.client.PagellmClient).
+    """Rank 0 of a weight group whose other ranks are the server behind ``client`` (a
+    pagellm.client.PagellmClient): one, or one per tensor-parallel rank of the server
+    (ranks 1..N, N from GET /v1/models), each receiving every bucket.
 
     backend: "nccl" (torch CUDA tensors on ``device``, GPU to GPU) or "tcp" (host memory;
     ``master_address``:``master_port`` is where this process listens, port 0: any free one).
@@ -213,15 +215,20 @@ class WeightBroadcaster:
         self.timeout = timeout
         self.nccl_library = nccl_library
         self.updates = 0
-        self._sock: Optional[socket.socket] = None
+        self.engine_ranks = 1  # the server's tensor-parallel ranks (set by init)
+        self._socks: List[socket.socket] = []
         self._comm = None
         self._nccl: Optional[_Nccl] = None
 
     # ---- the group ------------------------------------------------------------------
     def init(self) -> dict:
         """Makes the group and has the server join it; returns the server's answer."""
-        if self._sock is not None or self._comm is not None:
+        if self._socks or self._comm is not None:
             raise RuntimeError("the weight group is made already")
+        self.engine_ranks = 1
+        for entry in self.client.models().get("data", []):
+            if entry.get("parent") is None:  # the base model (adapters name it as parent)
+                self.engine_ranks = int(entry.get("tensor_parallel_size", 1))
         if self.backend == "tcp":
             return self._init_tcp()
         return self._init_nccl()
@@ -232,40 +239,51 @@ class WeightBroadcaster:
         try:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             listener.bind((self.master_address, self.master_port))
-            listener.listen(1)
+            listener.listen(self.engine_ranks)
             port = listener.getsockname()[1]
             call = _Call(self.client.init_weights_group, backend="tcp", master_address=self.master_address,
-                         master_port=port, rank_offset=1, world_size=2, group_name=self.group_name,
-                         timeout_seconds=self.timeout)
+                         master_port=port, rank_offset=1, world_size=1 + self.engine_ranks,
+                         group_name=self.group_name, timeout_seconds=self.timeout)
             call.start()
             listener.settimeout(0.2)
-            while True:
-                try:
-                    conn, _ = listener.accept()
-                    break
-                except socket.timeout:
-                    if not call.is_alive():
-                        call.outcome()  # the server refused before connecting: raise its error
-                        raise RuntimeError("the server answered without joining the weight group")
-            conn.settimeout(self.timeout)
-            ftype, payload = _recv_frame(conn)
-            refusal = self._check_hello(ftype, payload)
-            if refusal:
-                _send_frame(conn, _ABORT, refusal.encode())
-                conn.close()
-                call.join()
-                raise RuntimeError(f"weight group: the server's hello was refused: {refusal}")
-            _send_frame(conn, _WELCOME, struct.pack("<I", _VERSION))
-            answer = call.outcome()
-            conn.setblocking(False)
-            self._sock = conn
+            socks: dict = {}
+            try:
+                while len(socks) < self.engine_ranks:
+                    try:
+                        conn, _ = listener.accept()
+                    except socket.timeout:
+                        if not call.is_alive():
+                            call.outcome()  # the server refused before connecting: raise its error
+                            raise RuntimeError("the server answered without joining the weight group")
+                        continue
+                    conn.settimeout(self.timeout)
+                    ftype, payload = _recv_frame(conn)
+                    rank, refusal = self._check_hello(ftype, payload)
+                    if not refusal and rank in socks:
+                        refusal = f"rank {rank} joined twice"
+                    if refusal:
+                        _send_frame(conn, _ABORT, refusal.encode())
+                        conn.close()
+                        call.join()
+                        raise RuntimeError(f"weight group: the server's hello was refused: {refusal}")
+                    _send_frame(conn, _WELCOME, struct.pack("<I", _VERSION))
+                    socks[rank] = conn
+                answer = call.outcome()
+            except BaseException:
+                for conn in socks.values():
+                    conn.close()
+                raise
+            for conn in socks.values():
+                conn.setblocking(False)
+            self._socks = [socks[r] for r in sorted(socks)]
             return answer
         finally:
             listener.close()
 
-    def _check_hello(self, ftype: int, payload: bytes) -> str:
+    def _check_hello(self, ftype: int, payload: bytes) -> Tuple[int, str]:
+        """The rank a server rank's hello names, and why it is refused ("" if it is not)."""
         if ftype != _HELLO:
-            return f"expected a hello, got message type {ftype:#x}"
+            return -1, f"expected a hello, got message type {ftype:#x}"
         at = 0
 
         def take(n: int) -> bytes:
@@ -280,16 +298,17 @@ class WeightBroadcaster:
             version, rank, size = struct.unpack("<Iii", take(12))
             name = take(struct.unpack("<Q", take(8))[0]).decode()
         except (ValueError, UnicodeDecodeError):
-            return "malformed hello"
+            return -1, "malformed hello"
+        world = 1 + self.engine_ranks
         if magic != _MAGIC:
-            return "not a pagellm engine"
+            return rank, "not a pagellm engine"
         if version != _VERSION:
-            return f"the trainer speaks weight-group version {_VERSION}, the engine {version}"
-        if rank != 1 or size != 2:
-            return f"the engine joined as rank {rank} of {size}, the trainer's group has 2 ranks"
+            return rank, f"the trainer speaks weight-group version {_VERSION}, the engine {version}"
+        if not 1 <= rank < world or size != world:
+            return rank, f"the engine joined as rank {rank} of {size}, the trainer's group has {world} ranks"
         if name != self.group_name:
-            return f"the engine names the group {name!r}, the trainer {self.group_name!r}"
-        return ""
+            return rank, f"the engine names the group {name!r}, the trainer {self.group_name!r}"
+        return rank, ""
 
     def _init_nccl(self) -> dict:
         import torch
@@ -301,12 +320,13 @@ class WeightBroadcaster:
         self.device = dev
         self._nccl = _Nccl(self.nccl_library)
         uid = self._nccl.unique_id()
+        world = 1 + self.engine_ranks
         call = _Call(self.client.init_weights_group, backend="nccl", unique_id=uid, rank_offset=1,
-                     world_size=2, group_name=self.group_name)
+                     world_size=world, group_name=self.group_name)
         call.start()
         try:
             with torch.cuda.device(dev):
-                self._comm = self._nccl.init_rank(2, uid, 0)  # waits for the server's join
+                self._comm = self._nccl.init_rank(world, uid, 0)  # waits for the server's ranks
         except RuntimeError as e:
             call.join(30)
             if call.error is not None:  # the server's reason says more than NCCL's
@@ -321,9 +341,9 @@ class WeightBroadcaster:
         return answer
 
     def _drop(self, abort: bool = False) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        for conn in self._socks:
+            conn.close()
+        self._socks = []
         if self._comm is not None and self._nccl is not None:
             (self._nccl.lib.ncclCommAbort if abort else self._nccl.lib.ncclCommDestroy)(self._comm)
             self._comm = None
@@ -333,7 +353,7 @@ class WeightBroadcaster:
         """Broadcasts the tensors (in order) while the server receives and writes them;
         returns the server's report (weights_version, tensors_updated, seconds, ...). A
         rejected update raises the server's error (the server still drains the buckets)."""
-        if self._sock is None and self._comm is None:
+        if not self._socks and self._comm is None:
             raise RuntimeError("no weight group: call init() first")
         tensors = [_describe(n, t) for n, t in named_tensors]
         if not tensors:
@@ -366,36 +386,40 @@ class WeightBroadcaster:
             raise error from None
 
     def _send_tcp(self, tensors, buckets, number: int, call: _Call) -> None:
-        # Each bucket is one frame: the header, the update and bucket numbers, then every
-        # tensor's bytes at its offset (zeros between), sent piece by piece without a copy.
+        # Each bucket is one frame to every server rank: the header, the update and bucket
+        # numbers, then every tensor's bytes at its offset (zeros between), sent piece by
+        # piece without a copy.
         first = 0
         for index, (nbytes, offsets) in enumerate(buckets):
-            self._send_all(struct.pack("<IIQQQ", _BUCKET, 0, 16 + nbytes, number, index), call)
+            pieces = [struct.pack("<IIQQQ", _BUCKET, 0, 16 + nbytes, number, index)]
             at_end = 0
             for j, at in enumerate(offsets):
                 t = tensors[first + j]
                 if at > at_end:
-                    self._send_all(bytes(at - at_end), call)
+                    pieces.append(bytes(at - at_end))
                 src = t.value
                 if type(src).__module__.split(".")[0] == "torch":
                     import torch
                     src = memoryview(src.cpu().reshape(-1).view(torch.uint8).numpy())
-                self._send_all(src, call)
+                pieces.append(src)
                 at_end = at + t.nbytes
             first += len(offsets)
+            for conn in self._socks:
+                for piece in pieces:
+                    self._send_all(conn, piece, call)
 
-    def _send_all(self, data, call: _Call) -> None:
+    def _send_all(self, conn: socket.socket, data, call: _Call) -> None:
         view = memoryview(data).cast("B")
         if not view.nbytes:
             return
         while view:
-            _, writable, _ = select.select([], [self._sock], [], 0.2)
+            _, writable, _ = select.select([], [conn], [], 0.2)
             if not writable:
                 if not call.is_alive():
                     call.outcome()
                     raise RuntimeError("the server answered before receiving the whole update")
                 continue
-            sent = self._sock.send(view)
+            sent = conn.send(view)
             view = view[sent:]
 
     def _send_nccl(self, tensors, buckets, call: _Call) -> None:

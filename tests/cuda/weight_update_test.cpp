@@ -5,7 +5,9 @@
 // converted on the device), gives the logits the CPU backend computes with the new weights
 // (outputs poisoned with NaN before each replay). The graph is never re-captured: the
 // update writes into the same buffers and refreshes the packed decode copies in place.
-// Wrong memory kinds are refused with the kind found, and nothing is written.
+// Wrong memory kinds are refused with the kind found, and nothing is written. Strided writes
+// (Backend::write_weights_2d: a tensor-parallel rank's column range of o_proj or down) write
+// what the CPU backend writes, from every memory kind and dtype, and nothing else.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -258,6 +260,68 @@ TEST(CudaWeightBroadcast, TcpUpdateServesWhatTheSameDirectUpdateServes) {
   EXPECT_EQ(got.logprobs, want.logprobs) << "seed " << seed;
   engine->check_invariants();
   EXPECT_EQ(engine->allocator().num_free(), engine->allocator().num_usable());
+}
+
+// Backend::write_weights_2d, a column range of a larger row-major tensor (a tensor-parallel
+// rank's share of o_proj or down): from pageable, pinned and device memory, bf16 (strided
+// copy) and float32 (converted), the GPU writes exactly what the CPU backend writes,
+// rounded to the weights' bf16, into a NaN-poisoned destination, and nothing outside it.
+using CudaStridedWrite = test::CudaOpTest;
+
+TEST_F(CudaStridedWrite, ColumnRangesFromEverySourceEqualTheCpuBackend) {
+  const int64_t rows = 37, full = 300, begin = 64, cols = 96, offset = 5;
+  const int64_t n = rows * cols + 2 * offset;
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (const TensorMemory memory :
+       {TensorMemory::kHost, TensorMemory::kHostPinned, TensorMemory::kDevice}) {
+    for (const DType dtype : {DType::BF16, DType::F32}) {
+      const std::string what = std::string(dtype_name(dtype)) + " from memory kind " +
+                               std::to_string(static_cast<int>(memory)) + ", " + seed_note();
+      std::vector<float> values(static_cast<size_t>(rows * full));
+      for (float& x : values) x = dist(rng_);  // float32 values are not bf16-exact
+      const size_t element = dtype_size(dtype);
+      std::vector<uint8_t> raw(values.size() * element);
+      convert_from_f32(values.data(), raw.data(), dtype, values.size());
+      const uint8_t* src = raw.data();
+      DeviceBuffer device;
+      void* pinned = nullptr;
+      if (memory == TensorMemory::kDevice) {
+        device = DeviceBuffer(&gpu(), raw.size());
+        gpu().copy_to_device(device.get(), raw.data(), raw.size());
+        src = static_cast<const uint8_t*>(device.get());
+      } else if (memory == TensorMemory::kHostPinned) {
+        pinned = gpu().allocate_host_pinned(raw.size());
+        std::memcpy(pinned, raw.data(), raw.size());
+        src = static_cast<const uint8_t*>(pinned);
+      }
+      Tensor got_t = alloc(gpu(), gpu().weight_dtype(), {n});
+      gpu().fill(got_t, std::nanf(""));
+      gpu().write_weights_2d(got_t, offset, src + begin * element, dtype, rows, cols, full, memory);
+      gpu().synchronize();
+      const std::vector<float> got = gpu().download_f32(got_t);
+      if (pinned != nullptr) gpu().free_host_pinned(pinned);
+
+      Tensor want_t = alloc(cpu(), DType::F32, {n});
+      cpu().fill(want_t, std::nanf(""));
+      cpu().write_weights_2d(want_t, offset, raw.data() + begin * element, dtype, rows, cols,
+                             full, TensorMemory::kHost);
+      const std::vector<float> want = cpu().download_f32(want_t);
+      for (int64_t i = 0; i < n; ++i) {
+        if (i < offset || i >= offset + rows * cols) {
+          ASSERT_TRUE(std::isnan(got[i])) << what << ": element " << i << " outside the block";
+          continue;
+        }
+        const int64_t r = (i - offset) / cols, k = (i - offset) % cols;
+        // The CPU backend wrote the source element; the GPU its bf16 rounding.
+        ASSERT_EQ(want[i], dtype == DType::BF16
+                               ? bf16_to_f32(f32_to_bf16(values[r * full + begin + k]))
+                               : values[r * full + begin + k])
+            << what << ": row " << r << ", column " << k;
+        ASSERT_EQ(got[i], bf16_to_f32(f32_to_bf16(want[i])))
+            << what << ": row " << r << ", column " << k;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "common/broadcast_update.h"
 #include "common/expect_error.h"
 #include "common/reference_qwen3.h"
 #include "pagellm/common/dtype.h"
@@ -485,24 +486,8 @@ class WeightBroadcast : public WeightUpdate {
   WeightUpdateResult update(Engine& engine, const std::vector<BroadcastTensor>& list,
                             const std::vector<const void*>& data, uint64_t bucket_bytes,
                             const std::vector<BroadcastTensor>* engine_list = nullptr) {
-    std::string trainer_error;
-    std::thread trainer([&] {
-      try {
-        sender->send(list, data, bucket_bytes);
-      } catch (const Error& e) {
-        trainer_error = e.what();
-      }
-    });
-    WeightUpdateResult r;
-    try {
-      r = engine.update_weights_from_broadcast(engine_list ? *engine_list : list, bucket_bytes);
-    } catch (...) {
-      trainer.join();
-      throw;
-    }
-    trainer.join();
-    EXPECT_EQ(trainer_error, "");
-    return r;
+    return testing::broadcast_update(engine, *sender, list, data, engine_list ? *engine_list : list,
+                                     bucket_bytes);
   }
   std::unique_ptr<TcpWeightSender> sender;
 };

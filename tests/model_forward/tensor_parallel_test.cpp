@@ -2,8 +2,11 @@
 // over 2 and 4 ranks (threads of one process, InProcessGroup, each rank its own backend and
 // KV pools holding its KV heads) gives the single-rank model's logits, for ragged prefill
 // and decode steps, with KV heads divided (2 ranks) and replicated (4 ranks over 2 KV
-// heads), tied and untied heads; every rank gets the same bits. Plans that do not divide
-// are refused, naming each dimension; what is not built for TP > 1 yet is refused.
+// heads), tied and untied heads; every rank gets the same bits. A split model loaded with
+// other weights and updated with the full tensors (each rank writing its share: column
+// ranges of o_proj and down, the head's vocabulary rows, the tied head with the embedding)
+// gives the same. Plans that do not divide are refused, naming each dimension; what is not
+// built for TP > 1 yet is refused.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -52,11 +55,27 @@ struct RankRun {
   std::string error;
 };
 
+// Every tensor of `w` as an update (host float32).
+std::vector<NamedTensor> update_of(const testing::HostWeights& w) {
+  std::vector<NamedTensor> out;
+  for (const auto& [name, data] : w.data) {
+    NamedTensor t;
+    t.name = name;
+    t.data = data.data();
+    t.dtype = TensorDType::kFloat32;
+    t.shape = w.shapes.at(name);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 // Runs `steps` (a prefill, then decode steps) on a model split over `size` ranks (size 1:
-// no communicator) and returns each rank's logits per step.
+// no communicator) and returns each rank's logits per step. With `load_first`, each rank
+// loads those weights and then updates to `w` (Qwen3Model::update_weights).
 std::vector<RankRun> run_split(const Qwen3Config& c, const testing::HostWeights& w, int size,
                                const std::vector<ForwardBatch>& steps, int32_t num_pages,
-                               int32_t page_size) {
+                               int32_t page_size,
+                               const testing::HostWeights* load_first = nullptr) {
   std::vector<RankRun> runs(static_cast<size_t>(size));
   InProcessGroup group(size);
   auto rank_main = [&](int rank) {
@@ -64,7 +83,9 @@ std::vector<RankRun> run_split(const Qwen3Config& c, const testing::HostWeights&
     try {
       auto backend = create_backend("cpu");
       TensorParallel tp{plan_tensor_parallel(c, size, rank), comm.get()};
-      Qwen3Model model(*backend, c, w.lookup(), nullptr, size > 1 ? &tp : nullptr);
+      Qwen3Model model(*backend, c, (load_first != nullptr ? *load_first : w).lookup(), nullptr,
+                       size > 1 ? &tp : nullptr);
+      if (load_first != nullptr) model.update_weights(update_of(w));
       model.reserve(128, 8);
       const int64_t kv_heads = model.shard().kv_heads;
       std::vector<DeviceBuffer> storage;
@@ -94,7 +115,8 @@ std::vector<RankRun> run_split(const Qwen3Config& c, const testing::HostWeights&
   return runs;
 }
 
-void check_split(bool tied, int size, uint64_t seed) {
+// With `updated`, the split model loads other weights and is updated to the compared ones.
+void check_split(bool tied, int size, uint64_t seed, bool updated = false) {
   Qwen3Config c = testing::small_config(tied);
   c.vocab_size = 96;  // divisible by 2 and 4
   c.num_attention_heads = 8;
@@ -123,9 +145,12 @@ void check_split(bool tied, int size, uint64_t seed) {
   const int32_t num_pages = 1 + static_cast<int32_t>(prompt.size()) * max_pages;
   const std::vector<RankRun> one = run_split(c, w, 1, steps, num_pages, page_size);
   ASSERT_EQ(one[0].error, "");
-  const std::vector<RankRun> split = run_split(c, w, size, steps, num_pages, page_size);
+  const testing::HostWeights other = testing::random_weights(c, seed + 1000);
+  const std::vector<RankRun> split =
+      run_split(c, w, size, steps, num_pages, page_size, updated ? &other : nullptr);
   const std::string what = std::string(tied ? "tied" : "untied") + ", " +
-                           std::to_string(size) + " ranks, seed " + std::to_string(seed);
+                           std::to_string(size) + " ranks, seed " + std::to_string(seed) +
+                           (updated ? ", updated" : "");
   for (int r = 0; r < size; ++r) {
     ASSERT_EQ(split[static_cast<size_t>(r)].error, "") << what << ", rank " << r;
   }
@@ -156,6 +181,13 @@ TEST(TensorParallel, TwoRanksMatchOneRank) {
 TEST(TensorParallel, FourRanksWithReplicatedKvHeadsMatchOneRank) {
   check_split(false, 4, 21);
   check_split(true, 4, 22);
+}
+
+TEST(TensorParallel, RanksUpdatedWithFullTensorsMatchOneRankOfThoseWeights) {
+  check_split(false, 2, 31, true);
+  check_split(true, 2, 32, true);
+  check_split(false, 4, 33, true);
+  check_split(true, 4, 34, true);
 }
 
 TEST(TensorParallel, PlanSplitsHeadsAndReplicatesKvHeads) {
@@ -262,7 +294,6 @@ TEST(TensorParallel, RefusesWhatIsNotBuiltForItYet) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("LoRA"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(model.update_weights({}), Error);
   // A communicator of another rank than the plan's is refused.
   std::unique_ptr<Communicator> other = group.communicator(1);
   TensorParallel wrong{plan_tensor_parallel(c, 2, 0), other.get()};

@@ -2,7 +2,9 @@
 (python/pagellm/weight_broadcast.py as the trainer, the server's /init_weights_group and
 /update_weights {"broadcast"}): the broadcast weights serve exactly what the same weights
 loaded from a folder serve; a rejected update is drained and the group keeps working; bad
-requests name their field. NCCL's transport needs two GPUs (scripts/gpu_suite.sh)."""
+requests name their field; a server of two tensor-parallel ranks joins the trainer's group
+with both, and a broadcast reaches both. NCCL's transport needs two GPUs
+(scripts/gpu_suite.sh)."""
 import glob
 import importlib.util
 import json
@@ -127,8 +129,8 @@ def test_group_errors_name_the_problem(client):
     assert status_of(lambda: client.init_weights_group("gloo"))[:2] == (400, "backend")
     assert status_of(lambda: client.init_weights_group("nccl", unique_id=b"x" * 5))[:2] == (400, "unique_id")
     assert status_of(lambda: client.init_weights_group("tcp", master_port=1))[:2] == (400, "master_address")
-    assert status_of(lambda: client.init_weights_group("tcp", master_address="127.0.0.1",
-                                                       master_port=1, rank_offset=2))[:2] == (400, "rank_offset")
+    assert status_of(lambda: client.init_weights_group("tcp", master_address="127.0.0.1", master_port=1,
+                                                       rank_offset=2, world_size=2))[:2] == (400, "rank_offset")
     # The cpu backend has no device collectives: an NCCL group is refused, naming "tcp".
     status, _, message = status_of(lambda: client.init_weights_group("nccl", unique_id=bytes(128)))
     assert status == 400 and '"tcp"' in message
@@ -144,6 +146,37 @@ def test_group_errors_name_the_problem(client):
         assert status == 409 and "joined already" in message
     finally:
         b.close()
+
+
+def test_broadcast_reaches_every_rank_of_a_tensor_parallel_server(folders):
+    s = Served(folders[0], "--tensor-parallel-size", "2")
+    try:
+        client = PagellmClient(s.url, timeout=120)
+        assert client.models()["data"][0]["tensor_parallel_size"] == 2
+        # Both ranks must fit in the trainer's world.
+        with pytest.raises(PagellmError) as e:
+            client.init_weights_group("tcp", master_address="127.0.0.1", master_port=1, world_size=2)
+        assert e.value.status == 400 and e.value.param == "rank_offset"
+        assert "2 tensor-parallel ranks" in e.value.message
+
+        b = WeightBroadcaster(client, "tcp", bucket_bytes=64 << 10)
+        joined = b.init()
+        assert b.engine_ranks == 2 and joined["rank"] == 1 and joined["world_size"] == 3
+        before = greedy(client)
+        report = b.update(read_safetensors(folders[1]))
+        assert report["weights_version"] == 1
+        broadcast = greedy(client)
+        assert broadcast != before
+        # Both ranks hold B's shares: loading B's folder on every rank serves the same bits.
+        assert client.update_weights(folders[1])["weights_version"] == 2
+        assert greedy(client) == broadcast
+        # And A again, through the group.
+        assert b.update(read_safetensors(folders[0]))["weights_version"] == 3
+        client.reset_prefix_cache()
+        assert greedy(client) == before
+        assert b.close()["left"] is True
+    finally:
+        assert s.stop() == 0, s.output()
 
 
 def test_the_trainers_nccl_unique_id_is_all_128_bytes():

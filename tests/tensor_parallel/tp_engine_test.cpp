@@ -3,7 +3,9 @@
 // processes the others, HostCommunicator between them) generates what one rank generates
 // and scores the same; what cannot work is refused before any process starts; a worker that
 // is missing, exits, never joins or is killed mid-run gives an Error naming the rank, and no
-// worker process outlives its engine.
+// worker process outlives its engine. Weight updates reach every rank: a folder that every
+// rank loads, and a trainer's broadcast that every rank joins and receives, give what a fresh
+// engine of those weights gives; a rejected update changes no rank.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -18,26 +20,45 @@
 #include <string>
 #include <vector>
 
+#include <thread>
+
+#include "common/broadcast_update.h"
 #include "common/expect_error.h"
 #include "pagellm/engine/engine.h"
+#include "pagellm/engine/weight_group.h"
 #include "pagellm/model/make_model.h"
+#include "pagellm/model/safetensors.h"
+#include "pagellm/model/weight_store.h"
 
 namespace pagellm {
 namespace {
 
 namespace fs = std::filesystem;
 
+fs::path scratch_dir() {
+  return fs::temp_directory_path() / ("pagellm-tp-test-" + std::to_string(::getpid()));
+}
+
+// A random tiny model under the scratch folder: Hq 4, Hkv 2, I 192, V 1024 (TP 2 divides the
+// KV heads, TP 4 replicates them), an untied head.
+std::string make_tiny(const std::string& name, uint64_t seed) {
+  MakeModelOptions opt;
+  opt.preset = "tiny";
+  opt.out_dir = (scratch_dir() / name).string();
+  opt.seed = seed;
+  opt.dtype = DType::F32;
+  make_model(opt);
+  return opt.out_dir;
+}
+
 const std::string& model_dir() {
-  static const std::string dir = [] {
-    const fs::path d = fs::temp_directory_path() / ("pagellm-tp-test-" + std::to_string(::getpid()));
-    MakeModelOptions opt;
-    opt.preset = "tiny";  // Hq 4, Hkv 2, I 192, V 1024: TP 2 divides KV heads, TP 4 replicates them
-    opt.out_dir = d.string();
-    opt.seed = 9;
-    opt.dtype = DType::F32;
-    make_model(opt);
-    return d.string();
-  }();
+  static const std::string dir = make_tiny("a", 9);
+  return dir;
+}
+
+// Other weights of the same architecture: what the weight updates load.
+const std::string& other_model_dir() {
+  static const std::string dir = make_tiny("b", 10);
   return dir;
 }
 
@@ -45,7 +66,7 @@ struct Cleanup : ::testing::Environment {
   void SetUp() override { ::setenv("PAGELLM_WORKER", PAGELLM_WORKER_PATH, 1); }
   void TearDown() override {
     std::error_code ec;
-    fs::remove_all(fs::temp_directory_path() / ("pagellm-tp-test-" + std::to_string(::getpid())), ec);
+    fs::remove_all(scratch_dir(), ec);
   }
 };
 const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new Cleanup);
@@ -238,12 +259,13 @@ TEST(TensorParallelEngine, RefusesWhatIsNotBuiltForTensorParallelism) {
             std::string::npos);
   EXPECT_NE(error_of([&] { engine->sleep(); }).find("sleep is not available with tensor parallelism"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { engine->update_weights({}); })
-                .find("a weight update is not available with tensor parallelism"),
-            std::string::npos);
-  EXPECT_NE(error_of([&] { engine->load_weights(model_dir()); })
-                .find("a weight update is not available with tensor parallelism"),
-            std::string::npos);
+  // Tensors in this process's memory cannot reach the workers (a folder or a broadcast can).
+  const std::string memory = error_of([&] { engine->update_weights({}); });
+  EXPECT_NE(memory.find("from tensors in this process's memory is not available with tensor "
+                        "parallelism"),
+            std::string::npos)
+      << memory;
+  EXPECT_NE(memory.find("load_weights"), std::string::npos) << memory;
   // The group still works after the refusals: nothing was sent.
   SamplingParams greedy;
   greedy.temperature = 0.0f;
@@ -255,6 +277,192 @@ TEST(TensorParallelEngine, RefusesWhatIsNotBuiltForTensorParallelism) {
   EXPECT_EQ(::kill(pids[0], 0), -1);
   EXPECT_EQ(errno, ESRCH);
   expect_no_children();
+}
+
+
+// ---- weight updates at TP > 1 ------------------------------------------------------------
+
+struct Greedy {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<float>> logprobs;
+};
+
+Greedy greedy_run(Engine& engine) {
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.max_tokens = 6;
+  greedy.ignore_eos = true;
+  std::vector<int32_t> long_prompt;
+  for (int i = 0; i < 20; ++i) long_prompt.push_back(5 + 41 * i % 1000);
+  Greedy g;
+  for (const auto& seq : engine.generate({{3, 14, 15, 92}, long_prompt, {7}}, {greedy})) {
+    EXPECT_EQ(seq->finish_reason, FinishReason::kLength) << seq->error;
+    g.tokens.push_back(seq->output);
+    std::vector<float> lp;
+    for (const SampledToken& t : seq->sampled) lp.push_back(t.logprob);
+    g.logprobs.push_back(lp);
+  }
+  return g;
+}
+
+void expect_same_run(const Greedy& got, const Greedy& want, const std::string& what) {
+  ASSERT_EQ(got.tokens, want.tokens) << what;
+  for (size_t i = 0; i < want.logprobs.size(); ++i) {
+    for (size_t k = 0; k < want.logprobs[i].size(); ++k) {
+      EXPECT_NEAR(got.logprobs[i][k], want.logprobs[i][k], 1e-4)
+          << what << ", request " << i << ", token " << k;
+    }
+  }
+}
+
+TEST(TensorParallelWeights, LoadingAFolderEqualsAFreshEngineOfIt) {
+  auto fresh = Engine::create(other_model_dir(), config(1));
+  const Greedy want = greedy_run(*fresh);
+  const size_t tensors = WeightStore::open(other_model_dir()).names().size();
+  for (int tp : {2, 4}) {
+    auto engine = Engine::create(model_dir(), config(tp));
+    ASSERT_NE(greedy_run(*engine).tokens, want.tokens) << "the two models must differ";
+    const WeightUpdateResult r = engine->load_weights(other_model_dir());
+    EXPECT_EQ(r.weights_version, 1u);
+    EXPECT_EQ(r.tensors_updated, static_cast<int64_t>(tensors));
+    expect_same_run(greedy_run(*engine), want, "TP " + std::to_string(tp) + " after loading");
+    engine.reset();
+    expect_no_children();
+  }
+}
+
+TEST(TensorParallelWeights, RejectedFolderChangesNoRank) {
+  auto engine = Engine::create(model_dir(), config(2));
+  const Greedy before = greedy_run(*engine);
+  // One tensor of a wrong shape: rank 0's checks refuse the folder before any rank writes.
+  const fs::path bad = scratch_dir() / "bad.safetensors";
+  const std::vector<float> three = {1.0f, 2.0f, 3.0f};
+  write_safetensors(bad.string(), {TensorToWrite::from_memory("model.norm.weight", DType::F32,
+                                                              {3}, three.data())});
+  const std::string error = error_of([&] { engine->load_weights(bad.string()); });
+  EXPECT_NE(error.find("bad.safetensors"), std::string::npos) << error;
+  EXPECT_NE(error.find("shape [3], expected"), std::string::npos) << error;
+  EXPECT_EQ(engine->weights_version(), 0u);
+  engine->reset_prefix_cache();
+  expect_same_run(greedy_run(*engine), before, "after the rejected folder");
+}
+
+// A folder's tensors as a trainer sends them (host float32; the store keeps them).
+struct TrainerTensors {
+  explicit TrainerTensors(const std::string& dir) : store(WeightStore::open(dir)) {
+    for (const NamedTensor& t : named_tensors_of(store)) {
+      list.push_back({t.name, t.dtype, t.shape});
+      data.push_back(t.data);
+    }
+  }
+  WeightStore store;
+  std::vector<BroadcastTensor> list;
+  std::vector<const void*> data;
+};
+
+// A trainer (TcpWeightSender) whose group a TP 2 engine joins: the trainer and both ranks.
+struct TcpTrainer {
+  explicit TcpTrainer(Engine& engine) : sender("127.0.0.1", 0, 3, "rl") {
+    WeightGroupSpec spec = this->spec();
+    std::thread accept([&] { sender.accept(20'000); });
+    engine.join_weight_group(spec);
+    accept.join();
+  }
+  WeightGroupSpec spec() const {
+    WeightGroupSpec spec;
+    spec.transport = "tcp";
+    spec.address = sender.address();
+    spec.rank = 1;
+    spec.world_size = 3;
+    spec.name = "rl";
+    spec.timeout_seconds = 20;
+    return spec;
+  }
+  // The trainer sends `sent` while the engine receives `told` (the same list unless given).
+  WeightUpdateResult update(Engine& engine, const TrainerTensors& sent, uint64_t bucket_bytes,
+                            const std::vector<BroadcastTensor>* told = nullptr) {
+    return testing::broadcast_update(engine, sender, sent.list, sent.data,
+                                     told ? *told : sent.list, bucket_bytes);
+  }
+  TcpWeightSender sender;
+};
+
+TEST(TensorParallelWeights, BroadcastReachesEveryRankAndEqualsAFreshEngine) {
+  auto fresh_b = Engine::create(other_model_dir(), config(1));
+  const Greedy want_b = greedy_run(*fresh_b);
+  auto engine = Engine::create(model_dir(), config(2));
+  const Greedy want_a = greedy_run(*engine);
+
+  // The trainer's world must hold both ranks (1 and 2): a world of 2 is refused up front.
+  {
+    TcpWeightSender small("127.0.0.1", 0, 2);
+    WeightGroupSpec spec;
+    spec.transport = "tcp";
+    spec.address = small.address();
+    const std::string error = error_of([&] { engine->join_weight_group(spec); });
+    EXPECT_NE(error.find("2 tensor-parallel ranks join as ranks 1 .. 2 of world size 2"),
+              std::string::npos)
+        << error;
+    EXPECT_EQ(engine->weight_group(), nullptr);
+  }
+  TcpTrainer trainer(*engine);
+  ASSERT_NE(engine->weight_group(), nullptr);
+  const TrainerTensors b(other_model_dir()), a(model_dir());
+  // Small buckets: tensors split across many, o_proj and down whole in others.
+  ASSERT_GT(plan_broadcast_buckets(b.list, 3000).size(), 10u);
+  WeightUpdateResult r = trainer.update(*engine, b, 3000);
+  EXPECT_EQ(r.weights_version, 1u);
+  EXPECT_EQ(r.tensors_updated, static_cast<int64_t>(b.list.size()));
+  expect_same_run(greedy_run(*engine), want_b, "after the broadcast");
+
+  // A rejected update: every rank drains the buckets; nothing changes; the group stays in step.
+  std::vector<BroadcastTensor> wrong = a.list;
+  wrong[3].name = "model.layers.99.mlp.up_proj.weight";
+  const std::string error = error_of([&] { trainer.update(*engine, a, 4096, &wrong); });
+  EXPECT_NE(error.find("model.layers.99.mlp.up_proj.weight"), std::string::npos) << error;
+  EXPECT_NE(error.find("received and dropped"), std::string::npos) << error;
+  EXPECT_EQ(engine->weights_version(), 1u);
+  engine->reset_prefix_cache();
+  expect_same_run(greedy_run(*engine), want_b, "after the rejected broadcast");
+
+  // Back to A in one bucket.
+  EXPECT_EQ(trainer.update(*engine, a, uint64_t{1} << 30).weights_version, 2u);
+  expect_same_run(greedy_run(*engine), want_a, "after the second broadcast");
+  engine->leave_weight_group();
+  EXPECT_EQ(engine->weight_group(), nullptr);
+  engine.reset();
+  expect_no_children();
+}
+
+TEST(TensorParallelWeights, TrainerLeavingMidwayLeavesEveryRankAtTheSameBucket) {
+  auto engine = Engine::create(model_dir(), config(2));
+  const TrainerTensors b(other_model_dir());
+  {
+    TcpTrainer trainer(*engine);
+    // The trainer sends the first three tensors' buckets to both ranks, then goes away.
+    TrainerTensors head(other_model_dir());
+    head.list.resize(3);
+    head.data.resize(3);
+    std::thread sending([&] {
+      trainer.sender.send(head.list, head.data, 1);  // bucket_bytes 1: a tensor per bucket
+      trainer.sender.close();
+    });
+    const std::string error = error_of([&] { engine->update_weights_from_broadcast(b.list, 1); });
+    sending.join();
+    EXPECT_NE(error.find("after 3 of " + std::to_string(b.list.size()) + " buckets"),
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find("rank 0: weight group: the trainer at"), std::string::npos) << error;
+    EXPECT_NE(error.find("rank 1: weight group: the trainer at"), std::string::npos) << error;
+    EXPECT_EQ(engine->weights_version(), 1u);  // part of the weights changed, alike on both
+    EXPECT_EQ(engine->weight_group(), nullptr);
+  }
+  // Not failed: the ranks agree, so the group generates, joins again and takes the update.
+  greedy_run(*engine);
+  TcpTrainer again(*engine);
+  EXPECT_EQ(again.update(*engine, b, 1 << 20).weights_version, 2u);
+  auto fresh = Engine::create(other_model_dir(), config(1));
+  expect_same_run(greedy_run(*engine), greedy_run(*fresh), "after joining again");
 }
 
 }  // namespace

@@ -33,6 +33,7 @@ struct AsyncEngine::Impl {
   api::RequestLimits limits;
   int64_t usable_pages = 0;
   std::atomic<uint64_t> weights_version{0};
+  int tensor_parallel_size = 1;  // set at construction, before the loop starts
   // The load snapshot the loop thread publishes (AsyncEngine::load()).
   std::atomic<int64_t> running{0}, engine_waiting{0}, free_pages{0};
   std::atomic<bool> paused{false}, asleep{false};
@@ -234,6 +235,7 @@ AsyncEngine::AsyncEngine(const std::string& model_dir, const EngineOptions& opti
   impl_->usable_pages = impl_->core->engine().allocator().num_usable();
   impl_->publish_load();
   impl_->weights_version = impl_->core->engine().weights_version();
+  impl_->tensor_parallel_size = impl_->core->engine().tensor_parallel_size();
   impl_->loop = std::thread([impl = impl_.get()] { impl->run(); });
   impl_->loop_id = impl_->loop.get_id();
 }
@@ -297,6 +299,8 @@ void AsyncEngine::shutdown() {
   }
   impl_->loop.join();
 }
+
+int AsyncEngine::tensor_parallel_size() const { return impl_->tensor_parallel_size; }
 
 uint64_t AsyncEngine::weights_version() const {
   return impl_->weights_version.load(std::memory_order_acquire);
@@ -504,11 +508,9 @@ WeightUpdateResult AsyncEngine::update_weights_from_broadcast(
 WeightUpdateResult AsyncEngine::load_weights(const std::string& path, PauseMode mode) {
   // The files are opened and mapped here, on the caller's thread.
   const WeightStore store = WeightStore::open(path);
-  try {
-    return update_on_loop(*impl_, mode, named_tensors_of(store));
-  } catch (const Error& e) {
-    PAGELLM_FAIL() << store.source() << ": " << e.what();
-  }
+  return update_on_loop(
+      *impl_, mode, [&](Engine& engine) { engine.check_load_weights(store); },
+      [&](Engine& engine) { return engine.load_weights(store, mode); });
 }
 
 SleepReport AsyncEngine::sleep(const SleepOptions& options) {

@@ -184,6 +184,22 @@ double Backend::measure_copy_bandwidth() {
   return 2.0 * static_cast<double>(bytes) / times[3];
 }
 
+void Backend::write_weights_2d(Tensor& dst, int64_t dst_offset, const void* src,
+                               DType src_dtype, int64_t rows, int64_t cols,
+                               int64_t src_row_stride, TensorMemory memory) {
+  PAGELLM_CHECK(rows >= 0 && cols >= 0 && src_row_stride >= cols && dst_offset >= 0 &&
+                dst_offset + rows * cols <= dst.numel())
+      << name() << " backend: write_weights_2d of " << rows << " x " << cols
+      << " elements (source rows " << src_row_stride << " apart) at offset " << dst_offset
+      << " does not fit tensor " << dst.shape_string();
+  const auto* base = static_cast<const uint8_t*>(src);
+  const size_t row_bytes = static_cast<size_t>(src_row_stride) * dtype_size(src_dtype);
+  for (int64_t r = 0; r < rows; ++r) {
+    write_weights(dst, dst_offset + r * cols, base + static_cast<size_t>(r) * row_bytes,
+                  src_dtype, cols, memory);
+  }
+}
+
 void* Backend::open_ipc_memory(const std::array<uint8_t, 64>& handle) {
   (void)handle;
   PAGELLM_FAIL() << "the " << name() << " backend cannot open CUDA IPC memory handles: weight "

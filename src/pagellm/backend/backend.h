@@ -344,6 +344,14 @@ class Backend {
     (void)memory;
     upload(dst, dst_offset, src, src_dtype, n);
   }
+  /// write_weights of a [rows, cols] block whose source rows start src_row_stride
+  /// elements apart (a column range of a larger row-major tensor: a tensor-parallel rank's
+  /// share of o_proj or down), written contiguously into dst from dst_offset. The same
+  /// memory kinds, conversions and asynchrony as write_weights. The default writes it row
+  /// by row through write_weights.
+  virtual void write_weights_2d(Tensor& dst, int64_t dst_offset, const void* src,
+                                DType src_dtype, int64_t rows, int64_t cols,
+                                int64_t src_row_stride, TensorMemory memory);
 
   /// Maps memory that another process shared through CUDA IPC (`handle`: the 64 bytes of
   /// a cudaIpcMemHandle_t) and returns its device address here, for IpcTensor weight

@@ -747,6 +747,47 @@ void CudaBackend::write_weights(Tensor& dst, int64_t dst_offset, const void* src
   memory_->upload(dst, dst_offset, src, src_dtype, n);
 }
 
+void CudaBackend::write_weights_2d(Tensor& dst, int64_t dst_offset, const void* src,
+                                   DType src_dtype, int64_t rows, int64_t cols,
+                                   int64_t src_row_stride, TensorMemory memory) {
+  PAGELLM_CHECK(!capturing()) << "cuda backend: write_weights_2d while capturing a graph";
+  PAGELLM_CHECK(rows >= 0 && cols >= 0 && src_row_stride >= cols && dst_offset >= 0 &&
+                dst_offset + rows * cols <= dst.numel())
+      << "cuda backend: write_weights_2d of " << rows << " x " << cols
+      << " elements (source rows " << src_row_stride << " apart) at offset " << dst_offset
+      << " does not fit tensor " << dst.shape_string();
+  if (rows == 0 || cols == 0) return;
+  const size_t in_size = dtype_size(src_dtype);
+  const bool same = src_dtype == dst.dtype;
+  if (same && (memory == TensorMemory::kDevice || memory == TensorMemory::kHostPinned)) {
+    // One strided copy engine transfer (device to device, or DMA from page-locked memory).
+    char* out = static_cast<char*>(dst.data) + dst_offset * static_cast<int64_t>(in_size);
+    const size_t width = static_cast<size_t>(cols) * in_size;
+    PAGELLM_CUDA_CHECK(cudaMemcpy2DAsync(
+        out, width, src, static_cast<size_t>(src_row_stride) * in_size, width,
+        static_cast<size_t>(rows),
+        memory == TensorMemory::kDevice ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice,
+        as_stream(stream_)));
+    return;
+  }
+  if (memory == TensorMemory::kDevice) {
+    // A dtype to convert on the device: row by row (a trainer sending another dtype).
+    Backend::write_weights_2d(dst, dst_offset, src, src_dtype, rows, cols, src_row_stride,
+                              memory);
+    return;
+  }
+  // Host memory: gathered here into one contiguous block, which the staged upload reads
+  // before it returns (so the block may go at once).
+  std::vector<uint8_t> block(static_cast<size_t>(rows * cols) * in_size);
+  const auto* base = static_cast<const uint8_t*>(src);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(block.data() + static_cast<size_t>(r * cols) * in_size,
+                base + static_cast<size_t>(r * src_row_stride) * in_size,
+                static_cast<size_t>(cols) * in_size);
+  }
+  memory_->upload(dst, dst_offset, block.data(), src_dtype, rows * cols);
+}
+
 void CudaBackend::gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) {
   expect_dtype(indices, DType::I32, "gather_rows", "indices");
   const int64_t R = indices.numel();

@@ -215,6 +215,9 @@ class CudaBackend final : public Backend {
   /// 16 MiB staging buffers, copies overlapping the next chunk's conversion).
   void write_weights(Tensor& dst, int64_t dst_offset, const void* src, DType src_dtype,
                      int64_t n, TensorMemory memory) override;
+  void write_weights_2d(Tensor& dst, int64_t dst_offset, const void* src, DType src_dtype,
+                        int64_t rows, int64_t cols, int64_t src_row_stride,
+                        TensorMemory memory) override;
 
   /// ncclGetUniqueId's 128 bytes, from the NCCL that settings().nccl_library names
   /// (PAGELLM_NCCL_LIBRARY; else libnccl.so.2 through the loader's search), loaded at run

@@ -562,11 +562,22 @@ void Engine::resume() {
   }
 }
 
-void Engine::check_weights_update(const std::vector<NamedTensor>& tensors) const {
-  refuse_tensor_parallel("a weight update");
+void Engine::check_writable(const std::vector<NamedTensor>& tensors) const {
   PAGELLM_CHECK(!asleep_) << "a weight update while the engine is asleep (sleep() may have "
                              "released the weights' memory): call wake_up() first";
   runner_->model().check_weights_update(tensors);
+}
+
+void Engine::check_weights_update(const std::vector<NamedTensor>& tensors) const {
+  // The tensors are this process's memory, which the other ranks' processes cannot read.
+  PAGELLM_CHECK(tensor_parallel_size() == 1)
+      << "a weight update from tensors in this process's memory is not available with "
+         "tensor parallelism (this engine runs "
+      << tensor_parallel_size()
+      << " ranks, each in its own process): load them from a safetensors folder "
+         "(load_weights) or broadcast them from the trainer (join_weight_group, "
+         "update_weights_from_broadcast)";
+  check_writable(tensors);
 }
 
 WeightUpdateResult Engine::update_weights(const std::vector<NamedTensor>& tensors,
@@ -575,81 +586,110 @@ WeightUpdateResult Engine::update_weights(const std::vector<NamedTensor>& tensor
   return run_update(mode, [&] { return runner_->model().update_weights(tensors); });
 }
 
+void Engine::agree_weights(const tp::WeightsDone& own, const std::string& what) {
+  const std::vector<tp::WeightsDone> done = tp_leader_->weights_done();
+  std::string errors;
+  bool changed = own.changed, finished = own.error.empty();
+  if (!own.error.empty()) errors += "\n  rank 0: " + own.error;
+  for (size_t i = 0; i < done.size(); ++i) {
+    changed = changed || done[i].changed;
+    if (!done[i].error.empty()) {
+      finished = false;
+      errors += "\n  rank " + std::to_string(i + 1) + ": " + done[i].error;
+    }
+  }
+  if (finished) return;
+  if (changed) {
+    tp_leader_->mark_failed(what + " failed on some ranks after weights were written, so the "
+                            "tensor-parallel ranks now hold different weights; make a new "
+                            "engine:" + errors);
+    tp_leader_->throw_if_failed();
+  }
+  PAGELLM_FAIL() << what << " failed; no rank's weights were changed:" << errors;
+}
+
 WeightUpdateResult Engine::load_weights(const std::string& path, PauseMode mode) {
-  refuse_tensor_parallel("a weight update");
-  const WeightStore store = WeightStore::open(path);
-  const std::vector<NamedTensor> tensors = named_tensors_of(store);
+  return load_weights(WeightStore::open(path), mode);
+}
+
+void Engine::check_load_weights(const WeightStore& store) const {
   try {
-    check_weights_update(tensors);
+    check_writable(named_tensors_of(store));
   } catch (const Error& e) {
     PAGELLM_FAIL() << store.source() << ": " << e.what();
   }
-  return run_update(mode, [&] { return runner_->model().update_weights(tensors); });
+}
+
+WeightUpdateResult Engine::load_weights(const WeightStore& store, PauseMode mode) {
+  check_load_weights(store);
+  const std::vector<NamedTensor> tensors = named_tensors_of(store);
+  const std::string& path = store.source();
+  return run_update(mode, [&] {
+    if (!tp_leader_) return runner_->model().update_weights(tensors);
+    // Every rank reads the folder and writes its share; rank 0 has checked it for all.
+    tp_leader_->send_weights_op(tp::kLoadWeights, tp::encode_load_weights(path));
+    tp::WeightsDone own;
+    WeightWriteStats stats;
+    try {
+      stats = runner_->model().update_weights(tensors);
+    } catch (const Error& e) {
+      own.error = e.what();
+    }
+    own.changed = true;  // checked already: a failure here came while writing
+    agree_weights(own, "loading weights from " + store.source());
+    return stats;
+  });
 }
 
 void Engine::join_weight_group(const WeightGroupSpec& spec) {
-  refuse_tensor_parallel("a weight broadcast group");
-  if (weight_group_ && weight_group_->broken()) weight_group_.reset();
+  if (weight_group_ && weight_group_->broken()) leave_weight_group();
   PAGELLM_CHECK(weight_group_ == nullptr)
       << "a weight group is joined already (transport " << weight_group_->spec().transport
       << ", name '" << weight_group_->spec().name << "'): leave it first";
-  weight_group_ = pagellm::join_weight_group(backend(), spec);
+  check_weight_group_spec(spec, tensor_parallel_size());
+  if (!tp_leader_) {
+    weight_group_ = pagellm::join_weight_group(backend(), spec);
+    weight_group_updates_ = 0;
+    return;
+  }
+  // Every rank joins at once (an NCCL join returns when the whole world has joined).
+  tp_leader_->send_weights_op(tp::kJoinWeightGroup, tp::encode(spec));
+  std::unique_ptr<WeightReceiver> own;
+  std::string errors;
+  try {
+    own = pagellm::join_weight_group(backend(), spec);
+  } catch (const Error& e) {
+    errors += "\n  rank 0: " + std::string(e.what());
+  }
+  // A worker's join ends within the group's timeout ("tcp"); an NCCL join whose world
+  // cannot complete (rank 0 failed) does not end, and the group is then marked failed.
+  const int64_t wait_ms =
+      errors.empty() ? -1 : static_cast<int64_t>(std::min(spec.timeout_seconds, 3600.0) * 1000) + 30'000;
+  const std::vector<tp::WeightsDone> done = tp_leader_->weights_done(wait_ms);
+  for (size_t i = 0; i < done.size(); ++i) {
+    if (!done[i].error.empty()) errors += "\n  rank " + std::to_string(i + 1) + ": " + done[i].error;
+  }
+  if (!errors.empty()) {
+    own.reset();
+    tp_leader_->send_weights_op(tp::kLeaveWeightGroup, {});
+    tp_leader_->weights_done();
+    PAGELLM_FAIL() << "weight group: joining failed (the ranks that had joined left again):"
+                   << errors;
+  }
+  weight_group_ = std::move(own);
   weight_group_updates_ = 0;
 }
 
-namespace {
-
-// The staging memory of a broadcast update, the largest bucket's size, where the receiver
-// writes: device memory for a device receiver (NCCL), else page-locked host memory, from
-// which write_weights copies a bucket of the weights' dtype straight to the device.
-struct BroadcastStaging {
-  BroadcastStaging(Backend& backend, TensorMemory receiver, uint64_t bytes)
-      : memory(receiver == TensorMemory::kDevice ? TensorMemory::kDevice
-                                                  : TensorMemory::kHostPinned) {
-    const size_t n = static_cast<size_t>(std::max<uint64_t>(bytes, 1));
-    if (memory == TensorMemory::kDevice) {
-      device = DeviceBuffer(&backend, n);
-    } else {
-      pinned = PinnedHostBuffer(&backend, n);
-    }
+void Engine::leave_weight_group() {
+  weight_group_.reset();
+  if (tp_leader_) {
+    tp_leader_->send_weights_op(tp::kLeaveWeightGroup, {});
+    tp_leader_->weights_done();
   }
-  uint8_t* data() const {
-    return static_cast<uint8_t*>(memory == TensorMemory::kDevice ? device.get() : pinned.get());
-  }
-  TensorMemory memory;
-  DeviceBuffer device;
-  PinnedHostBuffer pinned;
-};
-
-uint64_t largest_bucket(const std::vector<BroadcastBucket>& buckets) {
-  uint64_t most = 1;
-  for (const BroadcastBucket& b : buckets) most = std::max(most, b.bytes);
-  return most;
 }
-
-// The NamedTensors of bucket `b`, their bytes at their offsets from `base`.
-std::vector<NamedTensor> bucket_tensors(const std::vector<BroadcastTensor>& tensors,
-                                        const BroadcastBucket& b, uint8_t* base,
-                                        TensorMemory memory) {
-  std::vector<NamedTensor> out;
-  for (size_t j = 0; j < b.offsets.size(); ++j) {
-    const BroadcastTensor& t = tensors[b.first + j];
-    NamedTensor n;
-    n.name = t.name;
-    n.data = base + b.offsets[j];
-    n.dtype = t.dtype;
-    n.shape = t.shape;
-    n.memory = memory;
-    out.push_back(std::move(n));
-  }
-  return out;
-}
-
-}  // namespace
 
 std::vector<BroadcastBucket> Engine::check_broadcast_update(
     const std::vector<BroadcastTensor>& tensors, uint64_t bucket_bytes, const std::string& group) {
-  refuse_tensor_parallel("a weight update");
   const std::vector<BroadcastBucket> buckets = plan_broadcast_buckets(tensors, bucket_bytes);
   PAGELLM_CHECK(weight_group_ != nullptr)
       << "no weight group is joined: the trainer makes one and the engine joins it first "
@@ -658,24 +698,36 @@ std::vector<BroadcastBucket> Engine::check_broadcast_update(
       << "the weight group broke in an earlier update; leave it and join a new one";
   // From here the trainer's buckets are on their way: a rejected update drains them, so
   // that the trainer's broadcast completes and the next update finds the group in step.
-  const BroadcastStaging staging(backend(), weight_group_->memory(), largest_bucket(buckets));
   try {
     PAGELLM_CHECK(group.empty() || group == weight_group_->spec().name)
         << "the update names weight group '" << group << "', the engine has joined '"
         << weight_group_->spec().name << "'";
+    // The staging buffer's pointers go through the model's memory checks as the update's.
+    const BroadcastStaging staging(backend(), weight_group_->memory(), buckets);
     std::vector<NamedTensor> all;
     for (const BroadcastBucket& b : buckets) {
-      for (NamedTensor& n : bucket_tensors(tensors, b, staging.data(), staging.memory)) {
-        all.push_back(std::move(n));
-      }
+      for (NamedTensor& n : staging.tensors(tensors, b)) all.push_back(std::move(n));
     }
-    check_weights_update(all);
+    check_writable(all);
   } catch (const Error& e) {
     const uint64_t update = weight_group_updates_++;
-    for (size_t i = 0; i < buckets.size(); ++i) {
-      weight_group_->receive(staging.data(), buckets[i].bytes, update, i);
+    if (tp_leader_) {
+      tp::BroadcastOp drain;
+      drain.update = update;
+      drain.drain = true;
+      drain.bucket_bytes = bucket_bytes;
+      drain.tensors = tensors;
+      tp_leader_->send_weights_op(tp::kBroadcastWeights, tp::encode(drain));
     }
-    backend().synchronize();
+    tp::WeightsDone own;
+    try {
+      drain_broadcast(*weight_group_, backend(), buckets, update);
+    } catch (const Error& d) {
+      own.error = d.what();
+    }
+    if (tp_leader_) agree_weights(own, "draining the rejected broadcast");
+    PAGELLM_CHECK(own.error.empty()) << e.what() << "\n(receiving the trainer's buckets to drop "
+                                     << "them failed too: " << own.error << ")";
     PAGELLM_FAIL() << e.what() << "\n(the trainer's " << buckets.size()
                    << " bucket(s) were received and dropped; the weight group stays usable)";
   }
@@ -687,38 +739,52 @@ WeightUpdateResult Engine::update_weights_from_broadcast(const std::vector<Broad
                                                          const std::string& group) {
   const std::vector<BroadcastBucket> buckets = check_broadcast_update(tensors, bucket_bytes, group);
   return run_update(mode, [&] {
-    const BroadcastStaging staging(backend(), weight_group_->memory(), largest_bucket(buckets));
-    Qwen3Model& model = runner_->model();
-    Qwen3Model::PartialUpdate update = model.begin_weights_update();
     const uint64_t number = weight_group_updates_++;
-    size_t written = 0;
-    try {
-      for (; written < buckets.size(); ++written) {
-        const BroadcastBucket& b = buckets[written];
-        weight_group_->receive(staging.data(), b.bytes, number, written);
-        model.write_weights_part(bucket_tensors(tensors, b, staging.data(), staging.memory),
-                                 update);
-      }
-    } catch (const Error& e) {
-      weight_group_.reset();
-      if (written == 0) {
-        PAGELLM_FAIL() << "weight broadcast failed before any weight was written: " << e.what()
-                       << "; the weight group was left (join again)";
-      }
-      // Part of the model holds the new weights: nothing computed before may match again.
-      try {
-        model.finish_weights_update(update);
-      } catch (const Error&) {
-      }
-      ++weights_version_;
-      kv_cache_->reset_prefix_cache();
-      PAGELLM_FAIL() << "weight broadcast failed after " << written << " of " << buckets.size()
-                     << " buckets were written: " << e.what()
-                     << "; the weights are partly updated (weights version now "
-                     << weights_version_
-                     << "), and the weight group was left: join again and send the whole update";
+    if (tp_leader_) {
+      tp::BroadcastOp op;
+      op.update = number;
+      op.bucket_bytes = bucket_bytes;
+      op.tensors = tensors;
+      tp_leader_->send_weights_op(tp::kBroadcastWeights, tp::encode(op));
     }
-    return model.finish_weights_update(update);
+    const BroadcastWrite own = receive_broadcast_update(*weight_group_, backend(),
+                                                        runner_->model(), tensors, buckets, number);
+    std::string error = own.error.empty() ? "" : "rank 0: " + own.error;
+    if (tp_leader_) {
+      // Every rank received the same buckets, or the ranks' weights now differ.
+      const std::vector<tp::WeightsDone> done = tp_leader_->weights_done();
+      bool same = true;
+      std::string counts = "rank 0 wrote " + std::to_string(own.written);
+      for (size_t i = 0; i < done.size(); ++i) {
+        same = same && done[i].buckets == own.written;
+        counts += ", rank " + std::to_string(i + 1) + " " + std::to_string(done[i].buckets);
+        if (!done[i].error.empty()) {
+          error += (error.empty() ? "" : "; ") + ("rank " + std::to_string(i + 1) + ": ") +
+                   done[i].error;
+        }
+      }
+      if (!same) {
+        tp_leader_->mark_failed("weight broadcast failed with the tensor-parallel ranks at "
+                                "different buckets (" + counts + " of " +
+                                std::to_string(buckets.size()) + "), so they now hold "
+                                "different weights; make a new engine: " + error);
+        tp_leader_->throw_if_failed();
+      }
+    }
+    if (error.empty()) return own.stats;
+    leave_weight_group();
+    if (own.written == 0) {
+      PAGELLM_FAIL() << "weight broadcast failed before any weight was written: " << error
+                     << "; the weight group was left (join again)";
+    }
+    // Part of the model holds the new weights: nothing computed before may match again.
+    ++weights_version_;
+    kv_cache_->reset_prefix_cache();
+    PAGELLM_FAIL() << "weight broadcast failed after " << own.written << " of " << buckets.size()
+                   << " buckets were written: " << error
+                   << "; the weights are partly updated (weights version now "
+                   << weights_version_
+                   << "), and the weight group was left: join again and send the whole update";
   });
 }
 

@@ -197,7 +197,13 @@ class Engine {
   WeightUpdateResult update_weights(const std::vector<NamedTensor>& tensors,
                                     PauseMode mode = PauseMode::kWait);
   /// update_weights from a safetensors folder or file (WeightStore::open; errors name it).
+  /// At TP > 1 every rank reads the folder and writes its share.
   WeightUpdateResult load_weights(const std::string& path, PauseMode mode = PauseMode::kWait);
+  /// The same from a store opened already (AsyncEngine opens it off the loop thread).
+  WeightUpdateResult load_weights(const WeightStore& store, PauseMode mode = PauseMode::kWait);
+  /// The checks of load_weights alone (check_weights_update's, naming the store; at any
+  /// tensor-parallel size).
+  void check_load_weights(const WeightStore& store) const;
   /// The checks of update_weights alone (Qwen3Model::check_weights_update, and that the
   /// engine is awake: sleep() may have released the weights' memory): throws the same Error, pauses and writes nothing. update_weights runs them
   /// before it pauses, so that a bad update never waits for running requests.
@@ -205,11 +211,13 @@ class Engine {
 
   // ---- weight updates broadcast from a trainer (docs/design.md, "Weight updates") -------
   /// Joins the trainer's group (join_weight_group: blocks until the trainer has joined too,
-  /// or, for "tcp", the timeout). Throws Error when a usable group is joined already (leave
-  /// it first; a broken one is replaced), at TP > 1, or when the join fails.
+  /// or, for "tcp", the timeout). At TP > 1 every rank joins, tensor-parallel rank r as
+  /// spec.rank + r, so the group's world holds 1 + tensor_parallel_size() ranks at least.
+  /// Throws Error when a usable group is joined already (leave it first; a broken one is
+  /// replaced) or when the join fails on any rank (the ranks that joined leave again).
   void join_weight_group(const WeightGroupSpec& spec);
-  /// Leaves the group (no-op without one).
-  void leave_weight_group() { weight_group_.reset(); }
+  /// Leaves the group (no-op without one); at TP > 1 every rank leaves.
+  void leave_weight_group();
   /// The joined group's spec, or null.
   const WeightGroupSpec* weight_group() const {
     return weight_group_ ? &weight_group_->spec() : nullptr;
@@ -309,6 +317,13 @@ class Engine {
 
   /// Refuses `what` at TP > 1 (not built for tensor parallelism yet) with an Error.
   void refuse_tensor_parallel(const char* what) const;
+  /// The checks of every weight update: awake, and the model's (full names and shapes).
+  void check_writable(const std::vector<NamedTensor>& tensors) const;
+  /// TP > 1, after rank 0 did its part of a weight operation sent to every rank (`own`):
+  /// the workers' answers. Every rank done: returns. Otherwise throws Error naming each
+  /// rank's failure; when some rank's weights changed and another's did not finish, the
+  /// ranks now hold different weights, and the group is marked failed first.
+  void agree_weights(const tp::WeightsDone& own, const std::string& what);
 
   EngineConfig config_;
   SchedulerConfig scheduler_config_;

@@ -354,11 +354,11 @@ void TpLeader::send_all(uint32_t type, const std::vector<uint8_t>& payload) {
   }
 }
 
-Frame TpLeader::receive(int rank, uint32_t want) {
+Frame TpLeader::receive(int rank, uint32_t want, int64_t timeout_ms) {
   throw_if_failed();
+  if (timeout_ms < 0) timeout_ms = options_.timeout_ms;
   Frame frame;
-  const ReceiveStatus status =
-      workers_[static_cast<size_t>(rank)].socket->receive(frame, options_.timeout_ms);
+  const ReceiveStatus status = workers_[static_cast<size_t>(rank)].socket->receive(frame, timeout_ms);
   const std::string who = "tensor-parallel rank " + std::to_string(rank);
   if (status == ReceiveStatus::kClosed) {
     failed_ = who + " (" + describe(rank) + ") closed its connection before its " +
@@ -366,7 +366,7 @@ Frame TpLeader::receive(int rank, uint32_t want) {
   } else if (status != ReceiveStatus::kFrame) {
     failed_ = who + " (pid " + std::to_string(workers_[static_cast<size_t>(rank)].pid) +
               ") sent no " + tp::message_name(want) + " message within " +
-              std::to_string(options_.timeout_ms / 1000) + " s";
+              std::to_string(timeout_ms / 1000) + " s";
   } else if (frame.type == kFrameAbort) {
     failed_ = "tensor-parallel " + std::string(frame.payload.begin(), frame.payload.end());
   } else if (frame.type != want) {
@@ -375,6 +375,14 @@ Frame TpLeader::receive(int rank, uint32_t want) {
   }
   PAGELLM_CHECK(failed_.empty()) << failed_;
   return frame;
+}
+
+std::vector<tp::WeightsDone> TpLeader::weights_done(int64_t timeout_ms) {
+  std::vector<tp::WeightsDone> out;
+  for (int r = 1; r < size(); ++r) {
+    out.push_back(tp::decode_weights_done(receive(r, tp::kWeightsDone, timeout_ms).payload));
+  }
+  return out;
 }
 
 void TpLeader::send_setup(tp::WorkerSetup setup) {

@@ -90,6 +90,15 @@ class TpLeader final : public StepMirror {
   void copy_kv_pages(const std::vector<std::pair<int32_t, int32_t>>& src_dst) override;
   void forward(const ForwardBatch& batch, int32_t graph_bucket) override;
 
+  /// Sends every worker a weights operation (tp::kJoinWeightGroup, kLeaveWeightGroup,
+  /// kLoadWeights, kBroadcastWeights), which each answers with a kWeightsDone.
+  void send_weights_op(uint32_t type, const std::vector<uint8_t>& payload) {
+    send_all(type, payload);
+  }
+  /// Every worker's kWeightsDone (rank 1 first), waiting up to timeout_ms for each (-1:
+  /// Options::timeout_ms). A worker gone, silent or aborting marks the group failed.
+  std::vector<tp::WeightsDone> weights_done(int64_t timeout_ms = -1);
+
   /// "pid 41, killed by signal 9 (Killed)": what is known of rank `rank`'s process, for
   /// errors. Waits up to a second for a process whose connection ended to be reaped.
   std::string describe(int rank);
@@ -101,7 +110,7 @@ class TpLeader final : public StepMirror {
   void send_all(uint32_t type, const std::vector<uint8_t>& payload);
   /// The next frame from `rank`, which must be of type `want`: an abort frame, end of file
   /// or a timeout throws Error naming the rank (with its process's fate).
-  Frame receive(int rank, uint32_t want);
+  Frame receive(int rank, uint32_t want, int64_t timeout_ms = -1);
   /// Records the exit status of rank `rank` when it has exited (waitpid, no hang).
   bool reap(int rank, bool wait);
   void kill_and_reap_all();

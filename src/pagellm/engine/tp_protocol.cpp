@@ -143,6 +143,89 @@ std::vector<std::pair<int32_t, int32_t>> decode_page_copies(const std::vector<ui
   return pairs;
 }
 
+std::vector<uint8_t> encode_load_weights(const std::string& path) {
+  WireWriter w;
+  w.put_string(path);
+  return w.bytes();
+}
+
+std::string decode_load_weights(const std::vector<uint8_t>& bytes) {
+  WireReader r(bytes, "load weights");
+  std::string path = r.get_string();
+  r.expect_end();
+  return path;
+}
+
+std::vector<uint8_t> encode(const WeightGroupSpec& spec) {
+  WireWriter w;
+  w.put_string(spec.transport).put_vector(spec.nccl_unique_id).put_string(spec.address);
+  w.put<int32_t>(spec.rank).put<int32_t>(spec.world_size).put_string(spec.name);
+  w.put<double>(spec.timeout_seconds);
+  return w.bytes();
+}
+
+WeightGroupSpec decode_weight_group_spec(const std::vector<uint8_t>& bytes) {
+  WireReader r(bytes, "weight group spec");
+  WeightGroupSpec spec;
+  spec.transport = r.get_string();
+  spec.nccl_unique_id = r.get_vector<uint8_t>();
+  spec.address = r.get_string();
+  spec.rank = r.get<int32_t>();
+  spec.world_size = r.get<int32_t>();
+  spec.name = r.get_string();
+  spec.timeout_seconds = r.get<double>();
+  r.expect_end();
+  return spec;
+}
+
+std::vector<uint8_t> encode(const BroadcastOp& op) {
+  WireWriter w;
+  w.put<uint64_t>(op.update).put<uint8_t>(op.drain ? 1 : 0).put<uint64_t>(op.bucket_bytes);
+  w.put<uint64_t>(op.tensors.size());
+  for (const BroadcastTensor& t : op.tensors) {
+    w.put_string(t.name).put<uint8_t>(static_cast<uint8_t>(t.dtype)).put_vector(t.shape);
+  }
+  return w.bytes();
+}
+
+BroadcastOp decode_broadcast_op(const std::vector<uint8_t>& bytes) {
+  WireReader r(bytes, "broadcast weights");
+  BroadcastOp op;
+  op.update = r.get<uint64_t>();
+  op.drain = r.get<uint8_t>() != 0;
+  op.bucket_bytes = r.get<uint64_t>();
+  const uint64_t n = r.get<uint64_t>();
+  PAGELLM_CHECK(n <= bytes.size()) << "broadcast weights: " << n << " tensors in "
+                                   << bytes.size() << " bytes";
+  op.tensors.resize(static_cast<size_t>(n));
+  for (BroadcastTensor& t : op.tensors) {
+    t.name = r.get_string();
+    t.dtype = static_cast<TensorDType>(r.get<uint8_t>());
+    t.shape = r.get_vector<int64_t>();
+  }
+  r.expect_end();
+  return op;
+}
+
+std::vector<uint8_t> encode(const WeightsDone& done) {
+  WireWriter w;
+  w.put_string(done.error).put<uint8_t>(done.changed ? 1 : 0).put<int64_t>(done.tensors);
+  w.put<uint64_t>(done.bytes).put<uint64_t>(done.buckets);
+  return w.bytes();
+}
+
+WeightsDone decode_weights_done(const std::vector<uint8_t>& bytes) {
+  WireReader r(bytes, "weights done");
+  WeightsDone done;
+  done.error = r.get_string();
+  done.changed = r.get<uint8_t>() != 0;
+  done.tensors = r.get<int64_t>();
+  done.bytes = r.get<uint64_t>();
+  done.buckets = r.get<uint64_t>();
+  r.expect_end();
+  return done;
+}
+
 std::string message_name(uint32_t type) {
   switch (type) {
     case kHello: return "hello";
@@ -156,6 +239,11 @@ std::string message_name(uint32_t type) {
     case kCopyPages: return "copy pages";
     case kForward: return "forward";
     case kShutdown: return "shutdown";
+    case kJoinWeightGroup: return "join weight group";
+    case kLeaveWeightGroup: return "leave weight group";
+    case kLoadWeights: return "load weights";
+    case kBroadcastWeights: return "broadcast weights";
+    case kWeightsDone: return "weights done";
     case kFrameAbort: return "abort";
     default: return "message " + std::to_string(type);
   }

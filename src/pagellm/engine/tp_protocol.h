@@ -14,12 +14,13 @@
 #include "pagellm/engine/model_runner.h"
 #include "pagellm/kv/forward_batch.h"
 #include "pagellm/model/qwen3.h"
+#include "pagellm/weight_broadcast.h"
 
 namespace pagellm::tp {
 
 /// First in every hello and welcome, before the version: "PGLMTP" as little-endian bytes.
 constexpr uint64_t kMagic = 0x0000'5054'4d4c'4750ULL;
-constexpr uint32_t kProtocolVersion = 2;
+constexpr uint32_t kProtocolVersion = 3;
 /// The environment variable that carries the launch's token to a worker (not argv, which
 /// every user of the machine can read in /proc).
 constexpr const char* kTokenEnv = "PAGELLM_TP_TOKEN";
@@ -37,6 +38,13 @@ enum Message : uint32_t {
   kCopyPages = 8,    // L: vector<pair<i32, i32>> src/dst pages (copy_kv_pages)
   kForward = 9,      // L: i32 graph bucket (0: eager), ForwardBatch
   kShutdown = 10,    // L: exit now (no payload)
+  // Weight updates (docs/design.md, "Weight updates at TP > 1"); each is answered by a
+  // kWeightsDone.
+  kJoinWeightGroup = 12,   // L: WeightGroupSpec whose rank is the engine's first (rank 0's)
+  kLeaveWeightGroup = 13,  // L: no payload
+  kLoadWeights = 14,       // L: string path (a safetensors folder or file)
+  kBroadcastWeights = 15,  // L: BroadcastOp
+  kWeightsDone = 16,       // W: WeightsDone
 };
 // kFrameAbort (framed_socket.h) and HostCommunicator's collective frames share the
 // connection.
@@ -78,6 +86,37 @@ std::vector<uint8_t> encode_forward(const ForwardBatch& batch, int32_t graph_buc
 ForwardBatch decode_forward(const std::vector<uint8_t>& bytes, int32_t* graph_bucket);
 std::vector<uint8_t> encode_page_copies(const std::vector<std::pair<int32_t, int32_t>>& pairs);
 std::vector<std::pair<int32_t, int32_t>> decode_page_copies(const std::vector<uint8_t>& bytes);
+
+/// kLoadWeights: the folder or file every rank loads.
+std::vector<uint8_t> encode_load_weights(const std::string& path);
+std::string decode_load_weights(const std::vector<uint8_t>& bytes);
+std::vector<uint8_t> encode(const WeightGroupSpec& spec);
+WeightGroupSpec decode_weight_group_spec(const std::vector<uint8_t>& bytes);
+
+/// kBroadcastWeights: receive update number `update` of the trainer's group, packed as
+/// plan_broadcast_buckets(tensors, bucket_bytes) says, and write the rank's share of each
+/// tensor; with `drain`, receive the buckets and drop them (rank 0 rejected the update).
+struct BroadcastOp {
+  uint64_t update = 0;
+  bool drain = false;
+  uint64_t bucket_bytes = 0;
+  std::vector<BroadcastTensor> tensors;
+};
+std::vector<uint8_t> encode(const BroadcastOp& op);
+BroadcastOp decode_broadcast_op(const std::vector<uint8_t>& bytes);
+
+/// A worker's answer to a weights operation. `error` empty: it did what was asked.
+/// `changed`: some weight of this rank was written (a failure before any write leaves it
+/// false); `buckets`: the broadcast buckets written.
+struct WeightsDone {
+  std::string error;
+  bool changed = false;
+  int64_t tensors = 0;
+  uint64_t bytes = 0;
+  uint64_t buckets = 0;
+};
+std::vector<uint8_t> encode(const WeightsDone& done);
+WeightsDone decode_weights_done(const std::vector<uint8_t>& bytes);
 
 /// A frame's name for error messages ("kForward", "message 77").
 std::string message_name(uint32_t type);

@@ -18,7 +18,9 @@
 #include "pagellm/common/framed_socket.h"
 #include "pagellm/engine/model_runner.h"
 #include "pagellm/engine/tp_protocol.h"
+#include "pagellm/engine/weight_group.h"
 #include "pagellm/model/tensor_parallel.h"
+#include "pagellm/model/weight_store.h"
 
 namespace pagellm {
 
@@ -108,6 +110,80 @@ bool receive_from_leader(FramedSocket& leader, uint32_t want, Frame& frame) {
   return true;
 }
 
+// A worker's side of the weight operations (docs/design.md, "Weight updates at TP > 1"):
+// rank 0 checked each update against the whole model already; every failure here is
+// answered, not thrown, so that rank 0 can tell whether the ranks still agree.
+class WorkerWeights {
+ public:
+  WorkerWeights(ModelRunner& runner, int rank) : runner_(runner), rank_(rank) {}
+
+  tp::WeightsDone handle(const Frame& frame) {
+    tp::WeightsDone done;
+    try {
+      switch (frame.type) {
+        case tp::kJoinWeightGroup: join(tp::decode_weight_group_spec(frame.payload)); break;
+        case tp::kLeaveWeightGroup:
+          if (!frame.payload.empty()) PAGELLM_FAIL() << "a leave message with a payload";
+          group_.reset();
+          break;
+        case tp::kLoadWeights: load(tp::decode_load_weights(frame.payload), done); break;
+        case tp::kBroadcastWeights: broadcast(tp::decode_broadcast_op(frame.payload), done); break;
+        default: PAGELLM_FAIL() << "not a weights operation: " << tp::message_name(frame.type);
+      }
+    } catch (const std::exception& e) {
+      done.error = e.what();
+    }
+    return done;
+  }
+
+ private:
+  void join(WeightGroupSpec spec) {
+    if (group_ && group_->broken()) group_.reset();
+    PAGELLM_CHECK(group_ == nullptr) << "a weight group is joined already";
+    spec.rank += rank_;  // rank 0's rank in the trainer's world, plus this rank's
+    group_ = join_weight_group(runner_.backend(), spec);
+  }
+
+  void load(const std::string& path, tp::WeightsDone& done) {
+    const WeightStore store = WeightStore::open(path);
+    const std::vector<NamedTensor> tensors = named_tensors_of(store);
+    Qwen3Model& model = runner_.model();
+    try {
+      model.check_weights_update(tensors);
+    } catch (const Error& e) {
+      PAGELLM_FAIL() << store.source() << ": " << e.what();
+    }
+    done.changed = true;
+    const WeightWriteStats stats = model.update_weights(tensors);
+    done.tensors = stats.tensors;
+    done.bytes = stats.bytes;
+  }
+
+  void broadcast(const tp::BroadcastOp& op, tp::WeightsDone& done) {
+    const std::vector<BroadcastBucket> buckets = plan_broadcast_buckets(op.tensors, op.bucket_bytes);
+    PAGELLM_CHECK(group_ != nullptr && !group_->broken())
+        << "tensor-parallel rank " << rank_ << " has no usable weight group";
+    if (op.drain) {
+      drain_broadcast(*group_, runner_.backend(), buckets, op.update);
+      return;
+    }
+    const BroadcastWrite w = receive_broadcast_update(*group_, runner_.backend(), runner_.model(),
+                                                      op.tensors, buckets, op.update);
+    done.changed = w.written > 0;
+    done.buckets = w.written;
+    done.tensors = w.stats.tensors;
+    done.bytes = w.stats.bytes;
+    if (!w.error.empty()) {
+      group_.reset();  // as rank 0 does: a failed transfer leaves the group
+      PAGELLM_FAIL() << w.error;
+    }
+  }
+
+  ModelRunner& runner_;
+  int rank_;
+  std::unique_ptr<WeightReceiver> group_;
+};
+
 int serve(FramedSocket& leader, int rank, int size) {
   Frame frame;
   if (!receive_from_leader(leader, tp::kSetup, frame)) return 0;
@@ -145,6 +221,7 @@ int serve(FramedSocket& leader, int rank, int size) {
   };
   ModelRunner runner(std::move(backend), std::move(model), runner_config, std::move(group));
   if (!leader.send(tp::kReady, nullptr, 0)) return 0;
+  WorkerWeights weights(runner, rank);
 
   for (;;) {
     if (!receive_from_leader(leader, 0, frame)) return 0;
@@ -154,6 +231,9 @@ int serve(FramedSocket& leader, int rank, int size) {
       runner.follow_forward(batch, bucket);
     } else if (frame.type == tp::kCopyPages) {
       runner.follow_copy_kv_pages(tp::decode_page_copies(frame.payload));
+    } else if (frame.type == tp::kJoinWeightGroup || frame.type == tp::kLeaveWeightGroup ||
+               frame.type == tp::kLoadWeights || frame.type == tp::kBroadcastWeights) {
+      if (!leader.send(tp::kWeightsDone, tp::encode(weights.handle(frame)))) return 0;
     } else {
       PAGELLM_FAIL() << "the leader sent a " << tp::message_name(frame.type)
                      << " message between steps";

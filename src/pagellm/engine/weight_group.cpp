@@ -237,13 +237,37 @@ class TcpWeightReceiver final : public WeightReceiver {
 
 }  // namespace
 
-std::unique_ptr<WeightReceiver> join_weight_group(Backend& backend, const WeightGroupSpec& spec) {
-  PAGELLM_CHECK(spec.world_size >= 2 && spec.rank >= 1 && spec.rank < spec.world_size)
-      << "weight group: rank " << spec.rank << " of world size " << spec.world_size
-      << " (the trainer is rank 0; the engine a rank in 1 .. world_size - 1)";
+void check_weight_group_spec(const WeightGroupSpec& spec, int ranks) {
+  if (ranks == 1) {
+    PAGELLM_CHECK(spec.world_size >= 2 && spec.rank >= 1 && spec.rank < spec.world_size)
+        << "weight group: rank " << spec.rank << " of world size " << spec.world_size
+        << " (the trainer is rank 0; the engine a rank in 1 .. world_size - 1)";
+  } else {
+    PAGELLM_CHECK(spec.rank >= 1 && spec.world_size >= 2 &&
+                  int64_t{spec.rank} + ranks <= int64_t{spec.world_size})
+        << "weight group: this engine's " << ranks << " tensor-parallel ranks join as ranks "
+        << spec.rank << " .. " << int64_t{spec.rank} + ranks - 1 << " of world size "
+        << spec.world_size << " (the trainer is rank 0; the group needs a world size of at "
+        << "least rank_offset + " << ranks << ")";
+  }
   if (spec.transport == "nccl") {
     PAGELLM_CHECK(spec.nccl_unique_id.size() == 128)
         << "weight group: an NCCL unique id is 128 bytes, got " << spec.nccl_unique_id.size();
+  } else if (spec.transport == "tcp") {
+    PAGELLM_CHECK(std::isfinite(spec.timeout_seconds) && spec.timeout_seconds > 0)
+        << "weight group: timeout_seconds must be > 0, got " << spec.timeout_seconds;
+    std::string host;
+    int port = 0;
+    split_host_port(spec.address, "weight group address", host, port);
+  } else {
+    PAGELLM_FAIL() << "weight group: unknown transport '" << spec.transport
+                   << "' (expected \"nccl\" or \"tcp\")";
+  }
+}
+
+std::unique_ptr<WeightReceiver> join_weight_group(Backend& backend, const WeightGroupSpec& spec) {
+  check_weight_group_spec(spec);
+  if (spec.transport == "nccl") {
     try {
       return std::make_unique<NcclWeightReceiver>(backend, spec);
     } catch (const Error& e) {
@@ -256,13 +280,81 @@ std::unique_ptr<WeightReceiver> join_weight_group(Backend& backend, const Weight
                                         : "");
     }
   }
-  if (spec.transport == "tcp") {
-    PAGELLM_CHECK(std::isfinite(spec.timeout_seconds) && spec.timeout_seconds > 0)
-        << "weight group: timeout_seconds must be > 0, got " << spec.timeout_seconds;
-    return std::make_unique<TcpWeightReceiver>(spec);
+  return std::make_unique<TcpWeightReceiver>(spec);
+}
+
+// ---- receiving an update ------------------------------------------------------------------
+
+namespace {
+
+uint64_t largest_bucket(const std::vector<BroadcastBucket>& buckets) {
+  uint64_t most = 1;
+  for (const BroadcastBucket& b : buckets) most = std::max(most, b.bytes);
+  return most;
+}
+
+}  // namespace
+
+BroadcastStaging::BroadcastStaging(Backend& backend, TensorMemory receiver,
+                                   const std::vector<BroadcastBucket>& buckets)
+    : memory_(receiver == TensorMemory::kDevice ? TensorMemory::kDevice
+                                                : TensorMemory::kHostPinned) {
+  const size_t n = static_cast<size_t>(largest_bucket(buckets));
+  if (memory_ == TensorMemory::kDevice) {
+    device_ = DeviceBuffer(&backend, n);
+  } else {
+    pinned_ = PinnedHostBuffer(&backend, n);
   }
-  PAGELLM_FAIL() << "weight group: unknown transport '" << spec.transport
-                 << "' (expected \"nccl\" or \"tcp\")";
+}
+
+std::vector<NamedTensor> BroadcastStaging::tensors(const std::vector<BroadcastTensor>& tensors,
+                                                   const BroadcastBucket& b) const {
+  std::vector<NamedTensor> out;
+  for (size_t j = 0; j < b.offsets.size(); ++j) {
+    const BroadcastTensor& t = tensors[b.first + j];
+    NamedTensor n;
+    n.name = t.name;
+    n.data = data() + b.offsets[j];
+    n.dtype = t.dtype;
+    n.shape = t.shape;
+    n.memory = memory_;
+    out.push_back(std::move(n));
+  }
+  return out;
+}
+
+void drain_broadcast(WeightReceiver& group, Backend& backend,
+                     const std::vector<BroadcastBucket>& buckets, uint64_t update) {
+  const BroadcastStaging staging(backend, group.memory(), buckets);
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    group.receive(staging.data(), buckets[i].bytes, update, i);
+  }
+  backend.synchronize();
+}
+
+BroadcastWrite receive_broadcast_update(WeightReceiver& group, Backend& backend,
+                                        Qwen3Model& model,
+                                        const std::vector<BroadcastTensor>& tensors,
+                                        const std::vector<BroadcastBucket>& buckets,
+                                        uint64_t update) {
+  BroadcastWrite out;
+  Qwen3Model::PartialUpdate partial = model.begin_weights_update();
+  try {
+    const BroadcastStaging staging(backend, group.memory(), buckets);
+    for (; out.written < buckets.size(); ++out.written) {
+      const BroadcastBucket& b = buckets[out.written];
+      group.receive(staging.data(), b.bytes, update, out.written);
+      model.write_weights_part(staging.tensors(tensors, b), partial);
+    }
+  } catch (const std::exception& e) {
+    out.error = e.what();
+  }
+  try {
+    out.stats = model.finish_weights_update(partial);
+  } catch (const std::exception& e) {
+    if (out.error.empty()) out.error = e.what();
+  }
+  return out;
 }
 
 // ---- TcpWeightSender ----------------------------------------------------------------------

@@ -18,6 +18,7 @@
 
 #include "pagellm/backend/backend.h"
 #include "pagellm/common/framed_socket.h"
+#include "pagellm/model/qwen3.h"
 #include "pagellm/weight_broadcast.h"
 
 namespace pagellm {
@@ -58,6 +59,56 @@ class WeightReceiver {
 /// connecting to the trainer (retrying until timeout_seconds while it is not listening yet)
 /// and exchanging the hello. Throws Error naming the problem.
 std::unique_ptr<WeightReceiver> join_weight_group(Backend& backend, const WeightGroupSpec& spec);
+
+/// Checks what join_weight_group checks of `spec` before it joins (throws Error naming the
+/// problem); `ranks` engine ranks join as spec.rank .. spec.rank + ranks - 1 (a
+/// tensor-parallel engine's ranks), which must all lie inside the world.
+void check_weight_group_spec(const WeightGroupSpec& spec, int ranks = 1);
+
+/// The staging memory of a broadcast update, the largest bucket's size, where the receiver
+/// writes: device memory for a device receiver (NCCL), else page-locked host memory, from
+/// which write_weights copies a bucket of the weights' dtype straight to the device.
+class BroadcastStaging {
+ public:
+  BroadcastStaging(Backend& backend, TensorMemory receiver,
+                   const std::vector<BroadcastBucket>& buckets);
+  uint8_t* data() const {
+    return static_cast<uint8_t*>(memory_ == TensorMemory::kDevice ? device_.get() : pinned_.get());
+  }
+  TensorMemory memory() const { return memory_; }
+  /// The NamedTensors of bucket `b` of `tensors`, their bytes at their offsets in here.
+  std::vector<NamedTensor> tensors(const std::vector<BroadcastTensor>& tensors,
+                                   const BroadcastBucket& b) const;
+
+ private:
+  TensorMemory memory_;
+  DeviceBuffer device_;
+  PinnedHostBuffer pinned_;
+};
+
+/// Receives every bucket of update number `update` and drops it (a rejected update: the
+/// trainer's broadcast completes, and the group stays in step for the next). Throws Error
+/// when a bucket cannot be received.
+void drain_broadcast(WeightReceiver& group, Backend& backend,
+                     const std::vector<BroadcastBucket>& buckets, uint64_t update);
+
+/// What receive_broadcast_update did.
+struct BroadcastWrite {
+  WeightWriteStats stats;
+  uint64_t written = 0;  // buckets received and written
+  std::string error;     // empty: every bucket was written and the update finished
+};
+
+/// Receives update number `update` a bucket at a time into one staging buffer and writes
+/// each bucket's tensors (the model's share of them: Qwen3Model::write_weights_part)
+/// before the next, then finishes the update (decode copies refreshed once). A failure
+/// midway stops there: the buckets written stay written, their decode copies are refreshed,
+/// and `error` says what failed (nothing is thrown).
+BroadcastWrite receive_broadcast_update(WeightReceiver& group, Backend& backend,
+                                        Qwen3Model& model,
+                                        const std::vector<BroadcastTensor>& tensors,
+                                        const std::vector<BroadcastBucket>& buckets,
+                                        uint64_t update);
 
 /// Splits "host:port" (host a name, an IPv4 address, or [IPv6]); throws Error naming `what`.
 void split_host_port(const std::string& address, const std::string& what, std::string& host,

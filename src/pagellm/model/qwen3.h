@@ -181,12 +181,19 @@ class Qwen3Model {
                         const ProgressFn& progress);
 
   /// Where one Hugging Face tensor goes: elements [offset, offset + numel(shape)) of dst.
-  struct WeightTarget {
+  /// One write of an update's tensor: the rank's share of it, rows [row_begin, + rows) and
+  /// columns [col_begin, + cols) of the full row-major tensor (a 1-D tensor is one row),
+  /// into dst from element `offset`, contiguously.
+  struct WeightWrite {
     Tensor dst;
     int64_t offset = 0;
-    std::vector<int64_t> shape;
+    int64_t row_begin = 0, rows = 0;
+    int64_t col_begin = 0, cols = 0;
+  };
+  struct WeightTarget {
+    std::vector<int64_t> shape;       // the full (Hugging Face) shape the update must give
+    std::vector<WeightWrite> writes;  // none: checked, not written (a tied lm_head.weight)
     int32_t matrix = -1;  // index into prepared_matrices(), or -1 when not prepared
-    bool skip = false;    // a tied model's lm_head.weight: checked, not written
   };
   /// Every name update_weights accepts.
   std::vector<std::pair<std::string, WeightTarget>> weight_targets() const;

@@ -71,41 +71,85 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 }  // namespace
 
 std::vector<std::pair<std::string, Qwen3Model::WeightTarget>> Qwen3Model::weight_targets() const {
+  // At tensor-parallel rank r of N each target writes the rank's share of the full tensor
+  // (TpShard; the loader's split, tp_shard_lookup): q/k/v and gate/up rows, o_proj and
+  // down columns, the head's vocabulary rows. Embeddings and norms are whole.
   const Qwen3Config& c = config_;
+  const TpShard& s = shard_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  const int64_t q_size = s.q_heads * D, kv_size = s.kv_heads * D;  // the rank's rows of qkv
   std::vector<std::pair<std::string, WeightTarget>> out;
-  auto add = [&](std::string name, const Tensor& dst, int64_t row_offset,
-                 std::vector<int64_t> shape, int32_t matrix, bool skip = false) {
+  // The whole of a [rows, cols] (or 1-D) tensor into dst.
+  auto whole = [](const Tensor& dst, const std::vector<int64_t>& shape) {
+    WeightWrite w;
+    w.dst = dst;
+    w.rows = shape.size() == 1 ? 1 : shape[0];
+    w.cols = shape.back();
+    return w;
+  };
+  auto rows = [](const Tensor& dst, int64_t dst_row, int64_t cols, int64_t begin, int64_t count) {
+    WeightWrite w;
+    w.dst = dst;
+    w.offset = dst_row * cols;
+    w.row_begin = begin;
+    w.rows = count;
+    w.cols = cols;
+    return w;
+  };
+  auto columns = [](const Tensor& dst, int64_t nrows, int64_t begin, int64_t count) {
+    WeightWrite w;
+    w.dst = dst;
+    w.rows = nrows;
+    w.col_begin = begin;
+    w.cols = count;
+    return w;
+  };
+  auto add = [&](std::string name, std::vector<int64_t> shape, std::vector<WeightWrite> writes,
+                 int32_t matrix) {
     WeightTarget t;
-    t.dst = dst;
-    t.offset = row_offset * (dst.ndim == 1 ? 1 : dst.shape[1]);
     t.shape = std::move(shape);
+    t.writes = std::move(writes);
     t.matrix = matrix;
-    t.skip = skip;
     out.emplace_back(std::move(name), std::move(t));
   };
-  add("model.embed_tokens.weight", embed_, 0, {c.vocab_size, H}, -1);
+  const bool split_head = s.size > 1;  // lm_head_ holds the rank's vocabulary rows
+  {
+    std::vector<WeightWrite> embed{whole(embed_, {c.vocab_size, H})};
+    // Tied and split: the rank's head is a copy of its rows of the embedding.
+    if (c.tie_word_embeddings && split_head) embed.push_back(rows(lm_head_, 0, H, s.vocab_begin, s.vocab));
+    add("model.embed_tokens.weight", {c.vocab_size, H}, std::move(embed), -1);
+  }
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const Qwen3LayerWeights& w = layers_[static_cast<size_t>(l)];
     // Matrix indices follow prepared_matrices(): qkv, o_proj, gate_up, down per layer.
     const int32_t base = static_cast<int32_t>(4 * l);
     auto name = [&](const char* suffix) { return qwen3_layer_weight(l, suffix); };
-    add(name("self_attn.q_proj.weight"), w.qkv, 0, {c.q_size(), H}, base);
-    add(name("self_attn.k_proj.weight"), w.qkv, c.q_size(), {c.kv_size(), H}, base);
-    add(name("self_attn.v_proj.weight"), w.qkv, c.q_size() + c.kv_size(), {c.kv_size(), H},
-        base);
-    add(name("self_attn.o_proj.weight"), w.o_proj, 0, {H, c.q_size()}, base + 1);
-    add(name("self_attn.q_norm.weight"), w.q_norm, 0, {D}, -1);
-    add(name("self_attn.k_norm.weight"), w.k_norm, 0, {D}, -1);
-    add(name("mlp.gate_proj.weight"), w.gate_up, 0, {I, H}, base + 2);
-    add(name("mlp.up_proj.weight"), w.gate_up, I, {I, H}, base + 2);
-    add(name("mlp.down_proj.weight"), w.down, 0, {H, I}, base + 3);
-    add(name("input_layernorm.weight"), w.input_norm, 0, {H}, -1);
-    add(name("post_attention_layernorm.weight"), w.post_norm, 0, {H}, -1);
+    const int64_t Hq = c.num_attention_heads * D, Hkv = c.num_key_value_heads * D;
+    add(name("self_attn.q_proj.weight"), {Hq, H},
+        {rows(w.qkv, 0, H, s.q_head_begin * D, q_size)}, base);
+    add(name("self_attn.k_proj.weight"), {Hkv, H},
+        {rows(w.qkv, q_size, H, s.kv_head_begin * D, kv_size)}, base);
+    add(name("self_attn.v_proj.weight"), {Hkv, H},
+        {rows(w.qkv, q_size + kv_size, H, s.kv_head_begin * D, kv_size)}, base);
+    add(name("self_attn.o_proj.weight"), {H, Hq}, {columns(w.o_proj, H, s.q_head_begin * D, q_size)},
+        base + 1);
+    add(name("self_attn.q_norm.weight"), {D}, {whole(w.q_norm, {D})}, -1);
+    add(name("self_attn.k_norm.weight"), {D}, {whole(w.k_norm, {D})}, -1);
+    add(name("mlp.gate_proj.weight"), {I, H}, {rows(w.gate_up, 0, H, s.inter_begin, s.inter)},
+        base + 2);
+    add(name("mlp.up_proj.weight"), {I, H}, {rows(w.gate_up, s.inter, H, s.inter_begin, s.inter)},
+        base + 2);
+    add(name("mlp.down_proj.weight"), {H, I}, {columns(w.down, H, s.inter_begin, s.inter)},
+        base + 3);
+    add(name("input_layernorm.weight"), {H}, {whole(w.input_norm, {H})}, -1);
+    add(name("post_attention_layernorm.weight"), {H}, {whole(w.post_norm, {H})}, -1);
   }
-  add("model.norm.weight", final_norm_, 0, {H}, -1);
-  // Tied: lm_head_ is embed_, so an update of the embedding is the output projection's too.
-  add("lm_head.weight", lm_head_, 0, {c.vocab_size, H}, -1, c.tie_word_embeddings);
+  add("model.norm.weight", {H}, {whole(final_norm_, {H})}, -1);
+  // Tied: the output projection is the embedding (or, split, rewritten with it), so the
+  // name is checked and not written.
+  std::vector<WeightWrite> head;
+  if (!c.tie_word_embeddings) head.push_back(rows(lm_head_, 0, H, s.vocab_begin, s.vocab));
+  add("lm_head.weight", {c.vocab_size, H}, std::move(head), -1);
   return out;
 }
 
@@ -167,7 +211,6 @@ void Qwen3Model::check_weights_update(const std::vector<NamedTensor>& tensors) c
 }
 
 Qwen3Model::PartialUpdate Qwen3Model::begin_weights_update() const {
-  check_single_rank("a weight update");
   PartialUpdate update;
   update.touched.assign(static_cast<size_t>(4 * config_.num_hidden_layers), false);
   return update;
@@ -196,15 +239,27 @@ void Qwen3Model::write_checked(const std::vector<NamedTensor>& tensors, PartialU
   check_weights_update(tensors);
   std::map<std::string, WeightTarget> targets;
   for (auto& [name, target] : weight_targets()) targets.emplace(name, std::move(target));
-  // One contiguous run per tensor (q/k/v and gate/up are row ranges of their fused matrix).
   for (const NamedTensor& t : tensors) {
-    WeightTarget& target = targets.at(t.name);
-    if (target.skip) continue;
-    const int64_t n = numel_of(t.shape);
-    backend_.write_weights(target.dst, target.offset, t.data, to_dtype(t.dtype), n, t.memory);
+    const WeightTarget& target = targets.at(t.name);
+    if (target.writes.empty()) continue;
+    const DType dtype = to_dtype(t.dtype);
+    const size_t element = dtype_size(dtype);
+    const int64_t full_cols = t.shape.back();
+    for (const WeightWrite& w : target.writes) {
+      Tensor dst = w.dst;
+      const auto* src = static_cast<const uint8_t*>(t.data) +
+                        static_cast<size_t>(w.row_begin * full_cols + w.col_begin) * element;
+      if (w.cols == full_cols) {
+        // Whole rows: one contiguous run (q/k/v and gate/up are row ranges of their fused
+        // matrix; at one rank every write is of this kind).
+        backend_.write_weights(dst, w.offset, src, dtype, w.rows * w.cols, t.memory);
+      } else {
+        backend_.write_weights_2d(dst, w.offset, src, dtype, w.rows, w.cols, full_cols, t.memory);
+      }
+    }
     if (target.matrix >= 0) update.touched[static_cast<size_t>(target.matrix)] = true;
     ++update.stats.tensors;
-    update.stats.bytes += static_cast<uint64_t>(n) * dtype_size(to_dtype(t.dtype));
+    update.stats.bytes += static_cast<uint64_t>(numel_of(t.shape)) * element;
   }
 }
 

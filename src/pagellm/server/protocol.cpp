@@ -408,7 +408,7 @@ std::optional<std::string> get_string(const json& j, const char* name, const std
 
 }  // namespace
 
-WeightGroupSpec parse_init_weights_group(const json& body) {
+WeightGroupSpec parse_init_weights_group(const json& body, int engine_ranks) {
   WeightGroupSpec spec;
   const std::string transport = get_string(body, "backend", "backend").value_or("nccl");
   if (transport != "nccl" && transport != "tcp") {
@@ -438,10 +438,18 @@ WeightGroupSpec parse_init_weights_group(const json& body) {
     }
   }
   spec.rank = static_cast<int>(get_int(body, "rank_offset", 1, 1 << 20).value_or(1));
-  spec.world_size = static_cast<int>(get_int(body, "world_size", 2, 1 << 20).value_or(spec.rank + 1));
-  if (spec.rank >= spec.world_size) {
-    bad_field("rank_offset", "must be below world_size (" + std::to_string(spec.world_size) +
-                                 "; the trainer is rank 0), got " + std::to_string(spec.rank));
+  spec.world_size = static_cast<int>(
+      get_int(body, "world_size", 2, 1 << 20).value_or(spec.rank + engine_ranks));
+  if (int64_t{spec.rank} + engine_ranks > spec.world_size) {
+    bad_field("rank_offset",
+              engine_ranks == 1
+                  ? "must be below world_size (" + std::to_string(spec.world_size) +
+                        "; the trainer is rank 0), got " + std::to_string(spec.rank)
+                  : "the engine's " + std::to_string(engine_ranks) +
+                        " tensor-parallel ranks join as rank_offset .. rank_offset + " +
+                        std::to_string(engine_ranks - 1) + ", which must lie below world_size (" +
+                        std::to_string(spec.world_size) + "; the trainer is rank 0), got " +
+                        std::to_string(spec.rank));
   }
   spec.name = get_string(body, "group_name", "group_name").value_or("");
   return spec;

@@ -93,11 +93,12 @@ std::vector<IpcTensor> parse_ipc_tensors(const nlohmann::json& list);
 /// A POST /init_weights_group body: the trainer's weight-broadcast group for the engine to
 /// join (docs/design.md, "Server", weight updates). {"backend": "nccl" (default) or "tcp",
 /// "unique_id": base64 of ncclGetUniqueId's 128 bytes (nccl), "master_address" and
-/// "master_port" where the trainer listens (tcp), "rank_offset" (the engine's rank, >= 1;
-/// default 1), "world_size" (the trainer and the engine's ranks; default rank_offset + 1),
-/// "group_name" (optional), "timeout_seconds" (tcp; default 300)}. Throws HttpError 400
-/// naming the field.
-WeightGroupSpec parse_init_weights_group(const nlohmann::json& body);
+/// "master_port" where the trainer listens (tcp), "rank_offset" (the engine's first rank,
+/// >= 1; default 1), "world_size" (the trainer and every engine rank; default rank_offset +
+/// engine_ranks), "group_name" (optional), "timeout_seconds" (tcp; default 300)}. The
+/// engine's `engine_ranks` tensor-parallel ranks join as rank_offset .. rank_offset +
+/// engine_ranks - 1, which must lie below world_size. Throws HttpError 400 naming the field.
+WeightGroupSpec parse_init_weights_group(const nlohmann::json& body, int engine_ranks = 1);
 
 /// The "broadcast" object of a POST /update_weights body: {"tensors": [{"name", "dtype",
 /// "shape"}, ...] in the order the trainer packs them, "bucket_bytes" (the trainer's

@@ -498,7 +498,7 @@ struct Server::Impl {
   }
 
   json init_weights_group(const json& body) {
-    const WeightGroupSpec spec = parse_init_weights_group(body);
+    const WeightGroupSpec spec = parse_init_weights_group(body, engine.tensor_parallel_size());
     if (engine.has_weight_group()) {
       throw HttpError(409, "a weight group is joined already: POST /destroy_weights_group first",
                       "", "conflict");
@@ -560,7 +560,8 @@ struct Server::Impl {
         json data = json::array();
         data.push_back({{"id", ctx.model_name}, {"object", "model"}, {"created", created},
                         {"owned_by", "pagellm"}, {"root", model_dir}, {"parent", nullptr},
-                        {"max_model_len", ctx.max_model_len}});
+                        {"max_model_len", ctx.max_model_len},
+                        {"tensor_parallel_size", engine.tensor_parallel_size()}});
         // Adapters as vLLM lists them: root = the adapter folder, parent = the base model.
         std::vector<LoraAdapterInfo> loaded;
         {
