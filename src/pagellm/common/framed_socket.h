@@ -49,6 +49,8 @@ class FramedSocket {
   FramedSocket& operator=(const FramedSocket&) = delete;
 
   bool is_open() const { return fd_ >= 0; }
+  /// The descriptor (-1 once closed), for poll() alone: reads and writes go through here.
+  int fd() const { return fd_; }
   const std::string& peer() const { return peer_; }
   void set_peer(std::string peer) { peer_ = std::move(peer); }
   /// Sends one frame. Returns false when the peer has gone (EPIPE, ECONNRESET: never

@@ -233,6 +233,7 @@ NcclCommunicator::~NcclCommunicator() {
 size_t NcclCommunicator::scratch_bytes() const { return scratch_size_ + kept_bytes_; }
 
 void NcclCommunicator::abort(const std::string& reason) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (comm_ == nullptr) return;  // the first reason stays
   failure_ = "rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": " + reason;
   const ncclResult_t r = api_->comm_abort(comm_);
@@ -308,6 +309,7 @@ void* NcclCommunicator::gather_scratch(size_t bytes) {
 }
 
 void NcclCommunicator::all_reduce_sum(Backend& backend, Tensor& t) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
   check_usable("all_reduce_sum", backend);
   ncclDataType_t type = ncclFloat32;
   if (t.dtype == DType::BF16) {
@@ -325,6 +327,7 @@ void NcclCommunicator::all_reduce_sum(Backend& backend, Tensor& t) {
 }
 
 void NcclCommunicator::broadcast(Backend& backend, void* data, size_t bytes, int root) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
   check_usable("broadcast", backend);
   if (root < 0 || root >= size_) {
     fail("NCCL broadcast: root " + std::to_string(root) + " is not a rank of " +
@@ -337,6 +340,7 @@ void NcclCommunicator::broadcast(Backend& backend, void* data, size_t bytes, int
 }
 
 void NcclCommunicator::all_gather_columns(Backend& backend, const Tensor& part, Tensor& full) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
   check_usable("all_gather_columns", backend);
   if (!(part.ndim == 2 && full.ndim == 2 && full.size(0) == part.size(0) &&
         full.size(1) == part.size(1) * size_ && full.dtype == part.dtype)) {

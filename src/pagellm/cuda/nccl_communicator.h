@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -95,7 +96,10 @@ class NcclCommunicator final : public Communicator {
   void all_gather_columns(Backend& backend, const Tensor& part, Tensor& full) override;
   /// In place: ncclBroadcast of `bytes` (as uint8) from `root`, on the backend's stream.
   void broadcast(Backend& backend, void* data, size_t bytes, int root) override;
-  /// ncclCommAbort, once; later calls throw Error naming `reason`.
+  /// ncclCommAbort, once; later calls throw Error naming `reason`. Safe from another
+  /// thread while this one waits for the group's work (the tensor-parallel watchdog): NCCL
+  /// ends the kernels waiting for peers, and a lock keeps the abort from racing a call's
+  /// enqueue.
   void abort(const std::string& reason) override;
 
   /// The NCCL that was loaded.
@@ -118,6 +122,9 @@ class NcclCommunicator final : public Communicator {
   CudaBackend& backend_;
   const NcclApi* api_ = nullptr;
   NcclLibraryInfo library_;
+  /// Held by every collective's checks and enqueue, and by abort (recursive: a failing
+  /// collective aborts).
+  std::recursive_mutex mutex_;
   ncclComm* comm_ = nullptr;  // null once aborted
   int rank_ = 0;
   int size_ = 1;

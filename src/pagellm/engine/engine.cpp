@@ -79,10 +79,16 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
   rc.graph_buckets = config_.graph_buckets;
   rc.persistent_page_table = config_.persistent_page_table;
   RunnerGroup group;
+  // Rank 0's device communicator (NCCL), which the watchdog aborts when a worker goes.
+  Communicator* device_comm = nullptr;
   if (tp_leader_) {
     // Host collectives (HostCommunicator) read and write host memory between kernels: a
     // captured graph cannot hold them.
-    if (dynamic_cast<HostCommunicator*>(comm.get()) != nullptr) rc.use_graphs = false;
+    if (dynamic_cast<HostCommunicator*>(comm.get()) != nullptr) {
+      rc.use_graphs = false;
+    } else {
+      device_comm = comm.get();
+    }
     tp_leader_->send_runner_config(rc);
     group.comm = std::move(comm);
     group.mirror = tp_leader_.get();
@@ -98,6 +104,9 @@ Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> mod
                                                rc.max_pages_per_seq,
                                                config_.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(scheduler_config_, *kv_cache_);
+  // Last: nothing after it throws, so the communicator outlives the watchdog (~Engine
+  // stops it first).
+  if (device_comm != nullptr) tp_leader_->start_watchdog(device_comm);
 }
 
 void Engine::resolve_config(const Qwen3Config& mc, const Backend& backend) {
@@ -481,6 +490,9 @@ std::vector<int64_t> Engine::step() {
   ModelRunner::StepResult result;
   try {
     result = runner_->run(out, kv_cache_->page_table());
+    // A worker lost during the step (the watchdog aborted the collectives it waited in):
+    // the step's results are not to be trusted.
+    if (tp_leader_) tp_leader_->throw_if_failed();
   } catch (const std::exception& e) {
     if (tp_leader_) tp_leader_->mark_failed(e.what());
     throw;

@@ -339,6 +339,29 @@ std::string TpLeader::describe(int rank) {
 
 void TpLeader::throw_if_failed() const {
   PAGELLM_CHECK(failed_.empty()) << "the tensor-parallel group failed earlier: " << failed_;
+  std::lock_guard<std::mutex> lock(lost_mutex_);
+  PAGELLM_CHECK(lost_.empty()) << "the tensor-parallel group failed: " << lost_;
+}
+
+void TpLeader::start_watchdog(Communicator* comm) {
+  PAGELLM_CHECK(comm != nullptr && watchdog_ == nullptr)
+      << "TpLeader::start_watchdog: needs a communicator, once";
+  std::vector<int> fds;
+  std::vector<pid_t> pids;
+  for (int r = 1; r < size(); ++r) {
+    fds.push_back(workers_[static_cast<size_t>(r)].socket->fd());
+    pids.push_back(workers_[static_cast<size_t>(r)].pid);
+  }
+  watchdog_ = std::make_unique<PeerWatchdog>(fds, [this, comm, pids](size_t i) {
+    const std::string why = "tensor-parallel rank " + std::to_string(i + 1) + " (pid " +
+                            std::to_string(pids[i]) +
+                            ") closed its connection: the worker process ended";
+    {
+      std::lock_guard<std::mutex> lock(lost_mutex_);
+      lost_ = why;
+    }
+    comm->abort(why);  // a collective that waits for the rank returns
+  });
 }
 
 void TpLeader::send_all(uint32_t type, const std::vector<uint8_t>& payload) {
@@ -432,6 +455,8 @@ void TpLeader::wait_ready() {
 }
 
 void TpLeader::request_shutdown() {
+  // First: the workers' connections end from here on, as they should.
+  if (watchdog_) watchdog_->stop();
   if (shutdown_sent_) return;
   shutdown_sent_ = true;
   for (Worker& w : workers_) {

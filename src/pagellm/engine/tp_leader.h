@@ -18,6 +18,7 @@
 #include "pagellm/backend/communicator.h"
 #include "pagellm/common/framed_socket.h"
 #include "pagellm/engine/model_runner.h"
+#include "pagellm/engine/peer_watchdog.h"
 #include "pagellm/engine/tp_protocol.h"
 
 namespace pagellm {
@@ -81,9 +82,19 @@ class TpLeader final : public StepMirror {
   void mark_failed(const std::string& why) {
     if (failed_.empty()) failed_ = why;
   }
-  /// Throws Error when the group failed earlier, repeating why.
+  /// Throws Error when the group failed earlier (or the watchdog saw a worker go),
+  /// repeating why.
   void throw_if_failed() const;
-  /// Asks the workers to exit (they will not be told anything more); the destructor reaps.
+  /// Starts the watchdog over the workers' connections (PeerWatchdog). When one ends (the
+  /// worker exited, was killed, or failed and went), `comm` (rank 0's device communicator,
+  /// whose abort is safe from another thread) is aborted from the watchdog's thread, so a
+  /// collective waiting for that rank returns, and the group fails: every later operation
+  /// throws naming the rank. For device collectives, which nothing reads the connections
+  /// during (HostCommunicator reads them and sees their end itself). `comm` must outlive the
+  /// watchdog: request_shutdown (or the destructor) stops it.
+  void start_watchdog(Communicator* comm);
+  /// Stops the watchdog, then asks the workers to exit (they will not be told anything
+  /// more); the destructor reaps.
   void request_shutdown();
 
   // StepMirror
@@ -133,6 +144,10 @@ class TpLeader final : public StepMirror {
   bool spawner_stop_ = false;
   /// Set once the group failed: every later operation throws this.
   std::string failed_;
+  /// Set by the watchdog's thread when a worker's connection ended.
+  mutable std::mutex lost_mutex_;
+  std::string lost_;
+  std::unique_ptr<PeerWatchdog> watchdog_;
   bool shutdown_sent_ = false;
 };
 
