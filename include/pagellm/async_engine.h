@@ -132,6 +132,11 @@ class AsyncEngine {
   void init_weight_group(const WeightGroupSpec& spec);
   /// Leaves the group (no-op without one).
   void destroy_weight_group();
+  /// Ends a "tcp" join or broadcast update that waits for the trainer within about 100 ms
+  /// (it throws pagellm::Error saying it was interrupted), and every later one: for a server
+  /// stopping on a signal, whose requests in flight may finish but which must not wait out a
+  /// trainer's timeout first. shutdown() does it too. From any thread, any time.
+  void interrupt_weight_transfers();
   bool has_weight_group() const;
   /// update_weights, the tensors' bytes coming from the trainer, which broadcasts them
   /// packed as plan_broadcast_buckets(tensors, bucket_bytes) says while this call runs.

@@ -94,6 +94,9 @@ void run_serve(ServeArgs args) {
     if (read(g_stop_pipe[0], &byte, 1) == 1 && byte == 1) {
       std::fprintf(stderr, "pagellm: stopping on a signal\n");
     }
+    // A request joining a trainer's group, or receiving its broadcast, would hold the stop
+    // for the group's timeout (the loop thread waits for the trainer): end it first.
+    engine.interrupt_weight_transfers();
     http.stop();
   });
   http.run();

@@ -3,9 +3,13 @@
 // as documented (wait, abort, keep), requests submitted while paused run after resume, and
 // every token reports the version it was sampled under; a bad update is refused whole.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <filesystem>
 
 #include "api/api_test_util.h"
@@ -272,6 +276,58 @@ TEST(AsyncEngineWeightUpdate, IpcOnTheCpuBackendIsRefusedAndChangesNothing) {
   }
   EXPECT_FALSE(engine.load().paused);
   EXPECT_EQ(engine.check_invariants_and_count_free_pages(), engine.num_usable_pages());
+}
+
+// A loopback port where nothing listens (bound, then closed).
+int closed_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), len), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST(AsyncEngineWeightUpdate, InterruptEndsAJoinWaitingForTheTrainerAndShutdownToo) {
+  using Clock = std::chrono::steady_clock;
+  // A trainer that never listens: the join would retry for 300 s.
+  WeightGroupSpec spec;
+  spec.transport = "tcp";
+  spec.address = "127.0.0.1:" + std::to_string(closed_port());
+  spec.timeout_seconds = 300;
+  auto join_and_time = [&](AsyncEngine& engine, const std::function<void()>& stop) {
+    std::string error;
+    std::thread joiner([&] {
+      try {
+        engine.init_weight_group(spec);
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // it is retrying now
+    const auto start = Clock::now();
+    stop();
+    joiner.join();
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 5.0);
+    return error;
+  };
+  {
+    AsyncEngine engine(testing::tiny_model_dir(), options());
+    const std::string error =
+        join_and_time(engine, [&] { engine.interrupt_weight_transfers(); });
+    EXPECT_NE(error.find("was interrupted (the engine is shutting down)"), std::string::npos)
+        << error;
+    EXPECT_FALSE(engine.has_weight_group());
+  }
+  {
+    // shutdown() alone: it does not wait out the join.
+    AsyncEngine engine(testing::tiny_model_dir(), options());
+    const std::string error = join_and_time(engine, [&] { engine.shutdown(); });
+    EXPECT_NE(error.find("interrupted"), std::string::npos) << error;
+  }
 }
 
 }  // namespace

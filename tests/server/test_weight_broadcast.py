@@ -179,6 +179,33 @@ def test_broadcast_reaches_every_rank_of_a_tensor_parallel_server(folders):
         assert s.stop() == 0, s.output()
 
 
+def test_a_signal_stops_a_server_whose_join_waits_for_the_trainer(folders):
+    import socket
+    import threading
+    import time
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens there: the join would retry for 300 s
+    s = Served(folders[0])
+    client = PagellmClient(s.url, timeout=120)
+    joining = threading.Thread(target=lambda: status_or_error(lambda: client.init_weights_group(
+        "tcp", master_address="127.0.0.1", master_port=port, timeout_seconds=300)), daemon=True)
+    joining.start()
+    time.sleep(0.5)
+    start = time.time()
+    assert s.stop() == 0, s.output()
+    assert time.time() - start < 10, "the stop waited for the join"
+    joining.join(10)
+
+
+def status_or_error(fn):
+    try:
+        return fn()
+    except Exception as e:  # the server answered an error, or closed the connection
+        return e
+
+
 def test_the_trainers_nccl_unique_id_is_all_128_bytes():
     # Needs NCCL's library, not a GPU (ncclGetUniqueId only opens a socket).
     try:

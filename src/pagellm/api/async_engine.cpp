@@ -292,6 +292,9 @@ void AsyncEngine::shutdown() {
   PAGELLM_CHECK(std::this_thread::get_id() != impl_->loop.get_id())
       << "AsyncEngine::shutdown() called from a callback on the engine loop thread (it "
          "would wait for itself); call it from another thread";
+  // A weight-group join or transfer that waits for the trainer ends now, not after the
+  // group's timeout.
+  interrupt_weight_transfers();
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stopping = true;
@@ -484,6 +487,10 @@ WeightUpdateResult AsyncEngine::update_weights_from_ipc(const std::vector<IpcTen
 
 void AsyncEngine::init_weight_group(const WeightGroupSpec& spec) {
   impl_->call([&] { impl_->core->engine().join_weight_group(spec); });
+}
+
+void AsyncEngine::interrupt_weight_transfers() {
+  impl_->core->engine().interrupt_weight_transfers();  // an atomic: safe from any thread
 }
 
 void AsyncEngine::destroy_weight_group() {

@@ -660,7 +660,7 @@ void Engine::join_weight_group(const WeightGroupSpec& spec) {
       << ", name '" << weight_group_->spec().name << "'): leave it first";
   check_weight_group_spec(spec, tensor_parallel_size());
   if (!tp_leader_) {
-    weight_group_ = pagellm::join_weight_group(backend(), spec);
+    weight_group_ = pagellm::join_weight_group(backend(), spec, &weight_interrupt_);
     weight_group_updates_ = 0;
     return;
   }
@@ -669,7 +669,7 @@ void Engine::join_weight_group(const WeightGroupSpec& spec) {
   std::unique_ptr<WeightReceiver> own;
   std::string errors;
   try {
-    own = pagellm::join_weight_group(backend(), spec);
+    own = pagellm::join_weight_group(backend(), spec, &weight_interrupt_);
   } catch (const Error& e) {
     errors += "\n  rank 0: " + std::string(e.what());
   }

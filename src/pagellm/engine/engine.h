@@ -2,6 +2,7 @@
 // model runner; it turns requests into tokens one step at a time (continuous batching).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -218,6 +219,12 @@ class Engine {
   void join_weight_group(const WeightGroupSpec& spec);
   /// Leaves the group (no-op without one); at TP > 1 every rank leaves.
   void leave_weight_group();
+  /// Ends, within about 100 ms, a "tcp" join or transfer of rank 0 that waits for the
+  /// trainer (Error: "interrupted"), and every later one: for a shutdown, which must not
+  /// wait out the group's timeout (an NCCL join cannot be interrupted). The one Engine call
+  /// that is safe from another thread while the engine's thread works
+  /// (AsyncEngine::shutdown makes it).
+  void interrupt_weight_transfers() { weight_interrupt_.store(true); }
   /// The joined group's spec, or null.
   const WeightGroupSpec* weight_group() const {
     return weight_group_ ? &weight_group_->spec() : nullptr;
@@ -351,6 +358,7 @@ class Engine {
   /// The trainer's weight group, when joined; its updates so far (the "tcp" numbering).
   std::unique_ptr<WeightReceiver> weight_group_;
   uint64_t weight_group_updates_ = 0;
+  std::atomic<bool> weight_interrupt_{false};  // interrupt_weight_transfers()
   // Pause state (pause() / resume()).
   bool paused_ = false;
   PauseMode pause_mode_ = PauseMode::kWait;

@@ -110,7 +110,8 @@ class NcclWeightReceiver final : public WeightReceiver {
 
 // A connected socket to host:port, retrying refused connections (the trainer not yet
 // listening) until `deadline_ms`.
-int connect_with_retry(const std::string& host, int port, int64_t deadline_ms) {
+int connect_with_retry(const std::string& host, int port, int64_t deadline_ms,
+                       const std::atomic<bool>* interrupt) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -133,6 +134,11 @@ int connect_with_retry(const std::string& host, int port, int64_t deadline_ms) {
       ::close(fd);
     }
     if (monotonic_ms() >= deadline_ms) break;
+    if (interrupt != nullptr && interrupt->load()) {
+      ::freeaddrinfo(found);
+      PAGELLM_FAIL() << "weight group: connecting to the trainer at " << host << ":" << port
+                     << " was interrupted (the engine is shutting down)";
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ::freeaddrinfo(found);
@@ -142,13 +148,14 @@ int connect_with_retry(const std::string& host, int port, int64_t deadline_ms) {
 
 class TcpWeightReceiver final : public WeightReceiver {
  public:
-  explicit TcpWeightReceiver(const WeightGroupSpec& spec) : WeightReceiver(spec) {
+  TcpWeightReceiver(const WeightGroupSpec& spec, const std::atomic<bool>* interrupt)
+      : WeightReceiver(spec), interrupt_(interrupt) {
     std::string host;
     int port = 0;
     split_host_port(spec.address, "weight group address", host, port);
     timeout_ms_ = static_cast<int64_t>(spec.timeout_seconds * 1000.0);
     const int64_t deadline = monotonic_ms() + timeout_ms_;
-    socket_ = std::make_unique<FramedSocket>(connect_with_retry(host, port, deadline),
+    socket_ = std::make_unique<FramedSocket>(connect_with_retry(host, port, deadline, interrupt),
                                              "the trainer at " + spec.address);
     WireWriter hello;
     hello.put_string(kWeightGroupMagic).put<uint32_t>(kWeightGroupVersion);
@@ -176,7 +183,7 @@ class TcpWeightReceiver final : public WeightReceiver {
       // The header, then the bucket's bytes straight into `dst` (a bucket may be GBs).
       uint32_t type = 0;
       uint64_t payload = 0;
-      check_status(socket_->receive_header(type, payload, timeout_ms_), what);
+      check_status(socket_->receive_header(type, payload, timeout_ms_, interrupt_), what);
       if (type != kFrameWeightBucket) {
         // Small frames only (an abort's reason); anything else is not the protocol.
         PAGELLM_CHECK(payload <= (1u << 20))
@@ -218,12 +225,13 @@ class TcpWeightReceiver final : public WeightReceiver {
         << (timeout_ms < 0 ? timeout_ms_ : timeout_ms) / 1000.0 << " s while " << what
         << " was due";
     PAGELLM_CHECK(status == ReceiveStatus::kFrame)
-        << "weight group: receiving " << what << " was interrupted";
+        << "weight group: receiving " << what
+        << " from the trainer was interrupted (the engine is shutting down)";
   }
 
   Frame next_frame(const std::string& what, int64_t timeout_ms) {
     Frame frame;
-    check_status(socket_->receive(frame, timeout_ms), what, timeout_ms);
+    check_status(socket_->receive(frame, timeout_ms, interrupt_), what, timeout_ms);
     PAGELLM_CHECK(frame.type != kFrameAbort)
         << "weight group: the trainer refused or ended the group: "
         << std::string(frame.payload.begin(), frame.payload.end());
@@ -231,6 +239,7 @@ class TcpWeightReceiver final : public WeightReceiver {
   }
 
   std::unique_ptr<FramedSocket> socket_;
+  const std::atomic<bool>* interrupt_ = nullptr;
   int64_t timeout_ms_ = 0;
   bool broken_ = false;
 };
@@ -265,7 +274,8 @@ void check_weight_group_spec(const WeightGroupSpec& spec, int ranks) {
   }
 }
 
-std::unique_ptr<WeightReceiver> join_weight_group(Backend& backend, const WeightGroupSpec& spec) {
+std::unique_ptr<WeightReceiver> join_weight_group(Backend& backend, const WeightGroupSpec& spec,
+                                                  const std::atomic<bool>* interrupt) {
   check_weight_group_spec(spec);
   if (spec.transport == "nccl") {
     try {
@@ -280,7 +290,7 @@ std::unique_ptr<WeightReceiver> join_weight_group(Backend& backend, const Weight
                                         : "");
     }
   }
-  return std::make_unique<TcpWeightReceiver>(spec);
+  return std::make_unique<TcpWeightReceiver>(spec, interrupt);
 }
 
 // ---- receiving an update ------------------------------------------------------------------

@@ -11,6 +11,7 @@
 // for every bucket of every update, in order; `update` counts the trainer's updates from 0.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -57,8 +58,11 @@ class WeightReceiver {
 /// joins: "nccl" through backend.join_communicator (blocks until every rank has joined;
 /// a backend without device collectives, such as cpu, is refused naming "tcp"), "tcp" by
 /// connecting to the trainer (retrying until timeout_seconds while it is not listening yet)
-/// and exchanging the hello. Throws Error naming the problem.
-std::unique_ptr<WeightReceiver> join_weight_group(Backend& backend, const WeightGroupSpec& spec);
+/// and exchanging the hello. Throws Error naming the problem. `interrupt`, when given, ends
+/// a "tcp" join and every later wait of the receiver for the trainer's next bucket within
+/// about 100 ms once it is true (Error: "interrupted"); an NCCL join cannot be interrupted.
+std::unique_ptr<WeightReceiver> join_weight_group(Backend& backend, const WeightGroupSpec& spec,
+                                                  const std::atomic<bool>* interrupt = nullptr);
 
 /// Checks what join_weight_group checks of `spec` before it joins (throws Error naming the
 /// problem); `ranks` engine ranks join as spec.rank .. spec.rank + ranks - 1 (a
