@@ -511,6 +511,10 @@ TEST_F(WeightBroadcast, UpdateInManyBucketsEqualsAFreshEngine) {
   EXPECT_EQ(r.tensors_updated, static_cast<int64_t>(b.data.size()));
   expect_same(generate(*engine), want);
   expect_all_pages_free(*engine);
+  // The bucket memory stays for the next update: the largest bucket's size.
+  uint64_t largest = 0;
+  for (const BroadcastBucket& k : plan_broadcast_buckets(list, bucket)) largest = std::max(largest, k.bytes);
+  EXPECT_EQ(engine->weight_group_staging_bytes(), largest);
 
   // A second update over the same group (back to A, bf16-exact values are not needed:
   // float32 copies), in one bucket.
@@ -520,6 +524,11 @@ TEST_F(WeightBroadcast, UpdateInManyBucketsEqualsAFreshEngine) {
   EXPECT_EQ(update(*engine, list, data, uint64_t{1} << 30).weights_version, 2u);
   auto fresh_a = make_engine(c, a.lookup());
   expect_same(generate(*engine), generate(*fresh_a));
+  // Grown to the one bucket of the whole model; freed with the group.
+  EXPECT_EQ(engine->weight_group_staging_bytes(),
+            plan_broadcast_buckets(list, uint64_t{1} << 30).at(0).bytes);
+  engine->leave_weight_group();
+  EXPECT_EQ(engine->weight_group_staging_bytes(), 0u);
 }
 
 TEST_F(WeightBroadcast, RejectedUpdateDrainsTheBucketsAndTheGroupStaysUsable) {

@@ -694,6 +694,7 @@ void Engine::join_weight_group(const WeightGroupSpec& spec) {
 
 void Engine::leave_weight_group() {
   weight_group_.reset();
+  broadcast_staging_.release();
   if (tp_leader_) {
     tp_leader_->send_weights_op(tp::kLeaveWeightGroup, {});
     tp_leader_->weights_done();
@@ -715,10 +716,10 @@ std::vector<BroadcastBucket> Engine::check_broadcast_update(
         << "the update names weight group '" << group << "', the engine has joined '"
         << weight_group_->spec().name << "'";
     // The staging buffer's pointers go through the model's memory checks as the update's.
-    const BroadcastStaging staging(backend(), weight_group_->memory(), buckets);
+    broadcast_staging_.ensure(backend(), weight_group_->memory(), buckets);
     std::vector<NamedTensor> all;
     for (const BroadcastBucket& b : buckets) {
-      for (NamedTensor& n : staging.tensors(tensors, b)) all.push_back(std::move(n));
+      for (NamedTensor& n : broadcast_staging_.tensors(tensors, b)) all.push_back(std::move(n));
     }
     check_writable(all);
   } catch (const Error& e) {
@@ -733,7 +734,7 @@ std::vector<BroadcastBucket> Engine::check_broadcast_update(
     }
     tp::WeightsDone own;
     try {
-      drain_broadcast(*weight_group_, backend(), buckets, update);
+      drain_broadcast(*weight_group_, backend(), broadcast_staging_, buckets, update);
     } catch (const Error& d) {
       own.error = d.what();
     }
@@ -759,8 +760,9 @@ WeightUpdateResult Engine::update_weights_from_broadcast(const std::vector<Broad
       op.tensors = tensors;
       tp_leader_->send_weights_op(tp::kBroadcastWeights, tp::encode(op));
     }
-    const BroadcastWrite own = receive_broadcast_update(*weight_group_, backend(),
-                                                        runner_->model(), tensors, buckets, number);
+    const BroadcastWrite own =
+        receive_broadcast_update(*weight_group_, backend(), broadcast_staging_, runner_->model(),
+                                 tensors, buckets, number);
     std::string error = own.error.empty() ? "" : "rank 0: " + own.error;
     if (tp_leader_) {
       // Every rank received the same buckets, or the ranks' weights now differ.
@@ -996,6 +998,7 @@ SleepReport Engine::sleep(const SleepOptions& options) {
   Backend& backend = runner_->backend();
   PAGELLM_CHECK(backend.supports_sleep())
       << "sleep: the " << backend.name() << " backend cannot release its memory";
+  broadcast_staging_.release();  // a weight group's bucket memory (device memory for NCCL)
   // The pools' contents are discarded: no cached page may match after wake.
   kv_cache_->reset_prefix_cache();
   // Every page is free now (no request holds any), so discarding the pools loses nothing

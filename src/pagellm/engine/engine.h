@@ -225,6 +225,9 @@ class Engine {
   /// that is safe from another thread while the engine's thread works
   /// (AsyncEngine::shutdown makes it).
   void interrupt_weight_transfers() { weight_interrupt_.store(true); }
+  /// Bytes of the bucket memory kept between broadcast updates (the largest bucket so far;
+  /// 0 after leaving the group or sleeping).
+  uint64_t weight_group_staging_bytes() const { return broadcast_staging_.bytes(); }
   /// The joined group's spec, or null.
   const WeightGroupSpec* weight_group() const {
     return weight_group_ ? &weight_group_->spec() : nullptr;
@@ -359,6 +362,9 @@ class Engine {
   std::unique_ptr<WeightReceiver> weight_group_;
   uint64_t weight_group_updates_ = 0;
   std::atomic<bool> weight_interrupt_{false};  // interrupt_weight_transfers()
+  /// Where broadcast buckets arrive, kept from one update to the next (the group's
+  /// receiver writes there); freed when the group is left or the engine sleeps.
+  BroadcastStaging broadcast_staging_;
   // Pause state (pause() / resume()).
   bool paused_ = false;
   PauseMode pause_mode_ = PauseMode::kWait;

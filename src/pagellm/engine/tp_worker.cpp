@@ -125,6 +125,7 @@ class WorkerWeights {
         case tp::kLeaveWeightGroup:
           if (!frame.payload.empty()) PAGELLM_FAIL() << "a leave message with a payload";
           group_.reset();
+          staging_.release();
           break;
         case tp::kLoadWeights: load(tp::decode_load_weights(frame.payload), done); break;
         case tp::kBroadcastWeights: broadcast(tp::decode_broadcast_op(frame.payload), done); break;
@@ -164,11 +165,12 @@ class WorkerWeights {
     PAGELLM_CHECK(group_ != nullptr && !group_->broken())
         << "tensor-parallel rank " << rank_ << " has no usable weight group";
     if (op.drain) {
-      drain_broadcast(*group_, runner_.backend(), buckets, op.update);
+      drain_broadcast(*group_, runner_.backend(), staging_, buckets, op.update);
       return;
     }
-    const BroadcastWrite w = receive_broadcast_update(*group_, runner_.backend(), runner_.model(),
-                                                      op.tensors, buckets, op.update);
+    const BroadcastWrite w = receive_broadcast_update(*group_, runner_.backend(), staging_,
+                                                      runner_.model(), op.tensors, buckets,
+                                                      op.update);
     done.changed = w.written > 0;
     done.buckets = w.written;
     done.tensors = w.stats.tensors;
@@ -182,6 +184,7 @@ class WorkerWeights {
   ModelRunner& runner_;
   int rank_;
   std::unique_ptr<WeightReceiver> group_;
+  BroadcastStaging staging_;  // kept across updates, like rank 0's
 };
 
 int serve(FramedSocket& leader, int rank, int size) {

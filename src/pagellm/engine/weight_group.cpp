@@ -305,16 +305,26 @@ uint64_t largest_bucket(const std::vector<BroadcastBucket>& buckets) {
 
 }  // namespace
 
-BroadcastStaging::BroadcastStaging(Backend& backend, TensorMemory receiver,
-                                   const std::vector<BroadcastBucket>& buckets)
-    : memory_(receiver == TensorMemory::kDevice ? TensorMemory::kDevice
-                                                : TensorMemory::kHostPinned) {
-  const size_t n = static_cast<size_t>(largest_bucket(buckets));
+void BroadcastStaging::ensure(Backend& backend, TensorMemory receiver,
+                              const std::vector<BroadcastBucket>& buckets) {
+  const TensorMemory memory =
+      receiver == TensorMemory::kDevice ? TensorMemory::kDevice : TensorMemory::kHostPinned;
+  const uint64_t n = largest_bucket(buckets);
+  if (memory == memory_ && n <= bytes_) return;
+  release();  // before the new one: both at once may not fit
+  memory_ = memory;
   if (memory_ == TensorMemory::kDevice) {
-    device_ = DeviceBuffer(&backend, n);
+    device_ = DeviceBuffer(&backend, static_cast<size_t>(n));
   } else {
-    pinned_ = PinnedHostBuffer(&backend, n);
+    pinned_ = PinnedHostBuffer(&backend, static_cast<size_t>(n));
   }
+  bytes_ = n;
+}
+
+void BroadcastStaging::release() {
+  device_ = DeviceBuffer();
+  pinned_ = PinnedHostBuffer();
+  bytes_ = 0;
 }
 
 std::vector<NamedTensor> BroadcastStaging::tensors(const std::vector<BroadcastTensor>& tensors,
@@ -333,9 +343,9 @@ std::vector<NamedTensor> BroadcastStaging::tensors(const std::vector<BroadcastTe
   return out;
 }
 
-void drain_broadcast(WeightReceiver& group, Backend& backend,
+void drain_broadcast(WeightReceiver& group, Backend& backend, BroadcastStaging& staging,
                      const std::vector<BroadcastBucket>& buckets, uint64_t update) {
-  const BroadcastStaging staging(backend, group.memory(), buckets);
+  staging.ensure(backend, group.memory(), buckets);
   for (size_t i = 0; i < buckets.size(); ++i) {
     group.receive(staging.data(), buckets[i].bytes, update, i);
   }
@@ -343,14 +353,14 @@ void drain_broadcast(WeightReceiver& group, Backend& backend,
 }
 
 BroadcastWrite receive_broadcast_update(WeightReceiver& group, Backend& backend,
-                                        Qwen3Model& model,
+                                        BroadcastStaging& staging, Qwen3Model& model,
                                         const std::vector<BroadcastTensor>& tensors,
                                         const std::vector<BroadcastBucket>& buckets,
                                         uint64_t update) {
   BroadcastWrite out;
   Qwen3Model::PartialUpdate partial = model.begin_weights_update();
   try {
-    const BroadcastStaging staging(backend, group.memory(), buckets);
+    staging.ensure(backend, group.memory(), buckets);
     for (; out.written < buckets.size(); ++out.written) {
       const BroadcastBucket& b = buckets[out.written];
       group.receive(staging.data(), b.bytes, update, out.written);

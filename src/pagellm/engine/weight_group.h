@@ -69,23 +69,28 @@ std::unique_ptr<WeightReceiver> join_weight_group(Backend& backend, const Weight
 /// tensor-parallel engine's ranks), which must all lie inside the world.
 void check_weight_group_spec(const WeightGroupSpec& spec, int ranks = 1);
 
-/// The staging memory of a broadcast update, the largest bucket's size, where the receiver
-/// writes: device memory for a device receiver (NCCL), else page-locked host memory, from
-/// which write_weights copies a bucket of the weights' dtype straight to the device.
+/// The staging memory of broadcast updates, where the receiver writes a bucket: device
+/// memory for a device receiver (NCCL), else page-locked host memory, from which
+/// write_weights copies a bucket of the weights' dtype straight to the device. Kept across
+/// updates (allocating hundreds of MiB of page-locked memory takes a good part of a
+/// second): ensure() grows it to the largest bucket, or remakes it for another kind.
 class BroadcastStaging {
  public:
-  BroadcastStaging(Backend& backend, TensorMemory receiver,
-                   const std::vector<BroadcastBucket>& buckets);
+  void ensure(Backend& backend, TensorMemory receiver, const std::vector<BroadcastBucket>& buckets);
+  /// Frees the memory (the group is left; the engine sleeps).
+  void release();
   uint8_t* data() const {
     return static_cast<uint8_t*>(memory_ == TensorMemory::kDevice ? device_.get() : pinned_.get());
   }
   TensorMemory memory() const { return memory_; }
+  uint64_t bytes() const { return bytes_; }
   /// The NamedTensors of bucket `b` of `tensors`, their bytes at their offsets in here.
   std::vector<NamedTensor> tensors(const std::vector<BroadcastTensor>& tensors,
                                    const BroadcastBucket& b) const;
 
  private:
-  TensorMemory memory_;
+  TensorMemory memory_ = TensorMemory::kHostPinned;
+  uint64_t bytes_ = 0;
   DeviceBuffer device_;
   PinnedHostBuffer pinned_;
 };
@@ -93,7 +98,7 @@ class BroadcastStaging {
 /// Receives every bucket of update number `update` and drops it (a rejected update: the
 /// trainer's broadcast completes, and the group stays in step for the next). Throws Error
 /// when a bucket cannot be received.
-void drain_broadcast(WeightReceiver& group, Backend& backend,
+void drain_broadcast(WeightReceiver& group, Backend& backend, BroadcastStaging& staging,
                      const std::vector<BroadcastBucket>& buckets, uint64_t update);
 
 /// What receive_broadcast_update did.
@@ -103,13 +108,13 @@ struct BroadcastWrite {
   std::string error;     // empty: every bucket was written and the update finished
 };
 
-/// Receives update number `update` a bucket at a time into one staging buffer and writes
+/// Receives update number `update` a bucket at a time into `staging` and writes
 /// each bucket's tensors (the model's share of them: Qwen3Model::write_weights_part)
 /// before the next, then finishes the update (decode copies refreshed once). A failure
 /// midway stops there: the buckets written stay written, their decode copies are refreshed,
 /// and `error` says what failed (nothing is thrown).
 BroadcastWrite receive_broadcast_update(WeightReceiver& group, Backend& backend,
-                                        Qwen3Model& model,
+                                        BroadcastStaging& staging, Qwen3Model& model,
                                         const std::vector<BroadcastTensor>& tensors,
                                         const std::vector<BroadcastBucket>& buckets,
                                         uint64_t update);
