@@ -30,6 +30,19 @@ std::vector<int32_t> min_tokens_banned(const SamplingParams& params,
   return banned;
 }
 
+/// The ranks' errors of one weights operation, a "\n  rank i: error" line each (rank 0's
+/// own first, then the workers' answers in rank order); empty when every rank finished.
+std::string rank_errors(const std::string& own, const std::vector<tp::WeightsDone>& done) {
+  std::string errors;
+  if (!own.empty()) errors += "\n  rank 0: " + own;
+  for (size_t i = 0; i < done.size(); ++i) {
+    if (!done[i].error.empty()) {
+      errors += "\n  rank " + std::to_string(i + 1) + ": " + done[i].error;
+    }
+  }
+  return errors;
+}
+
 }  // namespace
 
 Engine::Engine(std::unique_ptr<Backend> backend, std::unique_ptr<Qwen3Model> model,
@@ -600,17 +613,10 @@ WeightUpdateResult Engine::update_weights(const std::vector<NamedTensor>& tensor
 
 void Engine::agree_weights(const tp::WeightsDone& own, const std::string& what) {
   const std::vector<tp::WeightsDone> done = tp_leader_->weights_done();
-  std::string errors;
-  bool changed = own.changed, finished = own.error.empty();
-  if (!own.error.empty()) errors += "\n  rank 0: " + own.error;
-  for (size_t i = 0; i < done.size(); ++i) {
-    changed = changed || done[i].changed;
-    if (!done[i].error.empty()) {
-      finished = false;
-      errors += "\n  rank " + std::to_string(i + 1) + ": " + done[i].error;
-    }
-  }
-  if (finished) return;
+  const std::string errors = rank_errors(own.error, done);
+  if (errors.empty()) return;
+  bool changed = own.changed;
+  for (const tp::WeightsDone& d : done) changed = changed || d.changed;
   if (changed) {
     tp_leader_->mark_failed(what + " failed on some ranks after weights were written, so the "
                             "tensor-parallel ranks now hold different weights; make a new "
@@ -624,17 +630,19 @@ WeightUpdateResult Engine::load_weights(const std::string& path, PauseMode mode)
   return load_weights(WeightStore::open(path), mode);
 }
 
-void Engine::check_load_weights(const WeightStore& store) const {
+std::vector<NamedTensor> Engine::check_load_weights(const WeightStore& store) const {
+  std::vector<NamedTensor> tensors;
   try {
-    check_writable(named_tensors_of(store));
+    tensors = named_tensors_of(store);
+    check_writable(tensors);
   } catch (const Error& e) {
     PAGELLM_FAIL() << store.source() << ": " << e.what();
   }
+  return tensors;
 }
 
 WeightUpdateResult Engine::load_weights(const WeightStore& store, PauseMode mode) {
-  check_load_weights(store);
-  const std::vector<NamedTensor> tensors = named_tensors_of(store);
+  const std::vector<NamedTensor> tensors = check_load_weights(store);
   const std::string& path = store.source();
   return run_update(mode, [&] {
     if (!tp_leader_) return runner_->model().update_weights(tensors);
@@ -667,20 +675,17 @@ void Engine::join_weight_group(const WeightGroupSpec& spec) {
   // Every rank joins at once (an NCCL join returns when the whole world has joined).
   tp_leader_->send_weights_op(tp::kJoinWeightGroup, tp::encode(spec));
   std::unique_ptr<WeightReceiver> own;
-  std::string errors;
+  std::string own_error;
   try {
     own = pagellm::join_weight_group(backend(), spec, &weight_interrupt_);
   } catch (const Error& e) {
-    errors += "\n  rank 0: " + std::string(e.what());
+    own_error = e.what();
   }
   // A worker's join ends within the group's timeout ("tcp"); an NCCL join whose world
   // cannot complete (rank 0 failed) does not end, and the group is then marked failed.
   const int64_t wait_ms =
-      errors.empty() ? -1 : static_cast<int64_t>(std::min(spec.timeout_seconds, 3600.0) * 1000) + 30'000;
-  const std::vector<tp::WeightsDone> done = tp_leader_->weights_done(wait_ms);
-  for (size_t i = 0; i < done.size(); ++i) {
-    if (!done[i].error.empty()) errors += "\n  rank " + std::to_string(i + 1) + ": " + done[i].error;
-  }
+      own_error.empty() ? -1 : static_cast<int64_t>(std::min(spec.timeout_seconds, 3600.0) * 1000) + 30'000;
+  const std::string errors = rank_errors(own_error, tp_leader_->weights_done(wait_ms));
   if (!errors.empty()) {
     own.reset();
     tp_leader_->send_weights_op(tp::kLeaveWeightGroup, {});
@@ -763,7 +768,7 @@ WeightUpdateResult Engine::update_weights_from_broadcast(const std::vector<Broad
     const BroadcastWrite own =
         receive_broadcast_update(*weight_group_, backend(), broadcast_staging_, runner_->model(),
                                  tensors, buckets, number);
-    std::string error = own.error.empty() ? "" : "rank 0: " + own.error;
+    std::string error = own.error;
     if (tp_leader_) {
       // Every rank received the same buckets, or the ranks' weights now differ.
       const std::vector<tp::WeightsDone> done = tp_leader_->weights_done();
@@ -772,11 +777,8 @@ WeightUpdateResult Engine::update_weights_from_broadcast(const std::vector<Broad
       for (size_t i = 0; i < done.size(); ++i) {
         same = same && done[i].buckets == own.written;
         counts += ", rank " + std::to_string(i + 1) + " " + std::to_string(done[i].buckets);
-        if (!done[i].error.empty()) {
-          error += (error.empty() ? "" : "; ") + ("rank " + std::to_string(i + 1) + ": ") +
-                   done[i].error;
-        }
       }
+      error = rank_errors(own.error, done);
       if (!same) {
         tp_leader_->mark_failed("weight broadcast failed with the tensor-parallel ranks at "
                                 "different buckets (" + counts + " of " +

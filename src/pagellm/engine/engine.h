@@ -203,8 +203,8 @@ class Engine {
   /// The same from a store opened already (AsyncEngine opens it off the loop thread).
   WeightUpdateResult load_weights(const WeightStore& store, PauseMode mode = PauseMode::kWait);
   /// The checks of load_weights alone (check_weights_update's, naming the store; at any
-  /// tensor-parallel size).
-  void check_load_weights(const WeightStore& store) const;
+  /// tensor-parallel size). Returns the store's tensors it checked.
+  std::vector<NamedTensor> check_load_weights(const WeightStore& store) const;
   /// The checks of update_weights alone (Qwen3Model::check_weights_update, and that the
   /// engine is awake: sleep() may have released the weights' memory): throws the same Error, pauses and writes nothing. update_weights runs them
   /// before it pauses, so that a bad update never waits for running requests.
