@@ -2,7 +2,7 @@
 // (LtMatmul's timing of up to 16 heuristic candidates), and the skinny weight-streaming
 // kernel, each against the device-to-device copy bandwidth this run measures.
 //
-//   matmul_bench [--quick] [--out FILE.csv] [--lora-only]
+//   matmul_bench [--quick] [--out FILE.csv] [--lora-only] [--lora-timeline]
 //
 // For each Qwen3-4B and Qwen3-0.6B product (q|k|v, o_proj, gate|up, down, lm_head with
 // float32 logits) and M in {1, 8, 32, 64, 128, 256}: time = median over graph replays of a
@@ -26,6 +26,10 @@
 // + expand launch it falls back to, which must give the same bits), each adapter's factors
 // rotated like the weights so that they come from HBM; per layer, the fraction of the
 // product time without LoRA (issue 19's decode targets are 85 % and 80 % of the whole step).
+// --lora-timeline adds, per product and LoRA variant, where the last launch of a timed
+// graph spent its time: each CTA's thread 0 reads the global timer at the kernel's phase
+// boundaries (SkinnyLora::stamps), printed as median / maximum over the CTAs of a kind in
+// µs from the launch's first CTA.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -91,9 +95,59 @@ double rel_diff(const void* a, const void* b, size_t count, bool f32) {
   return std::sqrt(d2) / std::max(std::sqrt(r2), 1e-30);
 }
 
+/// Prints the phase stamps of one LoRA launch (SkinnyLora::stamps, `ctas` CTAs).
+void print_lora_stamps(const char* product, const char* variant,
+                       const std::vector<unsigned long long>& st, size_t ctas) {
+  namespace pc = pagellm::cuda;
+  constexpr int S = pc::kSkinnyStamps;
+  unsigned long long t0 = ~0ull;
+  for (size_t c = 0; c < ctas; ++c) {
+    if (st[c * S + pc::kStampEntry] != 0) t0 = std::min(t0, st[c * S + pc::kStampEntry]);
+  }
+  // Median and maximum (µs) of stamp b minus stamp a (a < 0: the launch's start) over the
+  // CTAs of `kind` that reached both.
+  const auto stat = [&](int kind, int a, int b) {
+    std::vector<double> v;
+    for (size_t c = 0; c < ctas; ++c) {
+      const unsigned long long* x = &st[c * S];
+      if (x[pc::kStampEntry] == 0 || static_cast<int>(x[pc::kStampKind]) != kind) continue;
+      const unsigned long long from = a < 0 ? t0 : x[a];
+      if (from == 0 || x[b] == 0) continue;
+      v.push_back(1e-3 * static_cast<double>(static_cast<long long>(x[b] - from)));
+    }
+    if (v.empty()) return std::string("     -");
+    std::sort(v.begin(), v.end());
+    char buf[48];
+    std::snprintf(buf, sizeof(buf), "%5.1f/%5.1f", v[v.size() / 2], v.back());
+    return std::string(buf);
+  };
+  int count[3] = {0, 0, 0};
+  for (size_t c = 0; c < ctas; ++c) {
+    const unsigned long long* x = &st[c * S];
+    if (x[pc::kStampEntry] != 0 && x[pc::kStampKind] < 3) ++count[x[pc::kStampKind]];
+  }
+  std::printf("  %-8s %-10s | LoRA tiles %3d: waited %s loop %s end %s | plain rows %3d: waited %s "
+              "loop %s end %s | expanding %3d: waited %s loop %s B issued %s counter %s shrink %s "
+              "tiles %s mma %s end %s\n",
+              product, variant, count[1], stat(1, -1, pc::kStampWaited).c_str(),
+              stat(1, -1, pc::kStampMainLoop).c_str(), stat(1, -1, pc::kStampEnd).c_str(),
+              count[0], stat(0, -1, pc::kStampWaited).c_str(),
+              stat(0, -1, pc::kStampMainLoop).c_str(), stat(0, -1, pc::kStampEnd).c_str(),
+              count[2], stat(2, -1, pc::kStampWaited).c_str(),
+              stat(2, -1, pc::kStampMainLoop).c_str(),
+              stat(2, pc::kStampMainLoop, pc::kStampBIssued).c_str(),
+              stat(2, pc::kStampMainLoop, pc::kStampCounterSeen).c_str(),
+              stat(2, pc::kStampMainLoop, pc::kStampShrinkReady).c_str(),
+              stat(2, pc::kStampShrinkReady, pc::kStampTilesReady).c_str(),
+              stat(2, pc::kStampTilesReady, pc::kStampExpanded).c_str(),
+              stat(2, -1, pc::kStampEnd).c_str());
+}
+
 /// The LoRA section (see the file comment): µs per product at M = 32 without LoRA, with one
-/// adapter on every row and with 8 adapters, and the layer's fraction.
-void lora_section(cudaStream_t stream, const cudaDeviceProp& prop, int reps, int launches) {
+/// adapter on every row and with 8 adapters, and the layer's fraction; with `timeline`, the
+/// phase stamps of each LoRA variant.
+void lora_section(cudaStream_t stream, const cudaDeviceProp& prop, int reps, int launches,
+                  bool timeline) {
   namespace pc = pagellm::cuda;
   constexpr int64_t kM = 32, kRank = 32;
   struct Product {
@@ -177,6 +231,10 @@ void lora_section(cudaStream_t stream, const cudaDeviceProp& prop, int reps, int
     CHECK_CUDA(cudaMalloc(&s, pc::lora_skinny_s_floats(kM, pr.modules) * sizeof(float)));
     CHECK_CUDA(cudaMalloc(&counters, 2 * sizeof(uint32_t)));
     CHECK_CUDA(cudaMemset(counters, 0, 2 * sizeof(uint32_t)));
+    // Set while the timeline runs: room for the largest grid here (224 CTAs at M = 32:
+    // qkv's 8 LoRA and 48 row tiles, each split 4 ways).
+    unsigned long long* stamps = nullptr;
+    constexpr size_t kStampCtas = 4096;
     CHECK_CUDA(cudaStreamSynchronize(stream));
 
     // Variant v: 0 none, 1 one adapter, 2 eight adapters, 3 eight in two launches, 4 a
@@ -191,6 +249,7 @@ void lora_section(cudaStream_t stream, const cudaDeviceProp& prop, int reps, int
       for (int m = 0; m < 3; ++m) l.width[m] = pr.width[m];
       l.s = s;
       l.counters = v == 3 ? nullptr : counters;
+      l.stamps = stamps;
       return l;
     };
     const auto run = [&](int v, int i, void* out) {
@@ -222,6 +281,21 @@ void lora_section(cudaStream_t stream, const cudaDeviceProp& prop, int reps, int
                 pr.name, us[0], us[4], pct(4), us[1], pct(1), us[2], pct(2), us[3], pct(3),
                 same ? "same bits" : "OUTPUTS DIFFER");
     for (int v = 0; v < 5; ++v) layer[v] += us[v];
+    if (timeline) {
+      const char* names[5] = {"none", "1 adapter", "8 adapters", "8, 2 lnch", "no rows"};
+      const size_t count = kStampCtas * pc::kSkinnyStamps;
+      CHECK_CUDA(cudaMalloc(&stamps, count * sizeof(unsigned long long)));
+      for (int v : {4, 1, 2}) {
+        CHECK_CUDA(cudaMemset(stamps, 0, count * sizeof(unsigned long long)));
+        time_launches([&](int i) { run(v, i, out_a); }, launches, stream, 1);
+        std::vector<unsigned long long> host(count);
+        CHECK_CUDA(cudaMemcpy(host.data(), stamps, count * sizeof(unsigned long long),
+                              cudaMemcpyDeviceToHost));
+        print_lora_stamps(pr.name, names[v], host, kStampCtas);
+      }
+      CHECK_CUDA(cudaFree(stamps));
+      stamps = nullptr;
+    }
     for (void* p : {w, wp, x, out_a, out_b, factors, static_cast<void*>(d_refs),
                     static_cast<void*>(d_one), static_cast<void*>(d_eight),
                     static_cast<void*>(d_none), static_cast<void*>(s),
@@ -239,17 +313,20 @@ void lora_section(cudaStream_t stream, const cudaDeviceProp& prop, int reps, int
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, lora_only = false;
+  bool quick = false, lora_only = false, lora_timeline = false;
   std::string csv_path;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
     } else if (!std::strcmp(argv[i], "--lora-only")) {
       lora_only = true;
+    } else if (!std::strcmp(argv[i], "--lora-timeline")) {
+      lora_timeline = true;
     } else if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       csv_path = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--out FILE.csv] [--lora-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--out FILE.csv] [--lora-only] [--lora-timeline]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -267,7 +344,7 @@ int main(int argc, char** argv) {
                 prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6, copy_gbs,
                 bw.memcpy_gbs, bw.kernel_gbs);
     if (lora_only) {
-      lora_section(stream, prop, quick ? 5 : 15, 20);
+      lora_section(stream, prop, quick ? 5 : 15, 20, lora_timeline);
       CHECK_CUDA(cudaStreamDestroy(stream));
       return 0;
     }
@@ -521,7 +598,7 @@ int main(int argc, char** argv) {
                    sums[1], floor_us / sums[1], sums[2], floor_us / sums[2]);
       std::fclose(csv);
     }
-    lora_section(stream, prop, reps, launches);
+    lora_section(stream, prop, reps, launches, lora_timeline);
     CHECK_CUDA(cudaFree(lt_workspace));
     CHECK_CUDA(cudaStreamDestroy(stream));
   } catch (const pagellm::Error& e) {

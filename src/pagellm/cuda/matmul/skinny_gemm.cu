@@ -131,6 +131,7 @@ struct LoraParams {
   int row_tiles = 0;       // the product's row tiles (a packed B holds one block each)
   unsigned shrink_clusters = 0;  // kLoraFused: clusters the expand waits for
   int num_slots = 0;       // entries of slots (slot 0 unused)
+  unsigned long long* stamps = nullptr;  // SkinnyLora::stamps
 };
 
 struct Params {
@@ -332,6 +333,16 @@ __device__ __forceinline__ RankShare rank_share(int rank, int count, int splits)
           static_cast<int>(static_cast<int64_t>(rank + 1) * count / splits)};
 }
 
+/// Thread 0 records stamp `k` of this CTA (SkinnyLora::stamps), when profiling.
+__device__ __forceinline__ void lora_stamp(const LoraParams& l, int k,
+                                           unsigned long long value = 0) {
+  if (l.stamps == nullptr || threadIdx.x != 0) return;
+  if (k != kStampKind) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(value));
+  const size_t cta = (static_cast<size_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x +
+                     blockIdx.x;
+  l.stamps[cta * kSkinnyStamps + k] = value;
+}
+
 /// Called once by every cluster (thread 0 of rank 0) at its very end in kLoraFused mode: the
 /// last cluster of the launch sets the counters back to zero for the next launch.
 __device__ __forceinline__ void lora_cluster_finished(const LoraParams& l) {
@@ -380,6 +391,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   const uint32_t base = (raw + kSmemAlign - 1) & ~uint32_t(kSmemAlign - 1);
   uint8_t* const smem = smem_raw + (base - raw);
   const LoraParams& lora = p.lora;
+  if constexpr (kLora) lora_stamp(lora, kStampEntry);
   // LoRA tiles (grid.x < lora.tiles) stream `lora_halves` 64-row halves of slot
   // `lora_slot`'s packed A from half `lora_h0`; row tiles are numbered from 0 after them.
   const bool lora_tile = kLora && static_cast<int>(blockIdx.x) < lora.tiles;
@@ -399,12 +411,14 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     // (A thread a token: a serial scan would pay the load latency per token.)
     const bool used = __syncthreads_or(lora_halves > 0 && tid < valid_tokens &&
                                        __ldg(lora.row_slots + m0 + tid) == lora_slot);
+    lora_stamp(lora, kStampKind, 1);
     if (!used) {
       pdl_wait();
       if (tid == 0 && split == 0 && lora.mode == kLoraFused) {
         atomicAdd(&lora.counters[0], 1u);
         lora_cluster_finished(lora);
       }
+      lora_stamp(lora, kStampEnd);
       return;
     }
     // The slot's whole packed B (every row tile's block) starts into L2 now, next to the
@@ -504,6 +518,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     }
   }
   pdl_wait();
+  if constexpr (kLora) lora_stamp(lora, kStampWaited);
   if (tid == 0) {
     for (int s = 0; s < kStages && s < num_chunks; ++s) issue_x(s, s);
   }
@@ -537,6 +552,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
 
   // The weights are streamed: the next kernel may start its own prologue.
   pdl_launch_dependents();
+  if constexpr (kLora) lora_stamp(lora, kStampMainLoop);
 
   // The expand (see "LoRA inside the product"): this CTA's slots are those of the tile's
   // tokens whose adapter targets the group and whose number is its rank mod splits.
@@ -602,6 +618,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
                            lora_q_b[q] + static_cast<size_t>(tile) * slot_bytes, slot_bytes,
                            smem_addr(&lora_bar), policy);
           }
+          if (b0 == 0) lora_stamp(lora, kStampBIssued);
           if (b0 == 0 && lora.mode == kLoraFused) {
             // One launch: wait for every LoRA tile's sums.
             uint32_t spins = 0;
@@ -611,9 +628,11 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
               // rather than hang the stream.
               if (++spins == (1u << 25)) __trap();
             }
+            lora_stamp(lora, kStampCounterSeen);
           }
         }
         __syncthreads();  // the sums are complete (and the previous batch's tiles read)
+        if (b0 == 0) lora_stamp(lora, kStampShrinkReady);
         // The sum tiles: 16 bytes (8 ranks of one token) a thread at a time, bf16(scale · s)
         // for the tokens of the slot, zeros for the others and past the rank.
         const int units = nb * 2 * blocks_max * kTokens * 4;
@@ -651,6 +670,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
         __syncthreads();
         mbar_wait(smem_addr(&lora_bar), phase);
         phase ^= 1;
+        if (b0 == 0) lora_stamp(lora, kStampTilesReady);
         // Each (slot, block) is its own fence .. wait group of fixed shape, with the
         // accumulators pinned around it: with loops of run-time length inside one group,
         // ptxas serialises every wgmma of the kernel, the main loop's too.
@@ -675,6 +695,8 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
         }
         __syncthreads();  // both warpgroups are done with the tiles
       }
+      lora_stamp(lora, kStampExpanded);
+      lora_stamp(lora, kStampKind, 2);
     }
   }
 
@@ -750,6 +772,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       atomicAdd(&lora.counters[0], 1u);
       lora_cluster_finished(lora);
     }
+    lora_stamp(lora, kStampEnd);
     return;
   }
   if constexpr (kEpi == Epi::kQkNormRope) {
@@ -761,6 +784,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     }
     if (splits > 1) cluster.sync();
     if (fused && tid == 0 && rank == 0) lora_cluster_finished(lora);
+    if constexpr (kLora) lora_stamp(lora, kStampEnd);
     return;
   }
   // The cluster's CTAs share the tile's groups of 4 columns (rank_share).
@@ -801,6 +825,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   }
   if (splits > 1) cluster.sync();  // keep this CTA's tile alive until the others have read it
   if (fused && tid == 0 && rank == 0) lora_cluster_finished(lora);
+  if constexpr (kLora) lora_stamp(lora, kStampEnd);
 #else
   // Built for a target without wgmma: the host never launches this (see the file comment).
   __trap();
@@ -1002,6 +1027,7 @@ LoraParams lora_params(const SkinnyLora* lora, Epi epi, int64_t N, int64_t inter
   l.row_slots = lora->row_slots;
   l.s = lora->s;
   l.counters = lora->counters;
+  l.stamps = lora->stamps;
   l.modules = lora->num_modules;
   for (int m = 0; m < 3; ++m) l.width[m] = static_cast<int>(lora->width[m]);
   l.width_total = static_cast<int>(width_total);

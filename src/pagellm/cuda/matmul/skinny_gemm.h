@@ -62,6 +62,21 @@ struct SkinnyLora {
   int64_t width[3] = {0, 0, 0};        // multiples of 8
   float* s = nullptr;                  // lora_skinny_s_floats(M, num_modules) floats of scratch
   uint32_t* counters = nullptr;        // [2] device zeros (left zero), or null: two launches
+  // Profiling only (matmul_bench --lora-timeline), null otherwise: per CTA of the launch
+  // (linear block index) kSkinnyStamps globaltimer readings by its thread 0, see
+  // SkinnyStamp.
+  unsigned long long* stamps = nullptr;
+};
+
+/// What SkinnyLora::stamps holds per CTA: globaltimer (ns) at entry, after the wait for the
+/// previous kernel, after the main loop, when thread 0 had issued the expand's B copies,
+/// when it saw the shrink's counter complete, when the whole CTA passed that wait, after
+/// its B copies and sum tiles, after its products, at the end; then kind (1: a LoRA tile,
+/// 2: a row tile that ran the expand, 0: one that did not). Stamps a CTA did not reach
+/// stay 0.
+enum SkinnyStamp : int {
+  kStampEntry, kStampWaited, kStampMainLoop, kStampBIssued, kStampCounterSeen,
+  kStampShrinkReady, kStampTilesReady, kStampExpanded, kStampEnd, kStampKind, kSkinnyStamps
 };
 
 /// Module widths of a fused LoRA group are multiples of this: each 64-row half of a tile
