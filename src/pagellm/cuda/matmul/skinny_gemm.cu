@@ -398,6 +398,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   const int tile = static_cast<int>(blockIdx.x) - (kLora ? lora.tiles : 0);
   int lora_slot = 0, lora_rows = 0, lora_all_halves = 0, lora_h0 = 0, lora_halves = 2;
   const uint8_t* lora_a = nullptr;
+  __shared__ int lora_token_slot[kTokens];  // each token's slot, 0: none
   if (lora_tile) {
     lora_slot = 1 + static_cast<int>(blockIdx.x) / lora.tiles_per_slot;
     lora_h0 = 2 * (static_cast<int>(blockIdx.x) % lora.tiles_per_slot);
@@ -409,8 +410,12 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     // Nothing to do unless a token of this tile uses the slot (row slots are written by a
     // copy before the step: readable before the wait). Uniform over the cluster.
     // (A thread a token: a serial scan would pay the load latency per token.)
-    const bool used = __syncthreads_or(lora_halves > 0 && tid < valid_tokens &&
-                                       __ldg(lora.row_slots + m0 + tid) == lora_slot);
+    // The tokens' slots stay in shared memory for the end, which writes the sums of
+    // this slot's tokens only (a global load there would cost a round trip to L2 that the
+    // weight stream of the next kernel makes long).
+    const int token_slot = tid < valid_tokens ? __ldg(lora.row_slots + m0 + tid) : 0;
+    if (tid < kTokens) lora_token_slot[tid] = token_slot;
+    const bool used = __syncthreads_or(lora_halves > 0 && token_slot == lora_slot);
     lora_stamp(lora, kStampKind, 1);
     if (!used) {
       pdl_wait();
@@ -492,7 +497,6 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   // loop's barriers publish it).
   const bool expand =
       kLora && !lora_tile && (lora.mode == kLoraFused || lora.mode == kLoraExpand);
-  __shared__ int lora_token_slot[kTokens];  // each token's slot, 0: none
   __shared__ unsigned long long lora_mask;  // bit q: a token uses slot q
   // What the expand needs of each slot q (written after the main loop): its packed B, the
   // rank (0: the slot's adapter does not target this group) and the scale.
@@ -558,9 +562,20 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   // tokens whose adapter targets the group and whose number is its rank mod splits.
   const int s_stride = lora.modules * kHalf;
   if (expand) {
-    if (tid >= 64 && tid < 64 + kTokens) {
-      lora_token_slot[tid - 64] = my_row_slot;
-      if (my_row_slot > 0) atomicOr(&lora_mask, 1ull << my_row_slot);
+    // Whole warps from thread 64 (kTokens <= 64): each ORs its tokens' slot bits with two
+    // warp reductions and lane 0 adds them to the mask. (An atomicOr a token compiled to a
+    // compare-and-swap loop on shared memory that the 32 lanes of a warp took in turn, about
+    // 1 us a launch measured by Nsight Compute's stall sampling on the H200.)
+    constexpr int kMaskThreads = kTokens < 32 ? 32 : kTokens;
+    if (tid >= 64 && tid < 64 + kMaskThreads) {
+      if (tid < 64 + kTokens) lora_token_slot[tid - 64] = my_row_slot;
+      const unsigned lo = __reduce_or_sync(0xffffffffu, my_row_slot > 0 && my_row_slot < 32
+                                                            ? 1u << my_row_slot : 0u);
+      const unsigned hi = __reduce_or_sync(0xffffffffu, my_row_slot >= 32
+                                                            ? 1u << (my_row_slot - 32) : 0u);
+      if (lane == 0 && (lo | hi) != 0) {
+        atomicOr(&lora_mask, (static_cast<unsigned long long>(hi) << 32) | lo);
+      }
     }
     if (loads_slot) {
       lora_q_b[my_q] = my_q_b;
@@ -751,7 +766,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       const int m_local = grp / (kRows / 4), c0 = (grp % (kRows / 4)) * 4;
       const int token = m0 + m_local;
       const int j0 = lora_h0 * kHalf + c0;
-      if (j0 >= lora_rows || __ldg(lora.row_slots + token) != lora_slot) continue;
+      if (j0 >= lora_rows || lora_token_slot[m_local] != lora_slot) continue;
       const float4 sum = cluster_sum4(m_local * kPartialStride + c0);
       const float v4[4] = {sum.x, sum.y, sum.z, sum.w};
 #pragma unroll
