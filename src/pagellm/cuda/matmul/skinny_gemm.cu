@@ -120,7 +120,7 @@ struct LoraParams {
   const LoraSlotRef* slots = nullptr;   // [num_slots] (entry 0 unused)
   const int32_t* row_slots = nullptr;   // [M]: each token's slot, 0: none
   float* s = nullptr;                   // [M][modules · 64]: the shrink's sums
-  uint32_t* counters = nullptr;         // kLoraFused: [shrink clusters done, clusters done]
+  uint32_t* counters = nullptr;         // kLoraFused: [shrink CTAs done, clusters done]
   int mode = kLoraNone;
   int tiles = 0;           // grid.x entries before the row tiles that are LoRA tiles
   int tiles_per_slot = 0;  // ceil(modules · max_rank / 128)
@@ -129,7 +129,7 @@ struct LoraParams {
   int width[3] = {0, 0, 0};
   int width_total = 0;     // the group's columns
   int row_tiles = 0;       // the product's row tiles (a packed B holds one block each)
-  unsigned shrink_clusters = 0;  // kLoraFused: clusters the expand waits for
+  unsigned shrink_ctas = 0;  // kLoraFused: LoRA-tile CTAs the expand waits for
   int num_slots = 0;       // entries of slots (slot 0 unused)
   unsigned long long* stamps = nullptr;  // SkinnyLora::stamps
 };
@@ -309,6 +309,9 @@ __host__ __device__ constexpr int lora_b_blocks(int rank) {
 constexpr int kLoraHalfBytes = kHalf * kRowBytes;  // 8 KiB
 
 #ifdef PAGELLM_SKINNY_WGMMA
+__device__ __forceinline__ void red_release_gpu_add(uint32_t* p, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
 __device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
@@ -420,7 +423,9 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     if (!used) {
       pdl_wait();
       if (tid == 0 && split == 0 && lora.mode == kLoraFused) {
-        atomicAdd(&lora.counters[0], 1u);
+        // The cluster's CTAs of the shrink, none with sums, counted at once (before this
+        // cluster can count as finished).
+        atomicAdd(&lora.counters[0], static_cast<uint32_t>(p.splits));
         lora_cluster_finished(lora);
       }
       lora_stamp(lora, kStampEnd);
@@ -497,9 +502,9 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   // loop's barriers publish it).
   const bool expand =
       kLora && !lora_tile && (lora.mode == kLoraFused || lora.mode == kLoraExpand);
-  __shared__ unsigned long long lora_mask;  // bit q: a token uses slot q
-  // What the expand needs of each slot q (written after the main loop): its packed B, the
-  // rank (0: the slot's adapter does not target this group) and the scale.
+  __shared__ unsigned long long lora_warp_mask[2];  // warp 2 + w's tokens: bit q, slot q used
+  // What the expand needs of each slot q: its packed B, the rank (0: the slot's adapter
+  // does not target this group) and the scale.
   __shared__ const uint8_t* lora_q_b[kSkinnyLoraMaxSlots];
   __shared__ int lora_q_rank[kSkinnyLoraMaxSlots];
   __shared__ float lora_q_scale[kSkinnyLoraMaxSlots];
@@ -512,7 +517,6 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   int my_q_rank = 0;
   float my_q_scale = 0.0f;
   if (expand) {
-    if (tid == 0) lora_mask = 0;
     if (tid >= 64 && tid < 64 + valid_tokens) my_row_slot = __ldg(lora.row_slots + m0 + tid - 64);
     if (loads_slot) {
       const LoraSlotRef& f = lora.slots[my_q];
@@ -525,6 +529,37 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   if constexpr (kLora) lora_stamp(lora, kStampWaited);
   if (tid == 0) {
     for (int s = 0; s < kStages && s < num_chunks; ++s) issue_x(s, s);
+  }
+  // The expand's slots (see "LoRA inside the product"), known before the main loop so that
+  // nothing but the expand itself follows it: this CTA's slots are those of the tile's
+  // tokens whose adapter targets the group and whose number is its rank mod splits. The
+  // loads above have until the first stage lands to arrive.
+  unsigned long long mine = 0;
+  if (expand) {
+    // Whole warps from thread 64 (kTokens <= 64) OR their tokens' slot bits with two warp
+    // reductions. (An atomicOr a token on a shared mask compiled to a compare-and-swap loop
+    // that the 32 lanes of a warp took in turn, about 1 us a launch measured by Nsight
+    // Compute's stall sampling on the H200.)
+    constexpr int kMaskThreads = kTokens < 32 ? 32 : kTokens;
+    if (tid >= 64 && tid < 64 + kMaskThreads) {
+      if (tid < 64 + kTokens) lora_token_slot[tid - 64] = my_row_slot;
+      const unsigned lo = __reduce_or_sync(0xffffffffu, my_row_slot > 0 && my_row_slot < 32
+                                                            ? 1u << my_row_slot : 0u);
+      const unsigned hi = __reduce_or_sync(0xffffffffu, my_row_slot >= 32
+                                                            ? 1u << (my_row_slot - 32) : 0u);
+      if (lane == 0) lora_warp_mask[(tid - 64) >> 5] = (static_cast<unsigned long long>(hi) << 32) | lo;
+    }
+    if (loads_slot) {
+      lora_q_b[my_q] = my_q_b;
+      lora_q_rank[my_q] = my_q_rank;
+      lora_q_scale[my_q] = my_q_scale;
+    }
+    __syncthreads();
+    for (unsigned long long m = lora_warp_mask[0] | (kTokens > 32 ? lora_warp_mask[1] : 0ull);
+         m != 0; m &= m - 1) {
+      const int q = __ffsll(static_cast<long long>(m)) - 1;
+      if (q % p.splits == split && lora_q_rank[q] > 0) mine |= 1ull << q;
+    }
   }
 
   float acc[kTokens / 2];
@@ -558,36 +593,9 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   pdl_launch_dependents();
   if constexpr (kLora) lora_stamp(lora, kStampMainLoop);
 
-  // The expand (see "LoRA inside the product"): this CTA's slots are those of the tile's
-  // tokens whose adapter targets the group and whose number is its rank mod splits.
+  // The expand (see "LoRA inside the product").
   const int s_stride = lora.modules * kHalf;
-  if (expand) {
-    // Whole warps from thread 64 (kTokens <= 64): each ORs its tokens' slot bits with two
-    // warp reductions and lane 0 adds them to the mask. (An atomicOr a token compiled to a
-    // compare-and-swap loop on shared memory that the 32 lanes of a warp took in turn, about
-    // 1 us a launch measured by Nsight Compute's stall sampling on the H200.)
-    constexpr int kMaskThreads = kTokens < 32 ? 32 : kTokens;
-    if (tid >= 64 && tid < 64 + kMaskThreads) {
-      if (tid < 64 + kTokens) lora_token_slot[tid - 64] = my_row_slot;
-      const unsigned lo = __reduce_or_sync(0xffffffffu, my_row_slot > 0 && my_row_slot < 32
-                                                            ? 1u << my_row_slot : 0u);
-      const unsigned hi = __reduce_or_sync(0xffffffffu, my_row_slot >= 32
-                                                            ? 1u << (my_row_slot - 32) : 0u);
-      if (lane == 0 && (lo | hi) != 0) {
-        atomicOr(&lora_mask, (static_cast<unsigned long long>(hi) << 32) | lo);
-      }
-    }
-    if (loads_slot) {
-      lora_q_b[my_q] = my_q_b;
-      lora_q_rank[my_q] = my_q_rank;
-      lora_q_scale[my_q] = my_q_scale;
-    }
-    __syncthreads();
-    unsigned long long mine = 0;
-    for (unsigned long long m = lora_mask; m != 0; m &= m - 1) {
-      const int q = __ffsll(static_cast<long long>(m)) - 1;
-      if (q % p.splits == split && lora_q_rank[q] > 0) mine |= 1ull << q;
-    }
+  {
     if (mine != 0) {
       // Shared memory from the pipeline's start (free now: every stage was consumed):
       // per slot of a batch its B blocks, then per slot its two [kTokens][32] sum tiles
@@ -637,7 +645,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
           if (b0 == 0 && lora.mode == kLoraFused) {
             // One launch: wait for every LoRA tile's sums.
             uint32_t spins = 0;
-            while (ld_acquire_gpu(lora.counters) < lora.shrink_clusters) {
+            while (ld_acquire_gpu(lora.counters) < lora.shrink_ctas) {
               __nanosleep(32);
               // A launch that fits the GPU cannot wait this long (seconds): fail loudly
               // rather than hang the stream.
@@ -777,16 +785,18 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
         lora.s[static_cast<size_t>(token) * s_stride + m * kHalf + (j - m * r)] = v4[c];
       }
     }
-    __threadfence();  // the sums are visible on the GPU before the counter says so
+    if (fused) {
+      // Each CTA signals its own sums: the barrier orders its threads' writes before thread
+      // 0's release, which publishes them at GPU scope (no cluster-wide wait before it).
+      __syncthreads();
+      if (tid == 0) red_release_gpu_add(&lora.counters[0], 1u);
+    }
     if (splits > 1) {
-      cluster.sync();  // every rank wrote; and keep this CTA's tile alive for the others
+      cluster.sync();  // keep this CTA's tile alive until the others have read it
     } else {
       __syncthreads();
     }
-    if (fused && tid == 0 && rank == 0) {
-      atomicAdd(&lora.counters[0], 1u);
-      lora_cluster_finished(lora);
-    }
+    if (fused && tid == 0 && rank == 0) lora_cluster_finished(lora);
     lora_stamp(lora, kStampEnd);
     return;
   }
@@ -1093,7 +1103,7 @@ void launch(const void* x, const void* w, void* out, Epi epi, int64_t M, int64_t
     // One launch: LoRA tiles first; the row tiles' epilogues wait for them.
     p.lora.mode = kLoraFused;
     p.lora.tiles = lora_tiles;
-    p.lora.shrink_clusters = static_cast<unsigned>(lora_tiles * plan.grid_z);
+    p.lora.shrink_ctas = static_cast<unsigned>(lora_tiles * plan.grid_z * plan.grid_y);
     launch_params(p, epi, plan.tokens_per_tile,
                   dim3(lora_tiles + plan.grid_x, plan.grid_y, plan.grid_z), stream);
     return;
