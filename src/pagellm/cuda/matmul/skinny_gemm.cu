@@ -497,9 +497,8 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     if (!lora_tile) qk_lane = qk_lane_constants(p.qk, tile, lane);
   }
   // LoRA row tiles: each token's slot (row slots are written by copies before the step:
-  // readable before the wait), loaded by warps 2-3 into a register now and used only after
-  // the main loop, so that nothing waits for it; the slot mask is cleared now too (the main
-  // loop's barriers publish it).
+  // readable before the wait), loaded by warps 2-3 into a register now and first used just
+  // before the main loop, whose first stage takes longer to land than these loads.
   const bool expand =
       kLora && !lora_tile && (lora.mode == kLoraFused || lora.mode == kLoraExpand);
   __shared__ unsigned long long lora_warp_mask[2];  // warp 2 + w's tokens: bit q, slot q used
@@ -547,7 +546,9 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
                                                             ? 1u << my_row_slot : 0u);
       const unsigned hi = __reduce_or_sync(0xffffffffu, my_row_slot >= 32
                                                             ? 1u << (my_row_slot - 32) : 0u);
-      if (lane == 0) lora_warp_mask[(tid - 64) >> 5] = (static_cast<unsigned long long>(hi) << 32) | lo;
+      if (lane == 0) {
+        lora_warp_mask[(tid - 64) >> 5] = (static_cast<unsigned long long>(hi) << 32) | lo;
+      }
     }
     if (loads_slot) {
       lora_q_b[my_q] = my_q_b;
@@ -595,132 +596,130 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
 
   // The expand (see "LoRA inside the product").
   const int s_stride = lora.modules * kHalf;
-  {
-    if (mine != 0) {
-      // Shared memory from the pipeline's start (free now: every stage was consumed):
-      // per slot of a batch its B blocks, then per slot its two [kTokens][32] sum tiles
-      // (one per warpgroup) per block of 32 ranks.
-      constexpr int kRegionBytes = kStages * kStageBytes;
-      constexpr int kSTileBytes = kTokens * 64;
-      const int blocks_max = lora_b_blocks(lora.max_rank);
-      const int slot_b_bytes = blocks_max * kLoraBBlockBytes;
-      const int slot_s_bytes = 2 * blocks_max * kSTileBytes;
-      const int per_batch = kRegionBytes / (slot_b_bytes + slot_s_bytes);
-      const int list_size = __popcll(mine);
-      const uint32_t s_region = base + per_batch * slot_b_bytes;
-      // The module whose sums warpgroup half h multiplies (-1: the half is past the group).
-      auto half_module = [&](int h) {
-        if constexpr (kGated) {
-          return h;
-        } else {
-          const int col = tile * kRows + h * kHalf;
-          return col < lora.width_total ? lora_module_of(lora, col) : -1;
-        }
-      };
-      // The slot of the e-th set bit of `mine`.
-      auto mine_slot = [&](int e) {
-        unsigned long long m = mine;
-        for (int i = 0; i < e; ++i) m &= m - 1;
-        return __ffsll(static_cast<long long>(m)) - 1;
-      };
-      uint32_t phase = 0;
-      for (int b0 = 0; b0 < list_size; b0 += per_batch) {
-        const int nb = min(per_batch, list_size - b0);
-        if (tid == 0) {
-          // The batch's B blocks (model weights): one bulk copy a slot.
-          uint32_t bytes = 0;
-          for (int b = 0; b < nb; ++b) {
-            const int q = mine_slot(b0 + b);
-            bytes += lora_b_blocks(lora_q_rank[q]) * kLoraBBlockBytes;
-          }
-          mbar_arrive_expect_tx(smem_addr(&lora_bar), bytes);
-          for (int b = 0; b < nb; ++b) {
-            const int q = mine_slot(b0 + b);
-            const uint32_t slot_bytes = lora_b_blocks(lora_q_rank[q]) * kLoraBBlockBytes;
-            bulk_load_hint(base + b * slot_b_bytes,
-                           lora_q_b[q] + static_cast<size_t>(tile) * slot_bytes, slot_bytes,
-                           smem_addr(&lora_bar), policy);
-          }
-          if (b0 == 0) lora_stamp(lora, kStampBIssued);
-          if (b0 == 0 && lora.mode == kLoraFused) {
-            // One launch: wait for every LoRA tile's sums.
-            uint32_t spins = 0;
-            while (ld_acquire_gpu(lora.counters) < lora.shrink_ctas) {
-              __nanosleep(32);
-              // A launch that fits the GPU cannot wait this long (seconds): fail loudly
-              // rather than hang the stream.
-              if (++spins == (1u << 25)) __trap();
-            }
-            lora_stamp(lora, kStampCounterSeen);
-          }
-        }
-        __syncthreads();  // the sums are complete (and the previous batch's tiles read)
-        if (b0 == 0) lora_stamp(lora, kStampShrinkReady);
-        // The sum tiles: 16 bytes (8 ranks of one token) a thread at a time, bf16(scale · s)
-        // for the tokens of the slot, zeros for the others and past the rank.
-        const int units = nb * 2 * blocks_max * kTokens * 4;
-        for (int idx = tid; idx < units; idx += kThreads) {
-          const int u = idx & 3;
-          const int m_local = (idx >> 2) % kTokens;
-          const int rest = (idx >> 2) / kTokens;  // ((b · 2) + h) · blocks_max + kb
-          const int kb = rest % blocks_max, h = (rest / blocks_max) & 1, b = rest / blocks_max / 2;
-          const int q = mine_slot(b0 + b);
-          const int i0 = kb * kLoraRankBlock + u * 8;
-          const int module = half_module(h);
-          uint4 packed = make_uint4(0, 0, 0, 0);
-          if (module >= 0 && lora_token_slot[m_local] == q && i0 < lora_q_rank[q]) {
-            const float* src = lora.s + static_cast<size_t>(m0 + m_local) * s_stride +
-                               module * kHalf + i0;
-            const float4 lo = __ldcg(reinterpret_cast<const float4*>(src));
-            const float4 hi = __ldcg(reinterpret_cast<const float4*>(src) + 1);
-            const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            const float scale = lora_q_scale[q];
-            uint32_t w[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const float a = i0 + 2 * j < lora_q_rank[q] ? scale * v[2 * j] : 0.0f;
-              const float c = i0 + 2 * j + 1 < lora_q_rank[q] ? scale * v[2 * j + 1] : 0.0f;
-              const __nv_bfloat162 pair = __floats2bfloat162_rn(a, c);
-              w[j] = *reinterpret_cast<const uint32_t*>(&pair);
-            }
-            packed = make_uint4(w[0], w[1], w[2], w[3]);
-          }
-          const int offset = ((b * 2 + h) * blocks_max + kb) * kSTileBytes + m_local * 64 +
-                             ((u ^ ((m_local >> 1) & 3)) * 16);
-          *reinterpret_cast<uint4*>(smem + (s_region - base) + offset) = packed;
-        }
-        fence_proxy_async_smem();  // the tiles are read by wgmma (the async proxy)
-        __syncthreads();
-        mbar_wait(smem_addr(&lora_bar), phase);
-        phase ^= 1;
-        if (b0 == 0) lora_stamp(lora, kStampTilesReady);
-        // Each (slot, block) is its own fence .. wait group of fixed shape, with the
-        // accumulators pinned around it: with loops of run-time length inside one group,
-        // ptxas serialises every wgmma of the kernel, the main loop's too.
+  if (mine != 0) {
+    // Shared memory from the pipeline's start (free now: every stage was consumed):
+    // per slot of a batch its B blocks, then per slot its two [kTokens][32] sum tiles
+    // (one per warpgroup) per block of 32 ranks.
+    constexpr int kRegionBytes = kStages * kStageBytes;
+    constexpr int kSTileBytes = kTokens * 64;
+    const int blocks_max = lora_b_blocks(lora.max_rank);
+    const int slot_b_bytes = blocks_max * kLoraBBlockBytes;
+    const int slot_s_bytes = 2 * blocks_max * kSTileBytes;
+    const int per_batch = kRegionBytes / (slot_b_bytes + slot_s_bytes);
+    const int list_size = __popcll(mine);
+    const uint32_t s_region = base + per_batch * slot_b_bytes;
+    // The module whose sums warpgroup half h multiplies (-1: the half is past the group).
+    auto half_module = [&](int h) {
+      if constexpr (kGated) {
+        return h;
+      } else {
+        const int col = tile * kRows + h * kHalf;
+        return col < lora.width_total ? lora_module_of(lora, col) : -1;
+      }
+    };
+    // The slot of the e-th set bit of `mine`.
+    auto mine_slot = [&](int e) {
+      unsigned long long m = mine;
+      for (int i = 0; i < e; ++i) m &= m - 1;
+      return __ffsll(static_cast<long long>(m)) - 1;
+    };
+    uint32_t phase = 0;
+    for (int b0 = 0; b0 < list_size; b0 += per_batch) {
+      const int nb = min(per_batch, list_size - b0);
+      if (tid == 0) {
+        // The batch's B blocks (model weights): one bulk copy a slot.
+        uint32_t bytes = 0;
         for (int b = 0; b < nb; ++b) {
           const int q = mine_slot(b0 + b);
-          const int blocks = lora_b_blocks(lora_q_rank[q]);
-          for (int kb = 0; kb < blocks; ++kb) {
-            const uint32_t a_tile = base + b * slot_b_bytes + kb * kLoraBBlockBytes +
-                                    wg * (kLoraBBlockBytes / 2);
-            const uint32_t s_tile = s_region + ((b * 2 + wg) * blocks_max + kb) * kSTileBytes;
-            wgmma_fence_operands(acc);
-            wgmma_fence();
-#pragma unroll
-            for (int st = 0; st < kLoraRankBlock / 16; ++st) {
-              wgmma_tile<kTokens>(acc, wgmma_desc_sw64(a_tile + st * 32),
-                                  wgmma_desc_sw64(s_tile + st * 32));
-            }
-            wgmma_commit();
-            wgmma_wait<0>();
-            wgmma_fence_operands(acc);
-          }
+          bytes += lora_b_blocks(lora_q_rank[q]) * kLoraBBlockBytes;
         }
-        __syncthreads();  // both warpgroups are done with the tiles
+        mbar_arrive_expect_tx(smem_addr(&lora_bar), bytes);
+        for (int b = 0; b < nb; ++b) {
+          const int q = mine_slot(b0 + b);
+          const uint32_t slot_bytes = lora_b_blocks(lora_q_rank[q]) * kLoraBBlockBytes;
+          bulk_load_hint(base + b * slot_b_bytes,
+                         lora_q_b[q] + static_cast<size_t>(tile) * slot_bytes, slot_bytes,
+                         smem_addr(&lora_bar), policy);
+        }
+        if (b0 == 0) lora_stamp(lora, kStampBIssued);
+        if (b0 == 0 && lora.mode == kLoraFused) {
+          // One launch: wait for every LoRA tile's sums.
+          uint32_t spins = 0;
+          while (ld_acquire_gpu(lora.counters) < lora.shrink_ctas) {
+            __nanosleep(32);
+            // A launch that fits the GPU cannot wait this long (seconds): fail loudly
+            // rather than hang the stream.
+            if (++spins == (1u << 25)) __trap();
+          }
+          lora_stamp(lora, kStampCounterSeen);
+        }
       }
-      lora_stamp(lora, kStampExpanded);
-      lora_stamp(lora, kStampKind, 2);
+      __syncthreads();  // the sums are complete (and the previous batch's tiles read)
+      if (b0 == 0) lora_stamp(lora, kStampShrinkReady);
+      // The sum tiles: 16 bytes (8 ranks of one token) a thread at a time, bf16(scale · s)
+      // for the tokens of the slot, zeros for the others and past the rank.
+      const int units = nb * 2 * blocks_max * kTokens * 4;
+      for (int idx = tid; idx < units; idx += kThreads) {
+        const int u = idx & 3;
+        const int m_local = (idx >> 2) % kTokens;
+        const int rest = (idx >> 2) / kTokens;  // ((b · 2) + h) · blocks_max + kb
+        const int kb = rest % blocks_max, h = (rest / blocks_max) & 1, b = rest / blocks_max / 2;
+        const int q = mine_slot(b0 + b);
+        const int i0 = kb * kLoraRankBlock + u * 8;
+        const int module = half_module(h);
+        uint4 packed = make_uint4(0, 0, 0, 0);
+        if (module >= 0 && lora_token_slot[m_local] == q && i0 < lora_q_rank[q]) {
+          const float* src = lora.s + static_cast<size_t>(m0 + m_local) * s_stride +
+                             module * kHalf + i0;
+          const float4 lo = __ldcg(reinterpret_cast<const float4*>(src));
+          const float4 hi = __ldcg(reinterpret_cast<const float4*>(src) + 1);
+          const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+          const float scale = lora_q_scale[q];
+          uint32_t w[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float a = i0 + 2 * j < lora_q_rank[q] ? scale * v[2 * j] : 0.0f;
+            const float c = i0 + 2 * j + 1 < lora_q_rank[q] ? scale * v[2 * j + 1] : 0.0f;
+            const __nv_bfloat162 pair = __floats2bfloat162_rn(a, c);
+            w[j] = *reinterpret_cast<const uint32_t*>(&pair);
+          }
+          packed = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+        const int offset = ((b * 2 + h) * blocks_max + kb) * kSTileBytes + m_local * 64 +
+                           ((u ^ ((m_local >> 1) & 3)) * 16);
+        *reinterpret_cast<uint4*>(smem + (s_region - base) + offset) = packed;
+      }
+      fence_proxy_async_smem();  // the tiles are read by wgmma (the async proxy)
+      __syncthreads();
+      mbar_wait(smem_addr(&lora_bar), phase);
+      phase ^= 1;
+      if (b0 == 0) lora_stamp(lora, kStampTilesReady);
+      // Each (slot, block) is its own fence .. wait group of fixed shape, with the
+      // accumulators pinned around it: with loops of run-time length inside one group,
+      // ptxas serialises every wgmma of the kernel, the main loop's too.
+      for (int b = 0; b < nb; ++b) {
+        const int q = mine_slot(b0 + b);
+        const int blocks = lora_b_blocks(lora_q_rank[q]);
+        for (int kb = 0; kb < blocks; ++kb) {
+          const uint32_t a_tile = base + b * slot_b_bytes + kb * kLoraBBlockBytes +
+                                  wg * (kLoraBBlockBytes / 2);
+          const uint32_t s_tile = s_region + ((b * 2 + wg) * blocks_max + kb) * kSTileBytes;
+          wgmma_fence_operands(acc);
+          wgmma_fence();
+#pragma unroll
+          for (int st = 0; st < kLoraRankBlock / 16; ++st) {
+            wgmma_tile<kTokens>(acc, wgmma_desc_sw64(a_tile + st * 32),
+                                wgmma_desc_sw64(s_tile + st * 32));
+          }
+          wgmma_commit();
+          wgmma_wait<0>();
+          wgmma_fence_operands(acc);
+        }
+      }
+      __syncthreads();  // both warpgroups are done with the tiles
     }
+    lora_stamp(lora, kStampExpanded);
+    lora_stamp(lora, kStampKind, 2);
   }
 
   // Accumulator i of a thread: token n = 8 (i / 4) + 2t + i % 2, weight row
