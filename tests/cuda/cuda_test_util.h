@@ -136,13 +136,24 @@ class CudaOpTest : public ::testing::Test {
   std::mt19937_64 rng_;
 };
 
-/// ‖got − ref‖ / ‖ref‖ <= tol, and every value finite where the reference is. On failure
+/// The spacing of bf16 values at |v| (0 at 0): rounding to bf16 moves v by at most half of it.
+inline float bf16_ulp(float v) {
+  int e = 0;
+  std::frexp(v, &e);  // |v| = m 2^e, m in [0.5, 1): 8 significant bits leave steps of 2^(e-8)
+  return v == 0.0f ? 0.0f : std::ldexp(1.0f, e - 8);
+}
+
+/// ‖got − ref‖ <= tol ‖ref‖ + ‖rounding‖, and every value finite where the reference is.
+/// `rounding` (empty: none) bounds, element by element, what the result's own rounding may
+/// move it by whatever the computation: a delta read off bf16 outputs carries up to half a
+/// bf16 step of each output it is the difference of, however small the delta is. On failure
 /// prints `what`, the error, the worst element and the seed note.
 inline ::testing::AssertionResult relative_close(const std::vector<float>& got,
                                                  const std::vector<float>& ref, double tol,
                                                  const std::string& what,
-                                                 const std::string& seed_note) {
-  if (got.size() != ref.size()) {
+                                                 const std::string& seed_note,
+                                                 const std::vector<float>& rounding = {}) {
+  if (got.size() != ref.size() || (!rounding.empty() && rounding.size() != ref.size())) {
     return ::testing::AssertionFailure() << what << ": " << got.size() << " values, reference "
                                          << ref.size() << "; " << seed_note;
   }
@@ -161,15 +172,21 @@ inline ::testing::AssertionResult relative_close(const std::vector<float>& got,
       worst_at = i;
     }
   }
-  const double rel = std::sqrt(diff2) / std::max(std::sqrt(ref2), 1e-30);
-  if (non_finite == 0 && rel <= tol) return ::testing::AssertionSuccess();
+  double rounding2 = 0.0;
+  for (const float r : rounding) rounding2 += static_cast<double>(r) * r;
+  const double norm = std::max(std::sqrt(ref2), 1e-30);
+  const double rel = std::sqrt(diff2) / norm;
+  const double bound = tol + std::sqrt(rounding2) / norm;
+  if (non_finite == 0 && rel <= bound) return ::testing::AssertionSuccess();
   auto failure = ::testing::AssertionFailure();
   failure << what << ": ";
   if (non_finite > 0) {
     failure << non_finite << " non-finite values (first at " << first_non_finite << ": "
             << got[first_non_finite] << ", reference " << ref[first_non_finite] << "); ";
   }
-  failure << "relative L2 error " << rel << " (bound " << tol << ")";
+  failure << "relative L2 error " << rel << " (bound " << bound;
+  if (!rounding.empty()) failure << " = " << tol << " + the rounding's " << bound - tol;
+  failure << ")";
   if (worst >= 0) {
     failure << ", worst element " << worst_at << ": " << got[worst_at] << " vs reference "
             << ref[worst_at];

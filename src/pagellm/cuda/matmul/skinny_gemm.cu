@@ -562,6 +562,41 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       if (q % p.splits == split && lora_q_rank[q] > 0) mine |= 1ull << q;
     }
   }
+  // The expand's layout (see "LoRA inside the product"): shared memory from the pipeline's
+  // start, per slot of a batch its B blocks, then per slot its two [kTokens][32] sum tiles
+  // (one per warpgroup) per block of 32 ranks. Only read when `mine` is not empty.
+  constexpr int kRegionBytes = kStages * kStageBytes;
+  constexpr int kSTileBytes = kTokens * 64;
+  int blocks_max = 0, slot_b_bytes = 0, per_batch = 0;
+  // The slot of the e-th set bit of `mine`.
+  auto mine_slot = [&](int e) {
+    unsigned long long m = mine;
+    for (int i = 0; i < e; ++i) m &= m - 1;
+    return __ffsll(static_cast<long long>(m)) - 1;
+  };
+  // Thread 0: slot q's B blocks of this tile into place b of a batch.
+  auto issue_b = [&](int b, int q) {
+    const uint32_t slot_bytes = lora_b_blocks(lora_q_rank[q]) * kLoraBBlockBytes;
+    bulk_load_hint(base + b * slot_b_bytes, lora_q_b[q] + static_cast<size_t>(tile) * slot_bytes,
+                   slot_bytes, smem_addr(&lora_bar), policy);
+  };
+  if (mine != 0) {
+    blocks_max = lora_b_blocks(lora.max_rank);
+    slot_b_bytes = blocks_max * kLoraBBlockBytes;
+    per_batch = kRegionBytes / (slot_b_bytes + 2 * blocks_max * kSTileBytes);
+    if (tid == 0) {
+      // The first batch's B bytes, armed now so that only the copies follow the loop.
+      // (Issuing them inside the loop's last iterations, as each stage they overwrite is
+      // read for the last time, slowed the loop more than it saved: W1 with 8 adapters
+      // 69.4 % against 73.3 %, docs/PERFORMANCE.md.)
+      const int nb = min(per_batch, __popcll(mine));
+      uint32_t bytes = 0;
+      for (int b = 0; b < nb; ++b) {
+        bytes += lora_b_blocks(lora_q_rank[mine_slot(b)]) * kLoraBBlockBytes;
+      }
+      mbar_arrive_expect_tx(smem_addr(&lora_bar), bytes);
+    }
+  }
 
   float acc[kTokens / 2];
 #pragma unroll
@@ -597,15 +632,6 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   // The expand (see "LoRA inside the product").
   const int s_stride = lora.modules * kHalf;
   if (mine != 0) {
-    // Shared memory from the pipeline's start (free now: every stage was consumed):
-    // per slot of a batch its B blocks, then per slot its two [kTokens][32] sum tiles
-    // (one per warpgroup) per block of 32 ranks.
-    constexpr int kRegionBytes = kStages * kStageBytes;
-    constexpr int kSTileBytes = kTokens * 64;
-    const int blocks_max = lora_b_blocks(lora.max_rank);
-    const int slot_b_bytes = blocks_max * kLoraBBlockBytes;
-    const int slot_s_bytes = 2 * blocks_max * kSTileBytes;
-    const int per_batch = kRegionBytes / (slot_b_bytes + slot_s_bytes);
     const int list_size = __popcll(mine);
     const uint32_t s_region = base + per_batch * slot_b_bytes;
     // The module whose sums warpgroup half h multiplies (-1: the half is past the group).
@@ -617,30 +643,36 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
         return col < lora.width_total ? lora_module_of(lora, col) : -1;
       }
     };
-    // The slot of the e-th set bit of `mine`.
-    auto mine_slot = [&](int e) {
-      unsigned long long m = mine;
-      for (int i = 0; i < e; ++i) m &= m - 1;
-      return __ffsll(static_cast<long long>(m)) - 1;
-    };
+    // A batch's slots and its expand steps (one a 32-rank block of a slot, warpgroup 0's
+    // offsets of its B block and sum tile), listed once by thread 0.
+    constexpr int kMaxSteps = kRegionBytes / kLoraBBlockBytes;
+    __shared__ int lora_batch_q[kMaxSteps];
+    __shared__ uint32_t lora_step_a[kMaxSteps], lora_step_s[kMaxSteps];
+    __shared__ int lora_num_steps;
     uint32_t phase = 0;
     for (int b0 = 0; b0 < list_size; b0 += per_batch) {
       const int nb = min(per_batch, list_size - b0);
       if (tid == 0) {
-        // The batch's B blocks (model weights): one bulk copy a slot.
-        uint32_t bytes = 0;
+        int steps = 0;
         for (int b = 0; b < nb; ++b) {
           const int q = mine_slot(b0 + b);
-          bytes += lora_b_blocks(lora_q_rank[q]) * kLoraBBlockBytes;
+          lora_batch_q[b] = q;
+          for (int kb = 0; kb < lora_b_blocks(lora_q_rank[q]); ++kb, ++steps) {
+            lora_step_a[steps] = b * slot_b_bytes + kb * kLoraBBlockBytes;
+            lora_step_s[steps] = (b * 2 * blocks_max + kb) * kSTileBytes;
+          }
         }
-        mbar_arrive_expect_tx(smem_addr(&lora_bar), bytes);
-        for (int b = 0; b < nb; ++b) {
-          const int q = mine_slot(b0 + b);
-          const uint32_t slot_bytes = lora_b_blocks(lora_q_rank[q]) * kLoraBBlockBytes;
-          bulk_load_hint(base + b * slot_b_bytes,
-                         lora_q_b[q] + static_cast<size_t>(tile) * slot_bytes, slot_bytes,
-                         smem_addr(&lora_bar), policy);
+        lora_num_steps = steps;
+        // The batch's B blocks (model weights): one bulk copy a slot (the first batch's
+        // bytes were armed before the main loop).
+        if (b0 > 0) {
+          uint32_t bytes = 0;
+          for (int b = 0; b < nb; ++b) {
+            bytes += lora_b_blocks(lora_q_rank[lora_batch_q[b]]) * kLoraBBlockBytes;
+          }
+          mbar_arrive_expect_tx(smem_addr(&lora_bar), bytes);
         }
+        for (int b = 0; b < nb; ++b) issue_b(b, lora_batch_q[b]);
         if (b0 == 0) lora_stamp(lora, kStampBIssued);
         if (b0 == 0 && lora.mode == kLoraFused) {
           // One launch: wait for every LoRA tile's sums.
@@ -656,67 +688,108 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       }
       __syncthreads();  // the sums are complete (and the previous batch's tiles read)
       if (b0 == 0) lora_stamp(lora, kStampShrinkReady);
-      // The sum tiles: 16 bytes (8 ranks of one token) a thread at a time, bf16(scale · s)
-      // for the tokens of the slot, zeros for the others and past the rank.
+      // The sum tiles: 16 bytes (8 ranks of one token) a unit, bf16(scale · s) for the
+      // tokens of the slot, zeros for the others and past the rank. A thread issues the
+      // loads of up to kUnitLoads units before converting any: each is a round trip to L2,
+      // and one at a time a thread paid them in series (8 units with 8 slots).
+      constexpr int kUnitLoads = 4;
       const int units = nb * 2 * blocks_max * kTokens * 4;
-      for (int idx = tid; idx < units; idx += kThreads) {
-        const int u = idx & 3;
-        const int m_local = (idx >> 2) % kTokens;
-        const int rest = (idx >> 2) / kTokens;  // ((b · 2) + h) · blocks_max + kb
-        const int kb = rest % blocks_max, h = (rest / blocks_max) & 1, b = rest / blocks_max / 2;
-        const int q = mine_slot(b0 + b);
-        const int i0 = kb * kLoraRankBlock + u * 8;
-        const int module = half_module(h);
-        uint4 packed = make_uint4(0, 0, 0, 0);
-        if (module >= 0 && lora_token_slot[m_local] == q && i0 < lora_q_rank[q]) {
-          const float* src = lora.s + static_cast<size_t>(m0 + m_local) * s_stride +
-                             module * kHalf + i0;
-          const float4 lo = __ldcg(reinterpret_cast<const float4*>(src));
-          const float4 hi = __ldcg(reinterpret_cast<const float4*>(src) + 1);
-          const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-          const float scale = lora_q_scale[q];
+      for (int idx0 = tid; idx0 < units; idx0 += kUnitLoads * kThreads) {
+        float4 lo[kUnitLoads], hi[kUnitLoads];
+        int rank_of[kUnitLoads];  // the slot's rank past this unit's first: 0, nothing loaded
+        float scale_of[kUnitLoads];
+#pragma unroll
+        for (int j = 0; j < kUnitLoads; ++j) {
+          const int idx = idx0 + j * kThreads;
+          const int u = idx & 3;
+          const int m_local = (idx >> 2) % kTokens;
+          const int rest = (idx >> 2) / kTokens;  // ((b · 2) + h) · blocks_max + kb
+          const int kb = rest % blocks_max, h = (rest / blocks_max) & 1, b = rest / blocks_max / 2;
+          rank_of[j] = 0;
+          scale_of[j] = 0.0f;
+          lo[j] = hi[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          if (idx >= units) continue;
+          const int q = lora_batch_q[b];
+          const int i0 = kb * kLoraRankBlock + u * 8;
+          const int module = half_module(h);
+          if (module >= 0 && lora_token_slot[m_local] == q && i0 < lora_q_rank[q]) {
+            const float* src = lora.s + static_cast<size_t>(m0 + m_local) * s_stride +
+                               module * kHalf + i0;
+            lo[j] = __ldcg(reinterpret_cast<const float4*>(src));
+            hi[j] = __ldcg(reinterpret_cast<const float4*>(src) + 1);
+            rank_of[j] = lora_q_rank[q] - i0;
+            scale_of[j] = lora_q_scale[q];
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kUnitLoads; ++j) {
+          const int idx = idx0 + j * kThreads;
+          if (idx >= units) break;
+          const int u = idx & 3;
+          const int m_local = (idx >> 2) % kTokens;
+          const int rest = (idx >> 2) / kTokens;
+          const float v[8] = {lo[j].x, lo[j].y, lo[j].z, lo[j].w, hi[j].x, hi[j].y, hi[j].z, hi[j].w};
           uint32_t w[4];
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float a = i0 + 2 * j < lora_q_rank[q] ? scale * v[2 * j] : 0.0f;
-            const float c = i0 + 2 * j + 1 < lora_q_rank[q] ? scale * v[2 * j + 1] : 0.0f;
+          for (int e = 0; e < 4; ++e) {
+            const float a = 2 * e < rank_of[j] ? scale_of[j] * v[2 * e] : 0.0f;
+            const float c = 2 * e + 1 < rank_of[j] ? scale_of[j] * v[2 * e + 1] : 0.0f;
             const __nv_bfloat162 pair = __floats2bfloat162_rn(a, c);
-            w[j] = *reinterpret_cast<const uint32_t*>(&pair);
+            w[e] = *reinterpret_cast<const uint32_t*>(&pair);
           }
-          packed = make_uint4(w[0], w[1], w[2], w[3]);
+          const int offset = rest * kSTileBytes + m_local * 64 + ((u ^ ((m_local >> 1) & 3)) * 16);
+          *reinterpret_cast<uint4*>(smem + (s_region - base) + offset) =
+              make_uint4(w[0], w[1], w[2], w[3]);
         }
-        const int offset = ((b * 2 + h) * blocks_max + kb) * kSTileBytes + m_local * 64 +
-                           ((u ^ ((m_local >> 1) & 3)) * 16);
-        *reinterpret_cast<uint4*>(smem + (s_region - base) + offset) = packed;
       }
       fence_proxy_async_smem();  // the tiles are read by wgmma (the async proxy)
       __syncthreads();
       mbar_wait(smem_addr(&lora_bar), phase);
       phase ^= 1;
       if (b0 == 0) lora_stamp(lora, kStampTilesReady);
-      // Each (slot, block) is its own fence .. wait group of fixed shape, with the
-      // accumulators pinned around it: with loops of run-time length inside one group,
-      // ptxas serialises every wgmma of the kernel, the main loop's too.
-      for (int b = 0; b < nb; ++b) {
-        const int q = mine_slot(b0 + b);
-        const int blocks = lora_b_blocks(lora_q_rank[q]);
-        for (int kb = 0; kb < blocks; ++kb) {
-          const uint32_t a_tile = base + b * slot_b_bytes + kb * kLoraBBlockBytes +
-                                  wg * (kLoraBBlockBytes / 2);
-          const uint32_t s_tile = s_region + ((b * 2 + wg) * blocks_max + kb) * kSTileBytes;
-          wgmma_fence_operands(acc);
-          wgmma_fence();
+      // The steps in fence .. wait groups of fixed shape (4 steps, then single ones), with
+      // the accumulators pinned around each: with loops of run-time length inside one
+      // group, ptxas serialises every wgmma of the kernel, the main loop's too. The steps
+      // run in the same order whatever the grouping, so the sums are the same bits.
+      const uint32_t a_base = base + wg * (kLoraBBlockBytes / 2);
+      const uint32_t s_base = s_region + wg * blocks_max * kSTileBytes;
+      const int steps = lora_num_steps;
+      int k = 0;
+      for (; k + 4 <= steps; k += 4) {
+        uint32_t a_tile[4], s_tile[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          a_tile[j] = a_base + lora_step_a[k + j];
+          s_tile[j] = s_base + lora_step_s[k + j];
+        }
+        wgmma_fence_operands(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
 #pragma unroll
           for (int st = 0; st < kLoraRankBlock / 16; ++st) {
-            wgmma_tile<kTokens>(acc, wgmma_desc_sw64(a_tile + st * 32),
-                                wgmma_desc_sw64(s_tile + st * 32));
+            wgmma_tile<kTokens>(acc, wgmma_desc_sw64(a_tile[j] + st * 32),
+                                wgmma_desc_sw64(s_tile[j] + st * 32));
           }
-          wgmma_commit();
-          wgmma_wait<0>();
-          wgmma_fence_operands(acc);
         }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_operands(acc);
       }
-      __syncthreads();  // both warpgroups are done with the tiles
+      for (; k < steps; ++k) {
+        const uint32_t a_tile = a_base + lora_step_a[k], s_tile = s_base + lora_step_s[k];
+        wgmma_fence_operands(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int st = 0; st < kLoraRankBlock / 16; ++st) {
+          wgmma_tile<kTokens>(acc, wgmma_desc_sw64(a_tile + st * 32),
+                              wgmma_desc_sw64(s_tile + st * 32));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_operands(acc);
+      }
+      __syncthreads();  // both warpgroups are done with the tiles (and the lists)
     }
     lora_stamp(lora, kStampExpanded);
     lora_stamp(lora, kStampKind, 2);
