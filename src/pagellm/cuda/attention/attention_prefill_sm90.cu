@@ -16,8 +16,8 @@
 // shared-memory traffic per flop drops by the 4 warps that no longer each load the tile.
 //  - CTA = 3 warpgroups (384 threads), one CTA per SM: warpgroup 0 is the producer (one
 //    warp issues the TMA copies, the other three exit) and gives its registers to the
-//    consumers (setmaxnreg 24 / 240); warpgroups 1 and 2 consume 64 query rows each
-//    (BM = 128).
+//    consumers (setmaxnreg 24 / 240: together exactly the 168 a thread has at launch);
+//    warpgroups 1 and 2 consume 64 query rows each (BM = 128).
 //  - K/V tiles of BN = 128 keys in a ring of 3 stages (225 KB with Q; "wgmma") or 2
 //    (161 KB; "wgmma-serial"), each tile [128 keys][128 d] stored as two [128][64] halves
 //    in the 128-byte-swizzled layout that TMA writes and wgmma reads (wgmma.cuh). A 16-key
@@ -48,9 +48,9 @@
 //    S(it) = Q K(it)ᵀ and P(it-1) V(it-1) together, waits for S only, runs the softmax of
 //    S(it) while P V still executes, then waits for P V before rescaling O and writing the
 //    new P (so no register an in-flight wgmma reads is overwritten). "wgmma-serial" runs
-//    S, softmax and P V of each tile in turn. The two consumers also overlap each other
-//    (one's softmax beside the other's MMAs) as the warp schedulers interleave them; FA3's
-//    explicit ping-pong (named barriers ordering the two consumers' GEMMs) is not done.
+//    S, softmax and P V of each tile in turn. In "wgmma" the two consumers also take turns
+//    issuing their products (FA3's ping-pong: named barriers 3 and 4), so that one's
+//    softmax runs under the other's MMAs rather than both contending for the tensor cores.
 //  - Programmatic dependent launch as v2: every thread waits first; the consumers let the
 //    next kernel launch once their KV loop is done.
 // Roofline: 4 · D · Σ(causal pairs) flops per query head at the wgmma rate (806 TFLOP/s
@@ -96,23 +96,32 @@ constexpr int kStageBytes = 2 * kTileBytes;     // K and V
 constexpr int kAlign = 1024;                    // 128-byte swizzle atoms
 constexpr int kProducerRegs = 24;
 constexpr int kConsumerRegs = 240;
-static_assert(kWgThreads * kProducerRegs + kConsumers * kWgThreads * kConsumerRegs <= 65536,
-              "the register file holds the rebalanced warpgroups");
+// What __launch_bounds__(kThreads, 1) gives each thread at launch (168): the CTA's whole
+// allocation, which setmaxnreg only moves between warpgroups. A consumer's setmaxnreg.inc
+// waits until the producer's dec has freed enough, so asking for more hangs the kernel
+// (a producer at 32 did, 2026-12-04).
+constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+static_assert(kWgThreads * kProducerRegs + kConsumers * kWgThreads * kConsumerRegs <=
+                  kThreads * kLaunchRegs,
+              "the CTA's registers at launch hold the rebalanced warpgroups");
 
-/// Compile-time variant: K/V ring depth and whether S(it) overlaps P(it-1) V(it-1).
-template <int kStages_, bool kOverlap_>
+/// Compile-time variant: K/V ring depth, whether S(it) overlaps P(it-1) V(it-1), and
+/// whether the two consumers take turns issuing their products (ping-pong).
+template <int kStages_, bool kOverlap_, bool kPingPong_>
 struct WgmmaShape {
   static constexpr int kStages = kStages_;
   static constexpr bool kOverlap = kOverlap_;
+  static constexpr bool kPingPong = kPingPong_;
   static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + kAlign;
   static_assert(kSmemBytes + 2 * kStages * 8 <= 227 * 1024, "fits one SM's shared memory");
   static_assert(!kOverlap || kStages >= 3,
                 "the overlapped loop holds two tiles at once: a third stage keeps a load ahead");
+  static_assert(!kPingPong || kOverlap, "the consumers take turns in the overlapped loop");
 };
 // The overlapped loop holds two tiles (P V of one, S of the next) while the producer fills
 // a third: 3 stages (225 KB). The serial loop holds one: 2 stages (161 KB).
-using Overlapped = WgmmaShape<3, true>;
-using Serial = WgmmaShape<2, false>;
+using Overlapped = WgmmaShape<3, true, true>;
+using Serial = WgmmaShape<2, false, false>;
 
 struct WgmmaPrefillArgs {
   CUtensorMap k_map;  // bf16 [num_pages * Hkv * page_size, 128], box 64 x 16, 128B swizzle
@@ -345,12 +354,36 @@ __global__ void __launch_bounds__(kThreads, 1)
   fence_proxy_async_smem();  // wgmma reads Q through the async proxy
   named_barrier_sync(1 + c, kWgThreads);
 
-  // Keys this warpgroup's rows see: its tiles end earlier than the CTA's for the first
+  // Keys a consumer's rows see: its tiles end earlier than the CTA's for the first
   // consumer (causal), and there are none when all its rows are past the sequence.
-  const int wg_rows = min(64, t.rows - 64 * c);
+  auto tiles_of = [&](int cc) {
+    const int rows = min(64, t.rows - 64 * cc);
+    const int key_last =
+        rows > 0 ? min(t.seq.kv_len - 1, t.shift + t.m0 + 64 * cc + rows - 1) : -1;
+    return key_last >= 0 ? key_last / kBN + 1 : 0;
+  };
   const int pos_first = t.shift + t.m0 + 64 * c;  // position of the warpgroup's first row
-  const int wg_key_last = wg_rows > 0 ? min(t.seq.kv_len - 1, pos_first + wg_rows - 1) : -1;
-  const int wg_tiles = wg_key_last >= 0 ? wg_key_last / kBN + 1 : 0;
+  const int wg_tiles = tiles_of(c);
+
+  // FlashAttention-3's ping-pong: the consumers take turns issuing their wgmma (S of one
+  // tile and P V of the previous), so that one's softmax runs under the other's products
+  // instead of both competing for the tensor cores at once. Consumer 0 issues first; each
+  // turn ends with an arrival on the other consumer's barrier (ids 3 and 4, 256 threads:
+  // 128 waiting, 128 arriving). Both consumers take the same number of turns (a consumer
+  // with fewer tiles, at most one fewer, takes its last turn empty); consumer 0's first
+  // turn waits for nobody and consumer 1's last arrives for nobody, so every arrival is
+  // matched. Only when both consumers have tiles: one with none would have to keep
+  // releasing stages between its turns.
+  const bool pingpong = S::kPingPong && wg_tiles > 0 && tiles_of(1 - c) > 0;
+  const int turns = pingpong ? max(wg_tiles, tiles_of(1 - c)) + 1 : 0;
+  int turn = 0;
+  auto turn_begin = [&] {
+    if (pingpong && (c == 1 || turn > 0)) named_barrier_sync(3 + c, 2 * kWgThreads);
+  };
+  auto turn_end = [&] {
+    if (pingpong && (c == 0 || turn < turns - 1)) named_barrier_arrive(4 - c, 2 * kWgThreads);
+    ++turn;
+  };
 
   ConsumerState st;
 #pragma unroll
@@ -421,9 +454,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     // together; the softmax of S(it) runs while P V still executes, and only the O rescale
     // and the new P wait for it. Tile it-1's stage is released once its P V is done.
     acquire(0);
+    turn_begin();
     wgmma_fence();
     issue_qk(s, q_wg, k_tile(0));
     wgmma_commit();
+    turn_end();
     wgmma_wait<0>();
     wgmma_fence_operands(s);
     if (needs_mask(0)) mask_scores(s, t, row0, 0);
@@ -433,11 +468,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       acquire(it);
       wgmma_fence_operands(st.o[0]);
       wgmma_fence_operands(st.o[1]);
+      turn_begin();
       wgmma_fence();
       issue_qk(s, q_wg, k_tile(it));
       wgmma_commit();
       issue_pv(st, p_bf, k_tile(it - 1) + kTileBytes);
       wgmma_commit();
+      turn_end();
       wgmma_wait<1>();  // S(it) is done; P(it-1) V(it-1) may still run
       wgmma_fence_operands(s);
       if (needs_mask(it)) mask_scores(s, t, row0, it * kBN);
@@ -452,9 +489,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma_fence_operands(st.o[0]);
     wgmma_fence_operands(st.o[1]);
+    turn_begin();
     wgmma_fence();
     issue_pv(st, p_bf, k_tile(wg_tiles - 1) + kTileBytes);
     wgmma_commit();
+    turn_end();
     wgmma_wait<0>();
     wgmma_fence_operands(st.o[0]);
     wgmma_fence_operands(st.o[1]);
@@ -465,6 +504,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int it = wg_tiles; it < t.n_kv_tiles; ++it) {
     wait_full(it);
     release(it);
+  }
+  // The ping-pong's remaining turn of a consumer with one tile fewer (after its releases:
+  // the other consumer's last tiles need them).
+  while (turn < turns) {
+    turn_begin();
+    turn_end();
   }
   // The KV loop, this CTA's main work, is done: the next kernel may launch (it waits for
   // this grid to finish before reading the output).
