@@ -1,7 +1,8 @@
 // Paged attention benchmark: decode bandwidth and prefill tensor-core rate, each against the
 // ceiling this run measures (decode) or the bars of issue 6 (prefill).
 //
-//   attention_bench [--quick] [--decode-only | --prefill-only] [--out FILE.csv]
+//   attention_bench [--quick] [--decode-only | --prefill-only | --chunks-only] [--single]
+//                   [--out FILE.csv]
 //
 // Decode (Qwen3-8B attention: 32 query heads, 8 KV heads, head_dim 128, 16-token pages):
 // bytes = K/V rows read + q read + out written; time = median over graph replays of a graph
@@ -17,7 +18,15 @@
 // printed as TFLOP/s and
 // as a fraction of the 806 TFLOP/s dense bf16 rate measured on the H200, beside
 // FlashAttention-2's (~309-342) and cuDNN's (~577-606) rates on this H200 at 4k-32k tokens,
-// 32 heads, D = 128.
+// 32 heads, D = 128. A graph of many prefill launches lets each one's ramp and tail overlap
+// the next one's (programmatic dependent launch); --single times graphs of one launch, as
+// the engine runs the kernel between two matrix products.
+// Short chunks (--chunks-only, also after the prefill table of a full run): 1 to 128 query
+// tokens per sequence after a 2k-32k prefix (the tail chunk of a chunked prompt, a
+// prefix-cache hit, a few speculative tokens), through the decode kernel (split-KV, the
+// query rows of a sequence in turn), the prefill kernel paged_prefill_attention runs for
+// them and the Hopper prefill kernel at any query length, rotating over page tables of
+// disjoint pages as decode does: the kernels a native route could run.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -177,7 +186,7 @@ void write_csv(const std::string& path, const std::vector<Row>& rows) {
 
 int run(int argc, char** argv) {
   std::string out_path;
-  bool quick = false, decode_only = false, prefill_only = false;
+  bool quick = false, decode_only = false, prefill_only = false, single = false, chunks = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       out_path = argv[++i];
@@ -187,8 +196,13 @@ int run(int argc, char** argv) {
       decode_only = true;
     } else if (!std::strcmp(argv[i], "--prefill-only")) {
       prefill_only = true;
+    } else if (!std::strcmp(argv[i], "--single")) {
+      single = true;
+    } else if (!std::strcmp(argv[i], "--chunks-only")) {
+      chunks = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--decode-only | --prefill-only] [--out FILE.csv]\n",
+      std::fprintf(stderr, "usage: %s [--quick] [--decode-only | --prefill-only | --chunks-only] [--single] "
+                   "[--out FILE.csv]\n",
                    argv[0]);
       return 2;
     }
@@ -211,7 +225,7 @@ int run(int argc, char** argv) {
   const size_t l2_rotation_bytes = size_t{512} << 20;  // stay well clear of the 60 MB L2
 
   // ---- decode ---------------------------------------------------------------------------
-  if (!prefill_only) {
+  if (!prefill_only && !chunks) {
     const int hq = 32, hkv = 8, d = 128, page = 16;
     const std::vector<int> contexts =
         quick ? std::vector<int>{4096, 32768}
@@ -287,7 +301,7 @@ int run(int argc, char** argv) {
   }
 
   // ---- prefill --------------------------------------------------------------------------
-  if (!decode_only) {
+  if (!decode_only && !chunks) {
     struct Config {
       int hq, hkv, d, batch, q_len, kv_len;
     };
@@ -299,6 +313,7 @@ int run(int argc, char** argv) {
     }
     if (!quick) {
       configs.push_back({32, 8, 128, 8, 2048, 2048});
+      configs.push_back({32, 8, 128, 4, 2048, 2048});   // an 8,192-token engine chunk
       configs.push_back({32, 8, 128, 32, 512, 512});
       configs.push_back({32, 8, 128, 4, 512, 8192});    // chunked prefill after 7.5k cached
       configs.push_back({32, 8, 128, 1, 2048, 32768});  // last chunk of a 32k prompt
@@ -326,7 +341,10 @@ int run(int argc, char** argv) {
       for (int i = 0; i < cf.q_len; ++i) pairs += cf.kv_len - cf.q_len + i + 1;
       pairs *= cf.batch;
       const double flops = 4.0 * cf.d * cf.hq * pairs;
-      const int launches = std::clamp(static_cast<int>(2e12 / flops), 1, 20);
+      // Back to back, each launch's ramp and tail overlap its neighbours' (programmatic
+      // dependent launch); --single times one launch at a time, as the engine runs it
+      // between two matrix products.
+      const int launches = single ? 1 : std::clamp(static_cast<int>(2e12 / flops), 1, 20);
       const bool wgmma_runs =
           pagellm::cuda::prefill_wgmma_supported(batch.params(pool, cf.hq, 0));
       std::printf("%4d %4d %4d %6d %6d %6d", cf.hq, cf.hkv, cf.d, cf.batch, cf.q_len, cf.kv_len);
@@ -349,6 +367,53 @@ int run(int argc, char** argv) {
         }
       }
       std::printf("\n");
+    }
+  }
+  // ---- short chunks over long prefixes -----------------------------------------------------
+  if (chunks || (!quick && !decode_only)) {
+    const int hq = 32, hkv = 8, d = 128, page = 16;
+    const int64_t rotation_tokens = int64_t{l2_rotation_bytes} / (int64_t{hkv} * d * 2 * 2);
+    Pool pool(2 * rotation_tokens + 32 * 8192 + page, hkv, d, page);
+    std::printf("\nshort chunks after a prefix: Hq %d, Hkv %d, D %d, page %d; us per call of the "
+                "decode kernel (split-KV) and of the prefill kernel (%s for q > 64, v2 below)\n",
+                hq, hkv, d, page, pagellm::cuda::prefill_kernel_name(pagellm::cuda::kDefaultPrefillKernel));
+    std::printf("%6s %6s %6s | %10s %10s %10s\n", "batch", "q", "kv", "decode_us", "prefill_us",
+                "wgmma_us");
+    for (int kv : {2048, 8192, 32768}) {
+      for (int b : {1, 4, 32}) {
+        if (b == 32 && kv > 8192) continue;
+        for (int q : {1, 2, 4, 8, 16, 32, 64, 128}) {
+          const int64_t copies =
+              std::max<int64_t>(1, (rotation_tokens + int64_t{b} * kv - 1) / (int64_t{b} * kv));
+          Batch batch(pool, hq, b, q, kv, static_cast<int>(copies), rng);
+          const int launches = single ? 1 : static_cast<int>(std::clamp<int64_t>(copies, 4, 64));
+          const size_t out_elems = size_t(b) * q * hq * d;
+          double us[3] = {0, 0, 0};
+          size_t bad = 0;
+          const bool wgmma = pagellm::cuda::prefill_wgmma_supported(batch.params(pool, hq, 0));
+          for (int side = 0; side < (wgmma ? 3 : 2); ++side) {
+            CHECK_CUDA(cudaMemset(batch.out, 0xff, out_elems * 2));
+            if (side < 2) {
+              us[side] = 1e3 * time_calls(pool, batch, hq, side == 0, launches, quick ? 3 : 5, stream);
+            } else {  // the Hopper kernel whatever the query length
+              auto call = [&](int copy) {
+                pagellm::cuda::attn::launch_prefill_wgmma(
+                    batch.params(pool, hq, copy % batch.copies), true, stream);
+              };
+              call(0);
+              CHECK_CUDA(cudaStreamSynchronize(stream));
+              us[side] = 1e3 * time_launches(call, launches, stream, quick ? 3 : 5,
+                                             cudaStreamCaptureModeGlobal);
+            }
+            bad += nonfinite(batch.out, out_elems);
+          }
+          rows.push_back({"chunk-decode", d, hq, hkv, page, b, q, kv, 0, us[0], 0.0, 0.0, 0.0});
+          rows.push_back({"chunk-prefill", d, hq, hkv, page, b, q, kv, 0, us[1], 0.0, 0.0, 0.0});
+          rows.push_back({"chunk-wgmma", d, hq, hkv, page, b, q, kv, 0, us[2], 0.0, 0.0, 0.0});
+          std::printf("%6d %6d %6d | %10.1f %10.1f %10.1f%s\n", b, q, kv, us[0], us[1], us[2],
+                      bad ? "  NON-FINITE OUTPUT" : "");
+        }
+      }
     }
   }
   if (!out_path.empty()) write_csv(out_path, rows);

@@ -408,7 +408,7 @@ constexpr PrefillKernel kPrefillKernels[] = {PrefillKernel::kWgmma, PrefillKerne
 /// Runs one case through every variant of one kernel, each on a freshly poisoned output,
 /// and checks each. A variant that does not apply runs the fallback (decode's TMA variant
 /// runs cp.async for head_dim 64 and page sizes that are not multiples of 16; prefill's
-/// wgmma variants run v2 for those, for short queries and off compute capability 9.0),
+/// wgmma variants run v2 for those and off compute capability 9.0),
 /// which the message says.
 void run_case(const Case& c, Kernel kernel, std::mt19937_64& rng) {
   SCOPED_TRACE(c.describe());
@@ -899,14 +899,14 @@ TEST_F(PagedAttention, PrefillWgmmaQwen3Shape) {
   }
 }
 
-TEST_F(PagedAttention, PrefillWgmmaNeedsHeadDim128PagesOf16LongQueriesAndSm90) {
+TEST_F(PagedAttention, PrefillWgmmaNeedsHeadDim128PagesOf16AndSm90) {
   const PagedAttentionParams p = qwen3_pool_params();
   EXPECT_EQ(prefill_wgmma_supported(p), current_cc() == 90);
   PagedAttentionParams q = p;
-  q.max_query_len = 0;  // unknown: long tiles
+  q.max_query_len = 0;  // unknown
   EXPECT_EQ(prefill_wgmma_supported(q), current_cc() == 90);
-  q.max_query_len = 64;  // short queries keep v2's 64-row tiles
-  EXPECT_FALSE(prefill_wgmma_supported(q));
+  q.max_query_len = 64;  // short queries too: v2's 64-row tiles measured 2-2.7x slower
+  EXPECT_EQ(prefill_wgmma_supported(q), current_cc() == 90);
   q = p;
   q.head_dim = 64;
   EXPECT_FALSE(prefill_wgmma_supported(q));
@@ -919,6 +919,47 @@ TEST_F(PagedAttention, PrefillWgmmaNeedsHeadDim128PagesOf16LongQueriesAndSm90) {
   q = p;
   q.num_pages = 1 << 24;  // 2^31 pool rows: past int32
   EXPECT_FALSE(prefill_wgmma_supported(q));
+}
+
+TEST_F(PagedAttention, ShortChunksAfterLongPrefixesThroughTheDecodeKernel) {
+  // What the native route sends to the decode kernel besides decode steps: a sequence or
+  // two of up to kDecodeRouteMaxQuery tokens after thousands of keys, and batches of such
+  // chunks beside decode rows, on both decode variants, against the reference.
+  for (int round = 0; round < 4; ++round) {
+    Case c;
+    c.name = "short chunks after a prefix, round " + std::to_string(round);
+    c.num_q_heads = 32;
+    c.num_kv_heads = 8;
+    const int seqs = round == 0 ? 1 : log_uniform(rng_, 2, 24);
+    for (int b = 0; b < seqs; ++b) {
+      const int kv = log_uniform(rng_, kDecodeRouteMaxQuery, 9000);
+      c.q_lens.push_back(std::min(kv, log_uniform(rng_, 1, kDecodeRouteMaxQuery)));
+      c.kv_lens.push_back(kv);
+    }
+    run_case(c, Kernel::kDecode, rng_);
+  }
+}
+
+TEST(NativeAttentionRoute, DecodeKernelForDecodeStepsAndShortChunksOnly) {
+  PagedAttentionParams p;
+  p.num_seqs = 64;
+  p.num_tokens = 64;
+  p.max_query_len = 1;
+  EXPECT_TRUE(native_attention_takes_decode(p)) << "a decode step";
+  p.num_tokens = 128;
+  p.max_query_len = kDecodeRouteMaxQuery;
+  EXPECT_TRUE(native_attention_takes_decode(p)) << "two tokens per sequence";
+  p.num_seqs = 1;
+  p.num_tokens = kDecodeRouteMaxTokens;
+  p.max_query_len = kDecodeRouteMaxTokens;
+  EXPECT_TRUE(native_attention_takes_decode(p)) << "one short chunk";
+  p.num_tokens = kDecodeRouteMaxTokens + 1;
+  p.max_query_len = kDecodeRouteMaxTokens + 1;
+  EXPECT_FALSE(native_attention_takes_decode(p)) << "a longer chunk";
+  p.num_seqs = 3;
+  p.num_tokens = 2050;
+  p.max_query_len = 2048;
+  EXPECT_FALSE(native_attention_takes_decode(p)) << "a chunk beside decode rows";
 }
 
 TEST_F(PagedAttention, DecodeAndPrefillAgreeOnDecodeBatches) {

@@ -1,7 +1,7 @@
 // The fused q/k RMSNorm + RoPE + paged KV store against the CPU backend, over ragged
 // batches: 1 to 64 sequences, KV lengths up to 4,096, page sizes 16, 32 and 64, GQA
-// ratios 1, 2, 4 and 8, head dims 64 and 128, and padding tokens whose slots point into
-// the reserved page 0.
+// ratios 1, 2, 4 and 8, head dims 64, 128 and 256, batches of up to about 20,000 tokens,
+// and padding tokens whose slots point into the reserved page 0.
 //
 // Checked: q_out; every slot a real token wrote in the K and V pools (V must be an exact
 // copy; q and k within relative L2 1e-2, one bf16 rounding after float32 math); and that
@@ -10,11 +10,13 @@
 //
 // The same checks cover matmul_qk_norm_rope_store_kv, the qkv product fused with this op
 // (the CUDA backend's decode path: one skinny-GEMM kernel whose epilogue normalises,
-// rotates and stores), against the CPU backend's product + op in float32.
+// rotates and stores), against the CPU backend's product + op in float32; and the fused
+// kernel against the plain product + this op on the GPU, bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -82,6 +84,11 @@ class QkNormRopeTest : public test::CudaOpTest {
     return b;
   }
 
+  static AttentionShape shape_of(const Config& c) {
+    return AttentionShape{c.num_q_heads, c.num_kv_heads, c.head_dim, c.page_size,
+                          1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+  }
+
   /// fused_hidden > 0: run matmul_qk_norm_rope_store_kv on x [T, fused_hidden] and random
   /// qkv weights instead of qk_norm_rope_store_kv on a random qkv.
   void check(const Config& c, int64_t fused_hidden = 0) {
@@ -97,12 +104,7 @@ class QkNormRopeTest : public test::CudaOpTest {
                              ", " + std::to_string(num_pages) + " pages";
     SCOPED_TRACE(what);
 
-    AttentionShape shape;
-    shape.num_q_heads = Hq;
-    shape.num_kv_heads = Hkv;
-    shape.head_dim = D;
-    shape.page_size = P;
-    shape.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const AttentionShape shape = shape_of(c);
     RopeParams rope{1000000.0, D};
     const float eps = 1e-6f;
 
@@ -209,6 +211,15 @@ TEST_F(QkNormRopeTest, PrefillAndMixedBatchesMatchCpu) {
   }
 }
 
+TEST_F(QkNormRopeTest, LargePrefillsMatchCpu) {
+  // Tens of thousands of tokens of Qwen3-4B's heads (32 q, 8 kv), a grid of many waves;
+  // head_dim 64 and 256 run the other two instantiations (32 and 8 heads a warp) the same
+  // way, with head counts that leave the last warp of a token part of a run.
+  check({16, 4096, 4096, 16, 32, 8, 128, 2});
+  check({12, 4096, 4096, 32, 16, 4, 64, 0});
+  check({6, 4096, 4096, 16, 8, 2, 256, 1});
+}
+
 TEST_F(QkNormRopeTest, FusedWithTheQkvProductMatchesCpu) {
   // Decode batches (the fused kernel's domain: up to 32 tokens per tile, head_dim 128),
   // padding tokens in page 0, and the shapes it must hand back to the two ops: head_dim 64
@@ -224,6 +235,61 @@ TEST_F(QkNormRopeTest, FusedWithTheQkvProductMatchesCpu) {
   }
   check({3, 1, 300, 16, 8, 2, 64, 1}, 512);
   check({4, 200, 600, 16, 16, 4, 128, 2}, 512);
+}
+
+TEST_F(QkNormRopeTest, FusedEpilogueAndTheOpWriteTheSameBits) {
+  // A token's q and K/V must not depend on whether a decode step (the skinny product's
+  // fused epilogue) or a prefill chunk (product, then qk_norm_rope_store_kv) wrote them:
+  // the two share their layout and arithmetic (qk_norm_rope.cuh), and the plain skinny
+  // product rounds the same sums the fused one normalises.
+  int major = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  if (major != 9) GTEST_SKIP() << "the fused epilogue runs on sm_90 only";
+  for (int32_t seqs : {1, 9, 32}) {
+    const Config c{seqs, 1, 2048, 16, 32, 8, 128, 0};
+    int32_t num_pages = 0;
+    const ForwardBatch batch = make_batch(c, &num_pages);
+    const int64_t T = batch.num_tokens(), Hq = c.num_q_heads, Hkv = c.num_kv_heads;
+    const int64_t D = c.head_dim, P = c.page_size, H = 2560, N = (Hq + 2 * Hkv) * D;
+    SCOPED_TRACE(std::to_string(T) + " decode tokens; " + seed_note());
+    const AttentionShape shape = shape_of(c);
+    const RopeParams rope{1000000.0, D};
+    Tensor x = put(gpu(), DType::BF16, {T, H}, randn_bf16(static_cast<size_t>(T * H), 1.0f));
+    Tensor w = put(gpu(), DType::BF16, {N, H},
+                   randn_bf16(static_cast<size_t>(N * H), 1.0f / std::sqrt(static_cast<float>(H))));
+    Tensor qn = put(gpu(), DType::BF16, {D}, randn_bf16(static_cast<size_t>(D), 0.3f, 1.0f));
+    Tensor kn = put(gpu(), DType::BF16, {D}, randn_bf16(static_cast<size_t>(D), 0.3f, 1.0f));
+    const BatchTensors b = gpu().upload_batch(batch);
+    Tensor qkv_fused = alloc(gpu(), DType::BF16, {T, N}), qkv = alloc(gpu(), DType::BF16, {T, N});
+    Tensor q_fused = alloc(gpu(), DType::BF16, {T, Hq, D}), q = alloc(gpu(), DType::BF16, {T, Hq, D});
+    LayerKv kv_fused{alloc(gpu(), DType::BF16, {num_pages, Hkv, P, D}),
+                     alloc(gpu(), DType::BF16, {num_pages, Hkv, P, D})};
+    LayerKv kv{alloc(gpu(), DType::BF16, {num_pages, Hkv, P, D}),
+               alloc(gpu(), DType::BF16, {num_pages, Hkv, P, D})};
+    for (Tensor* t : {&qkv_fused, &qkv, &q_fused, &q, &kv_fused.k, &kv_fused.v, &kv.k, &kv.v}) {
+      poison(gpu(), *t);
+    }
+    gpu().matmul_qk_norm_rope_store_kv(x, w, qkv_fused, qn, kn, 1e-6f, rope, shape, b, q_fused,
+                                       kv_fused);
+    gpu().matmul(x, w, qkv);
+    gpu().qk_norm_rope_store_kv(qkv, qn, kn, 1e-6f, rope, shape, b, q, kv);
+    const auto same_bits = [&](const Tensor& a, const Tensor& bt, const char* what) {
+      const std::vector<float> va = gpu().download_f32(a), vb = gpu().download_f32(bt);
+      size_t diff = 0, first = 0;
+      for (size_t i = 0; i < va.size(); ++i) {
+        uint32_t ba, bb;
+        std::memcpy(&ba, &va[i], 4);
+        std::memcpy(&bb, &vb[i], 4);
+        if (ba != bb && diff++ == 0) first = i;
+      }
+      EXPECT_EQ(diff, 0u) << what << ": " << diff << " of " << va.size()
+                          << " values differ, the first at " << first << " (" << va[first]
+                          << " fused, " << vb[first] << " unfused)";
+    };
+    same_bits(q_fused, q, "q");
+    same_bits(kv_fused.k, kv.k, "K pool");  // untouched slots hold the same poison
+    same_bits(kv_fused.v, kv.v, "V pool");
+  }
 }
 
 TEST_F(QkNormRopeTest, FusedDecodeProductRunsAsOneKernel) {

@@ -100,13 +100,32 @@ size_t paged_decode_workspace_bytes(int32_t num_q_heads, int32_t head_dim);
 int32_t plan_decode_splits(const PagedAttentionParams& p);
 
 /// Attention for batches in which every sequence has at most one query token (q == 1;
-/// q == 0 rows are skipped). A row with q > 1 is still computed correctly, one token after
-/// the other, but slowly: use paged_prefill_attention for those.
+/// q == 0 rows are skipped). A sequence with q > 1 is computed correctly too, its query
+/// tokens one after the other: the cost grows with q, so it pays only for a few tokens
+/// (native_attention_takes_decode).
 /// One CTA per (sequence, KV head, split) reads each K/V page once for up to 16 query
 /// heads of its GQA group, on tensor cores; with more than one split the last split CTA of
 /// each sequence to finish merges the partial softmax states (log-sum-exp). Throws
 /// pagellm::Error for unsupported shapes or a workspace too small for p.num_splits.
 void paged_decode_attention(const PagedAttentionParams& p, cudaStream_t stream);
+
+/// Query tokens up to which the native route runs a call through paged_decode_attention:
+/// at most kDecodeRouteMaxQuery per sequence, or at most kDecodeRouteMaxTokens in all.
+inline constexpr int32_t kDecodeRouteMaxQuery = 2;
+inline constexpr int32_t kDecodeRouteMaxTokens = 4;
+
+/// Whether the native route runs `p` through paged_decode_attention rather than
+/// paged_prefill_attention: decode steps (every q <= 1), and short chunks after a prefix
+/// (the tail of a chunked prompt, a few speculative tokens) as kDecodeRouteMaxQuery and
+/// kDecodeRouteMaxTokens say. The prefill grid has one CTA per (query tile, head), so one
+/// sequence of a few tokens occupies 32 of 132 SMs, each streaming the whole prefix; the
+/// split-KV decode kernel spreads the prefix over every SM, but takes a sequence's query
+/// tokens in turn. Measured (attention_bench --chunks-only, H200, 2026-12-04): 2 tokens
+/// after 8,192 keys 25 µs against 109 µs, 4 tokens 44 against 109 µs; from 4 tokens per
+/// sequence at batch 4 (142 against 110 µs) or 8 at batch 1 after 2,048 keys (42 against
+/// 30 µs) the prefill kernel wins. Host fields only (max_query_len, num_tokens), so the
+/// choice is the same at capture and replay.
+bool native_attention_takes_decode(const PagedAttentionParams& p);
 
 /// Attention for ragged batches of any query lengths (prefill, chunked prefill with a
 /// cached prefix, or mixed batches). One CTA per (query tile of 64 or 128 rows, query

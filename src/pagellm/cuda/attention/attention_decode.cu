@@ -839,6 +839,10 @@ bool decode_tma_supported(const PagedAttentionParams& p) {
          rows < (int64_t{1} << 31) && current_device_info(nullptr) >= 90;
 }
 
+bool native_attention_takes_decode(const PagedAttentionParams& p) {
+  return p.max_query_len <= kDecodeRouteMaxQuery || p.num_tokens <= kDecodeRouteMaxTokens;
+}
+
 void paged_decode_attention(const PagedAttentionParams& p, cudaStream_t stream) {
   paged_decode_attention_with(p, CudaSettings::process().decode_kernel, stream);
 }

@@ -251,7 +251,7 @@ void AttentionDispatch::run(const Tensor& q, const LayerKv& kv, const AttentionS
     paged_decode_attention_with(p, settings_.decode_kernel, as_stream(stream_));
     return;
   }
-  if (max_query_len <= 1) {
+  if (native_attention_takes_decode(p)) {
     paged_decode_attention_with(p, settings_.decode_kernel, as_stream(stream_));
   } else {
     paged_prefill_attention_with(p, settings_.prefill_kernel, as_stream(stream_));

@@ -432,9 +432,8 @@ using ShortD64 = PrefillShape<64, 64, 64, 4, 3, true, 2>;
 
 bool prefill_wgmma_supported(const PagedAttentionParams& p) {
   const int64_t rows = static_cast<int64_t>(p.num_pages) * p.num_kv_heads * p.page_size;
-  const bool short_queries = p.max_query_len > 0 && p.max_query_len <= 64;
   return p.head_dim == 128 && p.page_size % 16 == 0 && p.num_pages > 0 &&
-         rows < (int64_t{1} << 31) && !short_queries && current_device_info(nullptr) == 90;
+         rows < (int64_t{1} << 31) && current_device_info(nullptr) == 90;
 }
 
 void paged_prefill_attention(const PagedAttentionParams& p, cudaStream_t stream) {

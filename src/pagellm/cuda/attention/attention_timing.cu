@@ -140,7 +140,7 @@ PagedAttentionParams AttentionTimer::params() const {
 }
 
 void AttentionTimer::run_native(const PagedAttentionParams& p) {
-  if (shape_.decode()) {
+  if (native_attention_takes_decode(p)) {  // the native route's choice (attention.h)
     paged_decode_attention(p, stream_);
   } else {
     paged_prefill_attention(p, stream_);

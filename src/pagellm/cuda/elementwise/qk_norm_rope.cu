@@ -1,15 +1,16 @@
 // Fused per-head RMSNorm (q_norm, k_norm) + rotary embedding + paged KV store.
 //
 // Qwen3 normalises every q and k head vector before RoPE. Done as separate ops that would
-// be three passes over qkv plus a scatter; here one warp owns a few (token, head) vectors
-// of one token: it loads each head once, reduces the sum of squares with shuffles,
-// rotates, and writes q to q_out or k/v straight into their page slots. The K/V pools are laid out
-// [num_pages, Hkv, page_size, D], so one head vector is D contiguous bf16 and a warp's
-// store is fully coalesced.
+// be three passes over qkv plus a scatter; here one warp owns a run of (token, head)
+// vectors of one token: it loads each head once, reduces the sum of squares with shuffles,
+// rotates, and writes q to q_out or k/v straight into their page slots. The K/V pools are
+// laid out [num_pages, Hkv, page_size, D], so one head vector is D contiguous bf16 and a
+// warp's store is fully coalesced.
 //
-// Lane l holds elements [l*E, l*E + E) of the first half of the head and the same indices
-// of the second half (E = D / 64), which is exactly the pair rotate-half RoPE mixes, so no
-// data crosses lanes except in the norm reduction.
+// Lane l holds elements [l*E, l*E + E) of the head (E = D / 32, one 4-, 8- or 16-byte
+// access); the element rotate-half RoPE pairs with each of them is in lane l ^ 16, one
+// shuffle away. The skinny product's fused qkv epilogue uses the same layout and the same
+// helpers (qk_norm_rope.cuh), so the two write the same bits.
 //
 // Roofline: each qkv element is read once and written once (~4 bytes per element). A decode
 // step of 64 tokens of Qwen3-8B (48 heads x 128) moves ~1.6 MB: about 0.3 µs of HBM time,
@@ -20,9 +21,11 @@
 // positions, slot_mapping, qkv and the pools are touched only after pdl_wait().
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "pagellm/cuda/support/cuda_check.h"
+#include "pagellm/cuda/support/device_info.h"
 #include "pagellm/cuda/elementwise/kernels.h"
 #include "pagellm/cuda/support/pdl.cuh"
 #include "pagellm/cuda/elementwise/qk_norm_rope.cuh"
@@ -34,135 +37,150 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kWarpsPerBlock = 4;
 
-/// Loads or stores kN consecutive bf16 of a lane in as few accesses as their alignment
-/// allows (the lane's run starts at a multiple of kN elements of a head that starts on a
-/// 16-byte boundary).
+/// Loads kN consecutive bf16 (kN = 2, 4 or 8, aligned to their size) in one access.
 template <int kN>
-__device__ __forceinline__ void load_run(const bf16* p, float (&v)[kN]) {
-  if constexpr (kN % 2 == 0) {
-#pragma unroll
-    for (int j = 0; j < kN; j += 2) {
-      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p + j));
-      v[j] = f.x;
-      v[j + 1] = f.y;
-    }
+__device__ __forceinline__ void load_raw(const bf16* p, uint32_t (&r)[kN / 2]) {
+  if constexpr (kN == 2) {
+    r[0] = *reinterpret_cast<const uint32_t*>(p);
+  } else if constexpr (kN == 4) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    r[0] = v.x;
+    r[1] = v.y;
   } else {
-#pragma unroll
-    for (int j = 0; j < kN; ++j) v[j] = __bfloat162float(p[j]);
-  }
-}
-template <int kN>
-__device__ __forceinline__ void store_run(bf16* p, const float (&v)[kN]) {
-  if constexpr (kN % 2 == 0) {
-#pragma unroll
-    for (int j = 0; j < kN; j += 2) {
-      // Each half rounded on its own (round to nearest even), as __float2bfloat16 does.
-      *reinterpret_cast<__nv_bfloat162*>(p + j) = __floats2bfloat162_rn(v[j], v[j + 1]);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kN; ++j) p[j] = __float2bfloat16(v[j]);
+    static_assert(kN == 8, "2, 4 or 8 elements per lane");
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    r[0] = v.x;
+    r[1] = v.y;
+    r[2] = v.z;
+    r[3] = v.w;
   }
 }
 
-/// One warp per (token, run of kHeads consecutive heads of its qkv row). A warp issues all
-/// its heads' loads (and the token's position) before any arithmetic, so that each warp has
-/// kHeads x 2 x D bytes in flight instead of one head's: with one head per warp the kernel
-/// was latency-bound at about a quarter of the copy rate on 8,192-token prefills (H200,
-/// docs/PERFORMANCE.md). Every element goes through exactly the operations of the
-/// one-head-per-warp kernel, so results do not depend on kHeads.
-template <int kHeadDim, int kHeads>
+/// Stores kN floats as bf16 pairs (each rounded to nearest even) in one access.
+template <int kN>
+__device__ __forceinline__ void store_raw(bf16* p, const float (&v)[kN]) {
+  uint32_t r[kN / 2];
+#pragma unroll
+  for (int j = 0; j < kN / 2; ++j) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+    r[j] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+  if constexpr (kN == 2) {
+    *reinterpret_cast<uint32_t*>(p) = r[0];
+  } else if constexpr (kN == 4) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(r[0], r[1]);
+  } else {
+    *reinterpret_cast<uint4*>(p) = make_uint4(r[0], r[1], r[2], r[3]);
+  }
+}
+
+/// Heads a warp takes at once: their loads are all in flight together, 32 registers of raw
+/// bf16 per lane whatever the head dim.
+template <int kHeadDim>
+constexpr int heads_per_item() {
+  return 2048 / kHeadDim;
+}
+
+/// One warp per item: a token and a run of heads_per_item consecutive heads of its qkv row
+/// (grid: x over tokens, 4 a block, y over the runs). The warp issues the loads of all its
+/// heads at once, computes the token's RoPE angles once, then finishes the heads one by one,
+/// lane l holding the D / 32 consecutive elements from (D / 32) l (qk_norm_rope.cuh; the
+/// skinny product's fused epilogue has the same layout and arithmetic, so both give the same
+/// bits). Instructions, not bytes, bounded the kernel before: with two elements of each half
+/// of a head in a lane, four heads a warp and the angles computed per head, it ran at about
+/// 1.5 TB/s on 8,192-token prefills (~135 µs a Qwen3-4B layer on the H200; sass ~700
+/// instructions per 1 KB moved). `early`: the grid is one wave, so the next kernel may
+/// launch at once (pdl.cuh, rule 3); otherwise a warp lets it launch when its work is done.
+template <int kHeadDim>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    qk_norm_rope_store_kv_kernel(const QkNormRopeArgs a) {
-  constexpr int kHalf = kHeadDim / 2;
-  constexpr int kPerLane = kHalf / 32;  // elements per lane in each half
+    qk_norm_rope_store_kv_kernel(const QkNormRopeArgs a, bool early) {
+  constexpr int kPerLane = kHeadDim / 32;  // consecutive elements per lane
+  constexpr int kHeads = heads_per_item<kHeadDim>();
   const int lane = threadIdx.x % 32;
-  const int64_t warp = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
+  const int64_t t = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
+  const int h0 = static_cast<int>(blockIdx.y) * kHeads;
   const int heads = a.num_q_heads + 2 * a.num_kv_heads;
-  const int groups = (heads + kHeads - 1) / kHeads;
-  const bool active = warp < int64_t{a.num_tokens} * groups;  // the last block may have spare warps
-  const int64_t t = active ? warp / groups : 0;
-  const int h0 = active ? static_cast<int>(warp % groups) * kHeads : 0;
+  const bool active = t < a.num_tokens;  // the last block may have spare warps
+  const int col0 = kPerLane * lane;
+  const bool first_half = lane < 16;
 
   // Independent of the kernels before: this lane's norm weights (q's and k's) and RoPE
   // inverse frequencies (transformers: inv_freq = 1 / theta^(2i / D) in float32).
-  float wq_lo[kPerLane], wq_hi[kPerLane], wk_lo[kPerLane], wk_hi[kPerLane], inv_freq[kPerLane];
+  float wq[kPerLane], wk[kPerLane], inv_freq[kPerLane];
   if (active) {
-    load_run<kPerLane>(static_cast<const bf16*>(a.q_norm) + lane * kPerLane, wq_lo);
-    load_run<kPerLane>(static_cast<const bf16*>(a.q_norm) + kHalf + lane * kPerLane, wq_hi);
-    load_run<kPerLane>(static_cast<const bf16*>(a.k_norm) + lane * kPerLane, wk_lo);
-    load_run<kPerLane>(static_cast<const bf16*>(a.k_norm) + kHalf + lane * kPerLane, wk_hi);
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
-      inv_freq[j] = rope_inv_freq(a.rope_theta, lane * kPerLane + j, kHeadDim);
+      wq[j] = __bfloat162float(static_cast<const bf16*>(a.q_norm)[col0 + j]);
+      wk[j] = __bfloat162float(static_cast<const bf16*>(a.k_norm)[col0 + j]);
+      inv_freq[j] = rope_inv_freq(a.rope_theta, (col0 + j) % (kHeadDim / 2), kHeadDim);
     }
   }
   pdl_wait();  // qkv comes from the matrix product before; the pools may still be read
-  pdl_launch_dependents();
+  if (early) pdl_launch_dependents();
   if (!active) return;
 
-  // The token's position and KV slot, loaded beside the heads rather than after the math.
+  // The token's position and KV slot, and every head's elements, loaded before any math.
   const float position = static_cast<float>(a.positions[t]);
   const int32_t slot = h0 + kHeads > a.num_q_heads ? a.slot_mapping[t] : 0;
-  float lo[kHeads][kPerLane], hi[kHeads][kPerLane];
   const bf16* row = static_cast<const bf16*>(a.qkv) + t * heads * kHeadDim;
+  uint32_t raw[kHeads][kPerLane / 2];
 #pragma unroll
   for (int i = 0; i < kHeads; ++i) {
-    if (h0 + i >= heads) break;
-    const bf16* in = row + (h0 + i) * kHeadDim;
-    load_run<kPerLane>(in + lane * kPerLane, lo[i]);
-    load_run<kPerLane>(in + kHalf + lane * kPerLane, hi[i]);
+    if (h0 + i < heads) load_raw<kPerLane>(row + (h0 + i) * kHeadDim + col0, raw[i]);
+  }
+  float sn[kPerLane], cs[kPerLane];
+  if (h0 < a.num_q_heads + a.num_kv_heads) {  // some q or k head: angles needed
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) sincosf(position * inv_freq[j], &sn[j], &cs[j]);
   }
 
 #pragma unroll
   for (int i = 0; i < kHeads; ++i) {
-    const int h = h0 + i;
+    const int h = h0 + i;  // uniform over the warp, like every branch below
     if (h >= heads) break;
-    const bool is_q = h < a.num_q_heads;
-    const bool is_v = h >= a.num_q_heads + a.num_kv_heads;
-    if (!is_v) {
-      // RMSNorm over the head, then the per-dim weight (same order of operations as the
-      // CPU backend: w * (x * inv)).
-      float sum_sq = 0.0f;
+    float v[kPerLane];
 #pragma unroll
-      for (int j = 0; j < kPerLane; ++j) sum_sq += lo[i][j] * lo[i][j] + hi[i][j] * hi[i][j];
-      for (int offset = 16; offset > 0; offset >>= 1) {
-        sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
-      }
-      const float inv = 1.0f / sqrtf(sum_sq / static_cast<float>(kHeadDim) + a.eps);
+    for (int j = 0; j < kPerLane / 2; ++j) {
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw[i][j]));
+      v[2 * j] = f.x;
+      v[2 * j + 1] = f.y;
+    }
+    const bool is_q = h < a.num_q_heads;
+    if (h < a.num_q_heads + a.num_kv_heads) {  // q and k heads; v heads are stored as is
+      const float inv = qk_inv_rms(qk_lane_sum_squares(v), kHeadDim, a.eps);
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) {
-        const float x1 = (is_q ? wq_lo[j] : wk_lo[j]) * (lo[i][j] * inv);
-        const float x2 = (is_q ? wq_hi[j] : wk_hi[j]) * (hi[i][j] * inv);
-        float s, c;
-        sincosf(position * inv_freq[j], &s, &c);  // angle = position * inv_freq
-        lo[i][j] = x1 * c - x2 * s;
-        hi[i][j] = x2 * c + x1 * s;
+        v[j] = qk_norm_rope_element(v[j], is_q ? wq[j] : wk[j], inv, sn[j], cs[j], first_half);
       }
     }
     bf16* out = qk_destination(a, t, h, kHeadDim, slot);
-    if (out == nullptr) continue;
-    store_run<kPerLane>(out + lane * kPerLane, lo[i]);
-    store_run<kPerLane>(out + kHalf + lane * kPerLane, hi[i]);
+    if (out != nullptr) store_raw<kPerLane>(out + col0, v);
   }
-}
-
-/// Heads per warp: 4 (2 at head_dim 256, whose lanes hold twice the elements).
-template <int kHeadDim>
-constexpr int heads_per_warp() {
-  return kHeadDim >= 256 ? 2 : 4;
+  if (!early) pdl_launch_dependents();
 }
 
 template <int kHeadDim>
 void launch_for(const QkNormRopeArgs& args, cudaStream_t stream) {
-  constexpr int kHeads = heads_per_warp<kHeadDim>();
+  constexpr int kHeads = heads_per_item<kHeadDim>();
   const int64_t heads = args.num_q_heads + 2 * int64_t{args.num_kv_heads};
-  const int64_t warps = int64_t{args.num_tokens} * ((heads + kHeads - 1) / kHeads);
-  const int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  PAGELLM_CHECK(blocks <= 0x7fffffff) << "qk_norm_rope_store_kv: " << warps << " warps";
-  launch_kernel(qk_norm_rope_store_kv_kernel<kHeadDim, kHeads>,
-                dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32), 0, stream, 1,
-                args);
+  const int64_t runs = (heads + kHeads - 1) / kHeads;
+  const int64_t blocks_x = (int64_t{args.num_tokens} + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  PAGELLM_CHECK(runs <= 65535 && blocks_x <= 0x7fffffff)
+      << "qk_norm_rope_store_kv: " << args.num_tokens << " tokens x " << heads << " heads";
+  // One wave: as many blocks as stay resident at once (queried once per thread, which
+  // drives one device).
+  static thread_local int64_t wave = 0;
+  if (wave == 0) {
+    int sms = 0, per_sm = 0;
+    current_device_info(&sms);
+    PAGELLM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, qk_norm_rope_store_kv_kernel<kHeadDim>, kWarpsPerBlock * 32, 0));
+    wave = std::max<int64_t>(1, int64_t{sms} * per_sm);
+  }
+  const bool early = blocks_x * runs <= wave;
+  launch_kernel(qk_norm_rope_store_kv_kernel<kHeadDim>,
+                dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(runs)),
+                dim3(kWarpsPerBlock * 32), 0, stream, 1, args, early);
 }
 
 }  // namespace

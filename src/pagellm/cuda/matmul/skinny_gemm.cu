@@ -244,21 +244,14 @@ __device__ __forceinline__ void qk_finish_row(const QkNormRopeArgs& e, int head,
                                               float4 sum, const QkLane& c, int lane) {
   float v[4] = {bf16_round(sum.x), bf16_round(sum.y), bf16_round(sum.z), bf16_round(sum.w)};
   if (head < e.num_q_heads + e.num_kv_heads) {  // q and k heads; v heads are stored as is
-    float sum_sq = v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
-    }
-    const float inv = 1.0f / sqrtf(sum_sq / static_cast<float>(kSkinnyQkHeadDim) + e.eps);
+    const float inv = qk_inv_rms(qk_lane_sum_squares(v), kSkinnyQkHeadDim, e.eps);
     const float position = static_cast<float>(e.positions[token]);
     const bool first_half = lane < 16;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float x = c.w[j] * (v[j] * inv);
-      const float partner = __shfl_xor_sync(0xffffffffu, x, 16);
       float sn, cs;
       sincosf(position * c.inv_freq[j], &sn, &cs);
-      // rotate-half: lo' = lo c - hi s, hi' = hi c + lo s
-      v[j] = first_half ? x * cs - partner * sn : x * cs + partner * sn;
+      v[j] = qk_norm_rope_element(v[j], c.w[j], inv, sn, cs, first_half);
     }
   }
   __nv_bfloat16* dst = qk_destination(e, token, head, kSkinnyQkHeadDim);
