@@ -83,13 +83,14 @@ constexpr int heads_per_item() {
 
 /// One warp per item: a token and a run of heads_per_item consecutive heads of its qkv row
 /// (grid: x over tokens, 4 a block, y over the runs). The warp issues the loads of all its
-/// heads at once, computes the token's RoPE angles once, then finishes the heads one by one,
+/// heads at once, computes the token's RoPE angles and its q row and page slot once, then
+/// finishes the heads one by one,
 /// lane l holding the D / 32 consecutive elements from (D / 32) l (qk_norm_rope.cuh; the
 /// skinny product's fused epilogue has the same layout and arithmetic, so both give the same
 /// bits). Instructions, not bytes, bounded the kernel before: with two elements of each half
 /// of a head in a lane, four heads a warp and the angles computed per head, it ran at about
 /// 1.5 TB/s on 8,192-token prefills (~135 µs a Qwen3-4B layer on the H200; sass ~700
-/// instructions per 1 KB moved). `early`: the grid is one wave, so the next kernel may
+/// instructions per 1 KB moved); this layout runs ~80 µs. `early`: the grid is one wave, so the next kernel may
 /// launch at once (pdl.cuh, rule 3); otherwise a warp lets it launch when its work is done.
 template <int kHeadDim>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
@@ -121,13 +122,25 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 
   // The token's position and KV slot, and every head's elements, loaded before any math.
   const float position = static_cast<float>(a.positions[t]);
-  const int32_t slot = h0 + kHeads > a.num_q_heads ? a.slot_mapping[t] : 0;
+  const int32_t slot = h0 + kHeads > a.num_q_heads ? a.slot_mapping[t] : -1;
   const bf16* row = static_cast<const bf16*>(a.qkv) + t * heads * kHeadDim;
   uint32_t raw[kHeads][kPerLane / 2];
 #pragma unroll
   for (int i = 0; i < kHeads; ++i) {
     if (h0 + i < heads) load_raw<kPerLane>(row + (h0 + i) * kHeadDim + col0, raw[i]);
   }
+  // Where the run's heads go, worked out once: q rows from q_out's row of the token, K/V
+  // rows from the token's page slot (kv_off < 0: a padding token or a slot past the pool,
+  // whose K/V are skipped, as qk_destination says).
+  bf16* const q_row = static_cast<bf16*>(a.q_out) + t * a.num_q_heads * kHeadDim;
+  int64_t kv_off = -1;
+  if (slot >= 0) {
+    const int64_t page = slot / a.page_size;
+    if (page < a.num_pages) {
+      kv_off = (page * a.num_kv_heads * a.page_size + slot % a.page_size) * kHeadDim;
+    }
+  }
+  const int64_t kv_head_stride = int64_t{a.page_size} * kHeadDim;
   float sn[kPerLane], cs[kPerLane];
   if (h0 < a.num_q_heads + a.num_kv_heads) {  // some q or k head: angles needed
 #pragma unroll
@@ -153,8 +166,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
         v[j] = qk_norm_rope_element(v[j], is_q ? wq[j] : wk[j], inv, sn[j], cs[j], first_half);
       }
     }
-    bf16* out = qk_destination(a, t, h, kHeadDim, slot);
-    if (out != nullptr) store_raw<kPerLane>(out + col0, v);
+    if (is_q) {
+      store_raw<kPerLane>(q_row + h * kHeadDim + col0, v);
+    } else if (kv_off >= 0) {
+      const bool is_v = h >= a.num_q_heads + a.num_kv_heads;
+      const int kv_head = h - a.num_q_heads - (is_v ? a.num_kv_heads : 0);
+      store_raw<kPerLane>(static_cast<bf16*>(is_v ? a.v_pool : a.k_pool) + kv_off +
+                              kv_head * kv_head_stride + col0,
+                          v);
+    }
   }
   if (!early) pdl_launch_dependents();
 }
