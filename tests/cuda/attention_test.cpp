@@ -960,6 +960,10 @@ TEST(NativeAttentionRoute, DecodeKernelForDecodeStepsAndShortChunksOnly) {
   p.num_tokens = 2050;
   p.max_query_len = 2048;
   EXPECT_FALSE(native_attention_takes_decode(p)) << "a chunk beside decode rows";
+  p.max_query_len = 0;  // unknown
+  EXPECT_FALSE(native_attention_takes_decode(p)) << "an unknown query length, many tokens";
+  p.num_tokens = 1;
+  EXPECT_TRUE(native_attention_takes_decode(p)) << "an unknown query length, one token";
 }
 
 TEST_F(PagedAttention, DecodeAndPrefillAgreeOnDecodeBatches) {

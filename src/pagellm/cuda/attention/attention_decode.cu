@@ -840,7 +840,9 @@ bool decode_tma_supported(const PagedAttentionParams& p) {
 }
 
 bool native_attention_takes_decode(const PagedAttentionParams& p) {
-  return p.max_query_len <= kDecodeRouteMaxQuery || p.num_tokens <= kDecodeRouteMaxTokens;
+  // max_query_len <= 0 is "unknown" (PagedAttentionParams): then only the token count says.
+  return (p.max_query_len > 0 && p.max_query_len <= kDecodeRouteMaxQuery) ||
+         p.num_tokens <= kDecodeRouteMaxTokens;
 }
 
 void paged_decode_attention(const PagedAttentionParams& p, cudaStream_t stream) {
