@@ -201,8 +201,9 @@ int run(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--chunks-only")) {
       chunks = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--decode-only | --prefill-only | --chunks-only] [--single] "
-                   "[--out FILE.csv]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--quick] [--decode-only | --prefill-only | --chunks-only] "
+                   "[--single] [--out FILE.csv]\n",
                    argv[0]);
       return 2;
     }
@@ -376,7 +377,8 @@ int run(int argc, char** argv) {
     Pool pool(2 * rotation_tokens + 32 * 8192 + page, hkv, d, page);
     std::printf("\nshort chunks after a prefix: Hq %d, Hkv %d, D %d, page %d; us per call of the "
                 "decode kernel (split-KV) and of the prefill kernel (%s for q > 64, v2 below)\n",
-                hq, hkv, d, page, pagellm::cuda::prefill_kernel_name(pagellm::cuda::kDefaultPrefillKernel));
+                hq, hkv, d, page,
+                pagellm::cuda::prefill_kernel_name(pagellm::cuda::kDefaultPrefillKernel));
     std::printf("%6s %6s %6s | %10s %10s %10s\n", "batch", "q", "kv", "decode_us", "prefill_us",
                 "wgmma_us");
     for (int kv : {2048, 8192, 32768}) {
@@ -394,7 +396,8 @@ int run(int argc, char** argv) {
           for (int side = 0; side < (wgmma ? 3 : 2); ++side) {
             CHECK_CUDA(cudaMemset(batch.out, 0xff, out_elems * 2));
             if (side < 2) {
-              us[side] = 1e3 * time_calls(pool, batch, hq, side == 0, launches, quick ? 3 : 5, stream);
+              us[side] =
+                  1e3 * time_calls(pool, batch, hq, side == 0, launches, quick ? 3 : 5, stream);
             } else {  // the Hopper kernel whatever the query length
               auto call = [&](int copy) {
                 pagellm::cuda::attn::launch_prefill_wgmma(

@@ -261,7 +261,8 @@ TEST_F(QkNormRopeTest, FusedEpilogueAndTheOpWriteTheSameBits) {
     Tensor kn = put(gpu(), DType::BF16, {D}, randn_bf16(static_cast<size_t>(D), 0.3f, 1.0f));
     const BatchTensors b = gpu().upload_batch(batch);
     Tensor qkv_fused = alloc(gpu(), DType::BF16, {T, N}), qkv = alloc(gpu(), DType::BF16, {T, N});
-    Tensor q_fused = alloc(gpu(), DType::BF16, {T, Hq, D}), q = alloc(gpu(), DType::BF16, {T, Hq, D});
+    Tensor q_fused = alloc(gpu(), DType::BF16, {T, Hq, D});
+    Tensor q = alloc(gpu(), DType::BF16, {T, Hq, D});
     LayerKv kv_fused{alloc(gpu(), DType::BF16, {num_pages, Hkv, P, D}),
                      alloc(gpu(), DType::BF16, {num_pages, Hkv, P, D})};
     LayerKv kv{alloc(gpu(), DType::BF16, {num_pages, Hkv, P, D}),

@@ -83,15 +83,15 @@ constexpr int heads_per_item() {
 
 /// One warp per item: a token and a run of heads_per_item consecutive heads of its qkv row
 /// (grid: x over tokens, 4 a block, y over the runs). The warp issues the loads of all its
-/// heads at once, computes the token's RoPE angles and its q row and page slot once, then
-/// finishes the heads one by one,
-/// lane l holding the D / 32 consecutive elements from (D / 32) l (qk_norm_rope.cuh; the
-/// skinny product's fused epilogue has the same layout and arithmetic, so both give the same
-/// bits). Instructions, not bytes, bounded the kernel before: with two elements of each half
-/// of a head in a lane, four heads a warp and the angles computed per head, it ran at about
-/// 1.5 TB/s on 8,192-token prefills (~135 µs a Qwen3-4B layer on the H200; sass ~700
-/// instructions per 1 KB moved); this layout runs ~80 µs. `early`: the grid is one wave, so the next kernel may
-/// launch at once (pdl.cuh, rule 3); otherwise a warp lets it launch when its work is done.
+/// heads at once, works out the token's RoPE angles, q row and page slot once, then finishes
+/// the heads one by one, lane l holding the D / 32 consecutive elements from (D / 32) l
+/// (qk_norm_rope.cuh; the skinny product's fused epilogue has the same layout and
+/// arithmetic, so both give the same bits). Instructions, not bytes, bounded the kernel
+/// before: with two elements of each half of a head in a lane, four heads a warp and the
+/// angles computed per head, it ran at about 1.5 TB/s on 8,192-token prefills (~135 µs a
+/// Qwen3-4B layer on the H200; sass ~700 instructions per 1 KB moved); this layout runs
+/// ~80 µs. `early`: the grid is one wave, so the next kernel may launch at once (pdl.cuh,
+/// rule 3); otherwise a warp lets it launch when its work is done.
 template <int kHeadDim>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     qk_norm_rope_store_kv_kernel(const QkNormRopeArgs a, bool early) {
