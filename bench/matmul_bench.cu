@@ -2,7 +2,7 @@
 // (LtMatmul's timing of up to 16 heuristic candidates), and the skinny weight-streaming
 // kernel, each against the device-to-device copy bandwidth this run measures.
 //
-//   matmul_bench [--quick] [--out FILE.csv] [--lora-only] [--lora-timeline]
+//   matmul_bench [--quick] [--out FILE.csv] [--lora-only] [--lora-timeline] [--prefill]
 //
 // For each Qwen3-4B and Qwen3-0.6B product (q|k|v, o_proj, gate|up, down, lm_head with
 // float32 logits) and M in {1, 8, 32, 64, 128, 256}: time = median over graph replays of a
@@ -312,8 +312,97 @@ void lora_section(cudaStream_t stream, const cudaDeviceProp& prop, int reps, int
 
 }  // namespace
 
+// --prefill: Qwen3-4B's four layer products at prefill chunk sizes (M = 8,192 and 16,384)
+// through cuBLASLt, the engine's way (o_proj and down adding into the residual,
+// LtMatmul::run_accumulate): the heuristic's first algorithm against the fastest of its
+// candidates (LtMatmul's autotuning, allowed at any M here; the engine tunes only M <= 512).
+// Per product the tuned plan's line; then a layer's four products back to back, ten layers
+// a run, with either set of plans: µs per layer and TFLOP/s against the 806 TFLOP/s bf16
+// rate measured on the H200 (sustained, so under the board's power cap as in a prefill).
+void prefill_section(cudaStream_t stream, int reps) {
+  struct Product {
+    const char* name;
+    int64_t N, K;
+    bool accumulate;
+  };
+  const Product products[] = {{"qkv", 6144, 2560, false},
+                              {"o_proj", 2560, 4096, true},
+                              {"gate_up", 19456, 2560, false},
+                              {"down", 2560, 9728, true}};
+  const size_t ws_bytes = size_t{32} << 20;
+  void* ws = nullptr;
+  CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+  for (int64_t M : {int64_t{8192}, int64_t{16384}}) {
+    LtMatmul top(ws, ws_bytes), tuned(ws, ws_bytes);
+    top.set_path(MatmulPath::kCublasLt);
+    top.set_autotune(false);
+    tuned.set_path(MatmulPath::kCublasLt);
+    tuned.set_autotune(true);
+    tuned.set_autotune_max_m(int64_t{1} << 40);
+    std::vector<void*> xs, ws_, outs;
+    double flops = 0;
+    for (const Product& p : products) {
+      void *x = nullptr, *w = nullptr, *out = nullptr;
+      CHECK_CUDA(cudaMalloc(&x, static_cast<size_t>(M * p.K) * 2));
+      CHECK_CUDA(cudaMalloc(&w, static_cast<size_t>(p.N * p.K) * 2));
+      CHECK_CUDA(cudaMalloc(&out, static_cast<size_t>(M * p.N) * 2));
+      fill_random(x, static_cast<size_t>(M * p.K), 11);
+      fill_random(w, static_cast<size_t>(p.N * p.K), 7);
+      fill_random(out, static_cast<size_t>(M * p.N), 13);
+      xs.push_back(x);
+      ws_.push_back(w);
+      outs.push_back(out);
+      flops += 2.0 * static_cast<double>(M) * static_cast<double>(p.N) * static_cast<double>(p.K);
+    }
+    auto run = [&](LtMatmul& lt, size_t i) {
+      const Product& p = products[i];
+      if (p.accumulate) {
+        lt.run_accumulate(xs[i], ws_[i], outs[i], M, p.N, p.K, stream);
+      } else {
+        lt.run(xs[i], ws_[i], outs[i], CUDA_R_16BF, M, p.N, p.K, stream);
+      }
+    };
+    for (size_t i = 0; i < 4; ++i) {
+      run(top, i);
+      run(tuned, i);
+      const bool acc = products[i].accumulate;
+      const pagellm::cuda::MatmulPlanInfo* info = tuned.plan_info(
+          xs[i], ws_[i], outs[i], CUDA_R_16BF, M, products[i].N, products[i].K, acc);
+      const pagellm::cuda::MatmulPlanInfo* top_info = top.plan_info(
+          xs[i], ws_[i], outs[i], CUDA_R_16BF, M, products[i].N, products[i].K, acc);
+      std::printf("prefill M=%lld %-8s%s: heuristic %s | tuned %s\n", static_cast<long long>(M),
+                  products[i].name, products[i].accumulate ? " (+=)" : "",
+                  top_info ? top_info->summary().c_str() : "?",
+                  info ? info->summary().c_str() : "?");
+    }
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    for (int round = 0; round < 2; ++round) {
+      for (LtMatmul* lt : {&top, &tuned}) {
+        const double ms = time_stream(
+            [&] {
+              for (int layer = 0; layer < 10; ++layer) {
+                for (size_t i = 0; i < 4; ++i) run(*lt, i);
+              }
+            },
+            stream, reps);
+        const double layer_us = ms * 1e3 / 10;
+        const double tflops = flops / (layer_us * 1e-6) / 1e12;
+        std::printf("prefill M=%lld layer, %-9s plans: %8.1f us, %6.1f TFLOP/s (%.1f %% of 806)\n",
+                    static_cast<long long>(M), lt == &top ? "heuristic" : "tuned", layer_us,
+                    tflops, 100.0 * tflops / 806.0);
+      }
+    }
+    for (size_t i = 0; i < 4; ++i) {
+      CHECK_CUDA(cudaFree(xs[i]));
+      CHECK_CUDA(cudaFree(ws_[i]));
+      CHECK_CUDA(cudaFree(outs[i]));
+    }
+  }
+  CHECK_CUDA(cudaFree(ws));
+}
+
 int main(int argc, char** argv) {
-  bool quick = false, lora_only = false, lora_timeline = false;
+  bool quick = false, lora_only = false, lora_timeline = false, prefill_only = false;
   std::string csv_path;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) {
@@ -322,10 +411,14 @@ int main(int argc, char** argv) {
       lora_only = true;
     } else if (!std::strcmp(argv[i], "--lora-timeline")) {
       lora_timeline = true;
+    } else if (!std::strcmp(argv[i], "--prefill")) {
+      prefill_only = true;
     } else if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       csv_path = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--out FILE.csv] [--lora-only] [--lora-timeline]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--quick] [--out FILE.csv] [--lora-only] [--lora-timeline] "
+                   "[--prefill]\n",
                    argv[0]);
       return 2;
     }
@@ -343,6 +436,11 @@ int main(int argc, char** argv) {
                 "(cudaMemcpyAsync %.0f, copy kernel %.0f)\n",
                 prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1e6, copy_gbs,
                 bw.memcpy_gbs, bw.kernel_gbs);
+    if (prefill_only) {
+      prefill_section(stream, quick ? 3 : 5);
+      CHECK_CUDA(cudaStreamDestroy(stream));
+      return 0;
+    }
     if (lora_only) {
       lora_section(stream, prop, quick ? 5 : 15, 20, lora_timeline);
       CHECK_CUDA(cudaStreamDestroy(stream));

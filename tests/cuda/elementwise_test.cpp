@@ -7,6 +7,7 @@
 // <= 1e-2 against the float32 CPU reference (one bf16 rounding is ~2e-3).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,44 @@ TEST_F(ElementwiseTest, RmsNormMatchesCpu) {
       gpu().rms_norm(gx, gw, 1e-6f, gx);
       ASSERT_TRUE(relative_close(gpu().download_f32(gx), ref, kBf16Tol, what + " in place",
                                  seed_note()));
+    }
+  }
+}
+
+// Prefill-sized batches (at least 1,024 rows) run the plain norm one warp per row, smaller
+// ones one block per row; a row's output must be the same bits either way (a row's result
+// may not depend on its batch). Rows of a large batch against the same rows normalised as
+// a small batch, for hidden sizes of the warp kernel's three register layouts, one past its
+// range (8,192) and one on the scalar path (1,000).
+TEST_F(ElementwiseTest, RmsNormRowsAreTheSameBitsInLargeAndSmallBatches) {
+  const int64_t rows = 1500;
+  for (int64_t hidden : {1024, 2560, 4096, 5120, 6144, 8192, 1000}) {
+    const std::string what = shape_note("rms_norm", rows, hidden);
+    const std::vector<float> x = randn_bf16(static_cast<size_t>(rows * hidden), 2.0f);
+    const std::vector<float> w = randn_bf16(static_cast<size_t>(hidden), 0.2f, 1.0f);
+    Tensor gx = put(gpu(), DType::BF16, {rows, hidden}, x);
+    Tensor cx = put(cpu(), DType::F32, {rows, hidden}, x);
+    Tensor gw = put(gpu(), DType::BF16, {hidden}, w);
+    Tensor cw = put(cpu(), DType::F32, {hidden}, w);
+    Tensor all = alloc(gpu(), DType::BF16, {rows, hidden});
+    Tensor cout = alloc(cpu(), DType::F32, {rows, hidden});
+    poison(gpu(), all);
+    gpu().rms_norm(gx, gw, 1e-6f, all);
+    cpu().rms_norm(cx, cw, 1e-6f, cout);
+    const std::vector<float> large = gpu().download_f32(all);
+    ASSERT_TRUE(relative_close(large, cpu().download_f32(cout), kBf16Tol, what, seed_note()));
+    for (auto [begin, count] : std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {0, 32}, {700, 300}, {1499, 1}}) {
+      Tensor part = alloc(gpu(), DType::BF16, {count, hidden});
+      poison(gpu(), part);
+      gpu().rms_norm(gx.rows(begin, count), gw, 1e-6f, part);
+      const std::vector<float> small = gpu().download_f32(part);
+      for (size_t i = 0; i < small.size(); ++i) {
+        const float want = large[static_cast<size_t>(begin * hidden) + i];
+        ASSERT_EQ(std::memcmp(&small[i], &want, sizeof(float)), 0)
+            << what << ": row " << begin + static_cast<int64_t>(i) / hidden << " element "
+            << static_cast<int64_t>(i) % hidden << " is " << small[i] << " normalised in a batch of "
+            << count << " and " << want << " in a batch of " << rows << "; " << seed_note();
+      }
     }
   }
 }

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -206,6 +207,57 @@ TEST_F(MatmulTest, AutotunedPlansMatchTheHeuristicAndRepeatBitForBit) {
       << "tuned plan differs between eager run and graph replay";
   EXPECT_TRUE(bit_identical(gpu().download_f32(graph3), gpu().download_f32(eager3)))
       << "plan made under capture differs between graph replay and eager run";
+}
+
+// A residual sublayer's product and norm in one op (Backend::matmul_add_rms_norm): the
+// residual and the normalised output against the CPU backend's float32 ops, on both paths.
+// Decode batches (M <= 32) take the skinny kernel, which writes the product into `proj`
+// before add_rms_norm; larger M add the product inside cuBLASLt's epilogue and leave `proj`
+// alone (still NaN), which shows which path ran. The first run of an M <= 512 autotunes the
+// accumulating plan: the residual must still take the product exactly once.
+TEST_F(MatmulTest, MatmulAddRmsNormMatchesCpuOnBothPaths) {
+  const char* path_env = std::getenv("PAGELLM_MATMUL");
+  const bool forced_path = path_env != nullptr && std::string(path_env) != "auto";
+  int device = 0, major = 0;
+  PAGELLM_CUDA_CHECK(cudaGetDevice(&device));
+  PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  const bool skinny_gpu = major == 9;  // the skinny kernel needs sm_90
+  // (N, K): Qwen3-0.6B o_proj and down.
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{1024, 2048}, {1024, 3072}}) {
+    for (int64_t M : {1, 32, 33, 200, 1300}) {
+      const std::string what = "matmul_add_rms_norm x[" + std::to_string(M) + ", " +
+                               std::to_string(K) + "] w[" + std::to_string(N) + ", " +
+                               std::to_string(K) + "]^T";
+      const std::vector<float> x = randn_bf16(static_cast<size_t>(M * K));
+      const std::vector<float> w =
+          randn_bf16(static_cast<size_t>(N * K), 1.0f / std::sqrt(static_cast<float>(K)));
+      const std::vector<float> r = randn_bf16(static_cast<size_t>(M * N), 4.0f);
+      const std::vector<float> g = randn_bf16(static_cast<size_t>(N), 0.2f, 1.0f);
+      Tensor gx = put(gpu(), DType::BF16, {M, K}, x), cx = put(cpu(), DType::F32, {M, K}, x);
+      Tensor gw = put(gpu(), DType::BF16, {N, K}, w), cw = put(cpu(), DType::F32, {N, K}, w);
+      Tensor gr = put(gpu(), DType::BF16, {M, N}, r), cr = put(cpu(), DType::F32, {M, N}, r);
+      Tensor gg = put(gpu(), DType::BF16, {N}, g), cg = put(cpu(), DType::F32, {N}, g);
+      Tensor gproj = alloc(gpu(), DType::BF16, {M, N}), cproj = alloc(cpu(), DType::F32, {M, N});
+      Tensor gout = alloc(gpu(), DType::BF16, {M, N}), cout = alloc(cpu(), DType::F32, {M, N});
+      poison(gpu(), gproj);
+      poison(gpu(), gout);
+      gpu().matmul_add_rms_norm(gx, gw, gproj, gr, gg, 1e-6f, gout);
+      cpu().matmul_add_rms_norm(cx, cw, cproj, cr, cg, 1e-6f, cout);
+      ASSERT_TRUE(relative_close(gpu().download_f32(gr), cpu().download_f32(cr), 1e-2,
+                                 what + " residual", seed_note()));
+      ASSERT_TRUE(relative_close(gpu().download_f32(gout), cpu().download_f32(cout), 1e-2,
+                                 what + " output", seed_note()));
+      const std::vector<float> proj = gpu().download_f32(gproj);
+      size_t nan_count = 0;
+      for (float v : proj) nan_count += std::isnan(v) ? 1 : 0;
+      if (forced_path) continue;  // PAGELLM_MATMUL names a path: the routing is not auto's
+      if (M <= cuda::kSkinnyAutoMaxM && skinny_gpu) {
+        EXPECT_EQ(nan_count, 0u) << what << ": the skinny path left proj unwritten";
+      } else {
+        EXPECT_EQ(nan_count, proj.size()) << what << ": the cuBLASLt path wrote proj";
+      }
+    }
+  }
 }
 
 TEST_F(MatmulTest, RejectsMismatchedShapesClearly) {

@@ -93,6 +93,13 @@ void Backend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& 
   silu_mul(gate_up, out);
 }
 
+void Backend::matmul_add_rms_norm(const Tensor& x, const Tensor& w, Tensor& proj,
+                                  Tensor& residual, const Tensor& weight, float eps,
+                                  Tensor& out) {
+  matmul(x, w, proj);
+  add_rms_norm(residual, proj, weight, eps, out);
+}
+
 void Backend::lora_add(const Tensor& x, const LoraGroup& group, const BatchTensors& batch,
                        Tensor& out) {
   (void)x;

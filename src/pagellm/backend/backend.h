@@ -238,6 +238,15 @@ class Backend {
   /// silu_mul; a backend may fuse the two (the CUDA one does for decode batches).
   virtual void matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up,
                                Tensor& out);
+  /// A residual sublayer's product and the norm after it: residual += x · wᵀ, then
+  /// out = rms_norm(residual) * weight (eps). `proj` [T, N] is scratch the backend may use
+  /// for the product. The default is matmul into proj, then add_rms_norm (the product
+  /// rounded to the activation dtype before the add); a backend may add the product's
+  /// float32 sum straight into the residual, rounding once (the CUDA one does where the
+  /// product runs on cuBLASLt: prefill chunks and batches over 32).
+  virtual void matmul_add_rms_norm(const Tensor& x, const Tensor& w, Tensor& proj,
+                                   Tensor& residual, const Tensor& weight, float eps,
+                                   Tensor& out);
   /// LoRA for one group of modules (docs/design.md "LoRA"): for every token row t whose
   /// slot q = batch.lora_slots[t] is not 0 and whose group.slots[q].a is set, with
   /// f = group.slots[q], r = f.rank and module m's A rows A_m = f.a[m·r, (m+1)·r):

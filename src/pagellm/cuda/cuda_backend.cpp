@@ -626,6 +626,27 @@ void CudaBackend::matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tens
   Backend::matmul_silu_mul(x, w_gate_up, gate_up, out);
 }
 
+void CudaBackend::matmul_add_rms_norm(const Tensor& x, const Tensor& w, Tensor& proj,
+                                      Tensor& residual, const Tensor& weight, float eps,
+                                      Tensor& out) {
+  // Fused when every operand is what the fused path reads and writes (bf16 rows of the
+  // product's shape; the norm's output and weight checked as add_rms_norm checks them) and
+  // the product runs on cuBLASLt; otherwise the two ops, which name what is wrong.
+  const bool fits =
+      x.dtype == DType::BF16 && w.dtype == DType::BF16 && residual.dtype == DType::BF16 &&
+      out.dtype == DType::BF16 && weight.dtype == DType::BF16 && x.ndim >= 1 && w.ndim == 2 &&
+      residual.ndim >= 1 && w.size(1) == x.row_elems() && residual.size(0) == x.size(0) &&
+      residual.row_elems() == w.size(0) && out.numel() == residual.numel() &&
+      weight.numel() == residual.row_elems();
+  if (fits && matmul_->run_accumulate(x.data, w.data, residual.data, x.size(0), w.size(0),
+                                      x.row_elems(), as_stream(stream_))) {
+    launch_rms_norm(residual.data, weight.data, out.data, residual.size(0),
+                    residual.row_elems(), eps, as_stream(stream_));
+    return;
+  }
+  Backend::matmul_add_rms_norm(x, w, proj, residual, weight, eps, out);
+}
+
 size_t CudaBackend::prepare_matrix(const Tensor& w, int64_t gated_inter) {
   return packed_->prepare(w, gated_inter, stream_, capturing());
 }

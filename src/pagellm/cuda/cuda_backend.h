@@ -189,6 +189,11 @@ class CudaBackend final : public Backend {
                                     LayerKv& kv) override;
   void matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up, Tensor& gate_up,
                        Tensor& out) override;
+  /// cuBLASLt's epilogue adds the product into the residual (LtMatmul::run_accumulate), then
+  /// launch_rms_norm; on the skinny path (decode batches up to 32, batch-invariant mode)
+  /// the product and add_rms_norm as the default.
+  void matmul_add_rms_norm(const Tensor& x, const Tensor& w, Tensor& proj, Tensor& residual,
+                           const Tensor& weight, float eps, Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) override;
   /// bf16 rows -> float32 norm (launch_rms_norm_f32_out) -> float32 x float32 product
   /// through cuBLASLt with CUBLAS_COMPUTE_32F (LtMatmul::run_f32).

@@ -300,11 +300,16 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
           << "forward: LoRA slot " << slot << " holds no adapter";
     }
   }
+  // `proj` pending: it holds a sublayer's output that the residual has not taken yet (the
+  // LoRA and tensor-parallel paths add it in the next norm). Otherwise each residual
+  // sublayer's product adds itself and normalises into `hidden` for what follows it
+  // (Backend::matmul_add_rms_norm), so the next layer starts from `hidden`.
+  bool proj_pending = false;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Qwen3LayerWeights& w = layers_[l];
     if (l == 0) {
       backend_.rms_norm(residual, w.input_norm, eps, hidden);
-    } else {
+    } else if (proj_pending) {
       backend_.add_rms_norm(residual, proj, w.input_norm, eps, hidden);
     }
     if (lora && lora_num_slots_ > 0) {
@@ -317,19 +322,31 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
       backend_.lora_matmul_silu_mul(hidden, w.gate_up, lora_group(l, kLoraGateUp), batch,
                                     gate_up, act);
       backend_.lora_matmul(act, w.down, lora_group(l, kLoraDown), batch, proj);
+      proj_pending = true;
       continue;
     }
     backend_.matmul_qk_norm_rope_store_kv(hidden, w.qkv, qkv, w.q_norm, w.k_norm, eps, rope, shape,
                                           batch, q, kv[l]);
     backend_.attention(q, kv[l], shape, batch, attention_plan, attn);
-    backend_.matmul(attn, w.o_proj, proj);
-    if (comm_ != nullptr) comm_->all_reduce_sum(backend_, proj);  // the heads' partial sums
-    backend_.add_rms_norm(residual, proj, w.post_norm, eps, hidden);
+    if (comm_ != nullptr) {
+      // Each rank holds its heads' (and its intermediate columns') partial sums: the sum
+      // over ranks comes before the residual takes it.
+      backend_.matmul(attn, w.o_proj, proj);
+      comm_->all_reduce_sum(backend_, proj);
+      backend_.add_rms_norm(residual, proj, w.post_norm, eps, hidden);
+      backend_.matmul_silu_mul(hidden, w.gate_up, gate_up, act);
+      backend_.matmul(act, w.down, proj);
+      comm_->all_reduce_sum(backend_, proj);
+      proj_pending = true;
+      continue;
+    }
+    const Tensor& next_norm = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
+    backend_.matmul_add_rms_norm(attn, w.o_proj, proj, residual, w.post_norm, eps, hidden);
     backend_.matmul_silu_mul(hidden, w.gate_up, gate_up, act);
-    backend_.matmul(act, w.down, proj);
-    if (comm_ != nullptr) comm_->all_reduce_sum(backend_, proj);
+    backend_.matmul_add_rms_norm(act, w.down, proj, residual, next_norm, eps, hidden);
+    proj_pending = false;
   }
-  backend_.add_rms_norm(residual, proj, final_norm_, eps, hidden);
+  if (proj_pending) backend_.add_rms_norm(residual, proj, final_norm_, eps, hidden);
   Tensor rows = ws_.rows.rows(0, R), logits = ws_.logits.rows(0, R);
   if (R > 0 && float32_head_) {
     // The residual stream's rows (activation dtype), normalised and projected in float32.

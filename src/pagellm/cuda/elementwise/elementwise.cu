@@ -272,12 +272,99 @@ __global__ void __launch_bounds__(kNormThreads)
   }
 }
 
+// Rows from which the plain norm runs one warp per row (norm_rows_kernel) instead of one
+// block: prefill chunks, where a block per 5 KB row left the kernel at ~2.3 TB/s (36 us for
+// 8,192 Qwen3-4B rows, 2026-12-04 trace). The two give the same bits, so where a row's
+// batch puts the switch does not change it.
+constexpr int64_t kNormWarpRowsMinRows = 1024;
+// Vectors of 8 a thread of the block kernel handles at most for the warp kernel to take
+// the row (its lanes keep 8x that many in registers): hidden <= 6,144.
+constexpr int kNormWarpMaxK = 3;
+
+// The plain norm (kAdd false, vectorised) for many rows: each warp one row, with bit for
+// bit norm_kernel's result. Lane l plays norm_kernel's threads l + 32 w (w = 0..7): it sums
+// each one's squares over that thread's vectors (i = l + 32 w + 256 k) in that thread's
+// order, reduces each w over the 32 lanes with the same butterfly, and adds the eight warp
+// sums in order from 0.0f as block_sum does; the normalisation is the same expression. All
+// of a row's loads go out before the first is used (up to 8 kMaxK 16-byte vectors a lane).
+// PDL as norm_kernel with `early` (rows >= kNormWarpRowsMinRows > kNormEarlyTriggerMinRows):
+// the next kernel may launch at once; the weight is read after the wait (from L1/L2, shared
+// by the block's rows). x and out may be the same rows (in place): every store follows the
+// row's sum, which needs every load.
+template <int kMaxK>
+__global__ void __launch_bounds__(kNormThreads)
+    norm_rows_kernel(const bf16* x, const bf16* __restrict__ weight, bf16* out, int64_t rows,
+                     int64_t hidden, float eps) {
+  constexpr int kWarps = kNormThreads / 32;
+  pdl_launch_dependents();
+  pdl_wait();  // x comes from the kernel before
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t row = blockIdx.x * int64_t{kWarps} + threadIdx.x / 32;
+  if (row >= rows) return;
+  const bf16* xr = x + row * hidden;
+  bf16* orow = out + row * hidden;
+  const int nvec = static_cast<int>(hidden / kVec);
+  uint4 raw[kWarps][kMaxK];
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+#pragma unroll
+    for (int k = 0; k < kMaxK; ++k) {
+      const int i = lane + 32 * w + kNormThreads * k;
+      raw[w][k] = i < nvec ? *reinterpret_cast<const uint4*>(xr + int64_t{i} * kVec)
+                           : make_uint4(0, 0, 0, 0);
+    }
+  }
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    float sum_sq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kMaxK; ++k) {
+      if (lane + 32 * w + kNormThreads * k < nvec) {
+        const Vec8 a = unpack_vec8(raw[w][k]);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) sum_sq += a.v[j] * a.v[j];
+      }
+    }
+    for (int offset = 16; offset > 0; offset >>= 1)
+      sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
+    total += sum_sq;
+  }
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(hidden) + eps);
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+#pragma unroll
+    for (int k = 0; k < kMaxK; ++k) {
+      const int i = lane + 32 * w + kNormThreads * k;
+      if (i < nvec) {
+        Vec8 a = unpack_vec8(raw[w][k]);
+        const Vec8 g = load_vec8(weight + int64_t{i} * kVec);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) a.v[j] = g.v[j] * (a.v[j] * inv);
+        store_vec8(orow + int64_t{i} * kVec, a);
+      }
+    }
+  }
+}
+
 template <bool kAdd>
 void launch_norm(void* x, const void* delta, const void* weight, void* out, int64_t rows,
                  int64_t hidden, float eps, cudaStream_t stream) {
   if (rows == 0) return;
   const bool vec = hidden % kVec == 0 && aligned16(x) && aligned16(weight) && aligned16(out) &&
                    (!kAdd || aligned16(delta));
+  const int64_t k_max = (hidden / kVec + kNormThreads - 1) / kNormThreads;
+  if (!kAdd && vec && rows >= kNormWarpRowsMinRows && k_max >= 1 && k_max <= kNormWarpMaxK) {
+    constexpr int kRowsPerBlock = kNormThreads / 32;
+    const dim3 grid(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock));
+    auto* kernel = k_max == 1 ? norm_rows_kernel<1>
+                   : k_max == 2 ? norm_rows_kernel<2>
+                                : norm_rows_kernel<kNormWarpMaxK>;
+    launch_kernel(kernel, grid, dim3(kNormThreads), 0, stream, 1,
+                  static_cast<const bf16*>(x), static_cast<const bf16*>(weight),
+                  static_cast<bf16*>(out), rows, hidden, eps);
+    return;
+  }
   auto* xp = static_cast<bf16*>(x);
   auto* dp = static_cast<const bf16*>(delta);
   auto* wp = static_cast<const bf16*>(weight);
@@ -292,15 +379,18 @@ void launch_norm(void* x, const void* delta, const void* weight, void* out, int6
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
-template <bool kVectorised>
+// Index is uint32_t whenever rows x width fits (every prefill chunk): the 64-bit division
+// that splits an item into row and column cost more instructions than the item's math
+// (4.5 % of a 16 x 2,048 prefill at 3.5 TB/s, 2026-12-04 trace).
+template <bool kVectorised, class Index>
 __global__ void silu_mul_kernel(const bf16* __restrict__ gate_up, bf16* __restrict__ out,
                                 int64_t rows, int64_t inter) {
   pdl_wait();  // gate_up comes from the matrix product before; out may still be read
   pdl_launch_dependents();
-  const int64_t width = kVectorised ? inter / kVec : inter;
-  const int64_t n = rows * width;
-  for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
-       idx += int64_t{gridDim.x} * blockDim.x) {
+  const Index width = static_cast<Index>(kVectorised ? inter / kVec : inter);
+  const Index n = static_cast<Index>(rows) * width;
+  for (Index idx = blockIdx.x * Index{blockDim.x} + threadIdx.x; idx < n;
+       idx += Index{gridDim.x} * blockDim.x) {
     const int64_t t = idx / width, i = idx % width;
     const bf16* g = gate_up + t * 2 * inter;
     if constexpr (kVectorised) {
@@ -435,8 +525,11 @@ void launch_silu_mul(const void* gate_up, void* out, int64_t rows, int64_t inter
   const unsigned grid = grid_for(n, threads);
   auto* in = static_cast<const bf16*>(gate_up);
   auto* o = static_cast<bf16*>(out);
-  launch_kernel(vec ? silu_mul_kernel<true> : silu_mul_kernel<false>, dim3(grid), dim3(threads), 0,
-                stream, 1, in, o, rows, inter);
+  // 32-bit items while the grid-stride loop's last step stays below 2^32.
+  const bool narrow = n + int64_t{grid} * threads < (int64_t{1} << 32);
+  auto* kernel = vec ? (narrow ? silu_mul_kernel<true, uint32_t> : silu_mul_kernel<true, int64_t>)
+                     : (narrow ? silu_mul_kernel<false, uint32_t> : silu_mul_kernel<false, int64_t>);
+  launch_kernel(kernel, dim3(grid), dim3(threads), 0, stream, 1, in, o, rows, inter);
 }
 
 cudaError_t probe_kernel_image() {

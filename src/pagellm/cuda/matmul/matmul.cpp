@@ -106,7 +106,7 @@ bool skinny_gemm_preferred(int64_t M, int64_t N, int64_t K) {
 }
 
 size_t LtMatmul::KeyHash::operator()(const Key& k) const {
-  return hash_values(k.m, k.n, k.k, k.out_type, k.align, k.in_type);
+  return hash_values(k.m, k.n, k.k, k.out_type, k.align, k.in_type, k.accumulate);
 }
 
 LtMatmul::LtMatmul(void* workspace, size_t workspace_bytes, MatmulPath path, bool autotune)
@@ -140,9 +140,9 @@ LtMatmul::Key LtMatmul::key_of(const void* x, const void* w, const void* out,
 }
 
 float LtMatmul::time_algo(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* x,
-                          const void* w, void* out, cudaStream_t stream, void* flush,
-                          size_t flush_bytes, cudaEvent_t* events, int reps) {
-  const float alpha = 1.0f, beta = 0.0f;
+                          const void* w, void* out, float beta, cudaStream_t stream,
+                          void* flush, size_t flush_bytes, cudaEvent_t* events, int reps) {
+  const float alpha = 1.0f;
   auto launch = [&] {
     return cublasLtMatmul(handle_, p.desc, &alpha, w, p.a, x, p.b, &beta, out, p.c, out, p.c,
                           &algo, workspace_, workspace_bytes_, stream);
@@ -179,12 +179,15 @@ const LtMatmul::Plan& LtMatmul::plan_for(const Key& key, const void* x, const vo
   Plan p;
   cublasLtMatmulPreference_t pref = nullptr;
   void* flush = nullptr;
+  void* scratch_out = nullptr;  // accumulating plans are timed on this, not on `out`
   std::vector<cudaEvent_t> events;
   auto release_tuning = [&] {
     for (cudaEvent_t e : events) cudaEventDestroy(e);
     events.clear();
     if (flush) cudaFree(flush);
     flush = nullptr;
+    if (scratch_out) cudaFree(scratch_out);
+    scratch_out = nullptr;
   };
   try {
     const auto out_type = static_cast<cudaDataType_t>(key.out_type);
@@ -254,7 +257,7 @@ const LtMatmul::Plan& LtMatmul::plan_for(const Key& key, const void* x, const vo
     size_t chosen = 0;
     bool tuned = false;
     float top_us = 0, chosen_us = 0;
-    if (autotune_ && key.m <= kAutotuneMaxM && candidates.size() > 1 && !capturing(stream)) {
+    if (autotune_ && key.m <= autotune_max_m_ && candidates.size() > 1 && !capturing(stream)) {
       PAGELLM_CUDA_CHECK(cudaStreamSynchronize(stream));
       // Flush L2 before each timed launch (a decode step streams every layer's weights from
       // HBM). Without memory for the buffer, time with a warm L2 rather than fail.
@@ -266,11 +269,26 @@ const LtMatmul::Plan& LtMatmul::plan_for(const Key& key, const void* x, const vo
         (void)cudaGetLastError();
         flush = nullptr;
       }
+      // An accumulating product would add to `out` at every timed launch: time it on a
+      // zeroed scratch output of the same shape instead (no tuning without the memory).
+      void* timed_out = out;
+      if (key.accumulate) {
+        const size_t out_bytes = static_cast<size_t>(key.m) * static_cast<size_t>(key.n) *
+                                 (out_type == CUDA_R_32F ? 4 : 2);
+        if (cudaMalloc(&scratch_out, out_bytes) != cudaSuccess) {
+          (void)cudaGetLastError();
+          scratch_out = nullptr;
+        } else {
+          PAGELLM_CUDA_CHECK(cudaMemsetAsync(scratch_out, 0, out_bytes, stream));
+        }
+        timed_out = scratch_out;
+      }
       events.resize(2 * kTuneReps, nullptr);
       for (cudaEvent_t& e : events) PAGELLM_CUDA_CHECK(cudaEventCreate(&e));
       float best_us = -1.0f;
-      for (size_t i = 0; i < candidates.size(); ++i) {
-        const float us = time_algo(p, candidates[i].algo, x, w, out, stream, flush, flush_bytes,
+      for (size_t i = 0; timed_out != nullptr && i < candidates.size(); ++i) {
+        const float us = time_algo(p, candidates[i].algo, x, w, timed_out,
+                                   key.accumulate ? 1.0f : 0.0f, stream, flush, flush_bytes,
                                    events.data(), kTuneReps);
         if (i == 0) top_us = us;
         if (us < 0) continue;
@@ -302,8 +320,10 @@ const LtMatmul::Plan& LtMatmul::plan_for(const Key& key, const void* x, const vo
 
 const MatmulPlanInfo* LtMatmul::plan_info(const void* x, const void* w, const void* out,
                                           cudaDataType_t out_type, int64_t M, int64_t N,
-                                          int64_t K) const {
-  const auto it = plans_.find(key_of(x, w, out, out_type, M, N, K));
+                                          int64_t K, bool accumulate) const {
+  Key key = key_of(x, w, out, out_type, M, N, K);
+  key.accumulate = accumulate;
+  const auto it = plans_.find(key);
   return it == plans_.end() ? nullptr : &it->second.info;
 }
 
@@ -354,9 +374,26 @@ void LtMatmul::run(const void* x, const void* w, void* out, cudaDataType_t out_t
   }
   check_invariant_path(M, N, K);
   const Plan& p = plan_for(key_of(x, w, out, out_type, M, N, K), x, w, out, stream);
-  const float alpha = 1.0f, beta = 0.0f;
+  launch_plan(p, x, w, out, 0.0f, stream);
+}
+
+void LtMatmul::launch_plan(const Plan& p, const void* x, const void* w, void* out, float beta,
+                           cudaStream_t stream) {
+  const float alpha = 1.0f;
   PAGELLM_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w, p.a, x, p.b, &beta, out, p.c,
                                       out, p.c, &p.algo, workspace_, workspace_bytes_, stream));
+}
+
+bool LtMatmul::run_accumulate(const void* x, const void* w, void* out, int64_t M, int64_t N,
+                              int64_t K, cudaStream_t stream) {
+  if (path_for(x, w, out, CUDA_R_16BF, M, N, K) == MatmulPath::kSkinny) return false;
+  check_invariant_path(M, N, K);
+  if (M == 0 || N == 0 || K == 0) return true;  // nothing to add
+  Key key = key_of(x, w, out, CUDA_R_16BF, M, N, K);
+  key.accumulate = true;
+  const Plan& p = plan_for(key, x, w, out, stream);
+  launch_plan(p, x, w, out, 1.0f, stream);
+  return true;
 }
 
 void LtMatmul::run_f32(const float* x, const float* w, float* out, int64_t M, int64_t N,
@@ -365,9 +402,7 @@ void LtMatmul::run_f32(const float* x, const float* w, float* out, int64_t M, in
   Key key = key_of(x, w, out, CUDA_R_32F, M, N, K);
   key.in_type = CUDA_R_32F;
   const Plan& p = plan_for(key, x, w, out, stream);
-  const float alpha = 1.0f, beta = 0.0f;
-  PAGELLM_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, w, p.a, x, p.b, &beta, out, p.c,
-                                      out, p.c, &p.algo, workspace_, workspace_bytes_, stream));
+  launch_plan(p, x, w, out, 0.0f, stream);
 }
 
 }  // namespace pagellm::cuda

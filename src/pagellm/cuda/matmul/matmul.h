@@ -116,6 +116,15 @@ class LtMatmul {
   bool run_silu_mul(const void* x, const void* w_gate_up, void* out, int64_t M, int64_t inter,
                     int64_t K, cudaStream_t stream, const void* w_packed = nullptr);
 
+  /// out[M, N] += x · wᵀ with out bf16, in cuBLASLt's epilogue (beta = 1, C = D = out): the
+  /// product's float32 sum plus out's old value, rounded once. Only where run() would take
+  /// cuBLASLt for the product (a bf16 output of the same shape); returns false, having
+  /// enqueued nothing, on the skinny path, and the caller then runs the product and the add
+  /// separately. Autotuning (as run()) times the candidates on a scratch copy of the output,
+  /// so out is added to exactly once. Throws Error as run() does in batch-invariant mode.
+  bool run_accumulate(const void* x, const void* w, void* out, int64_t M, int64_t N, int64_t K,
+                      cudaStream_t stream);
+
   /// The path run() takes for these operands under the current setting (kSkinny or
   /// kCublasLt, never kAuto).
   MatmulPath path_for(const void* x, const void* w, const void* out, cudaDataType_t out_type,
@@ -137,13 +146,18 @@ class LtMatmul {
   void set_autotune(bool on) { autotune_ = on; }
   bool autotune() const { return autotune_; }
 
+  /// Largest M whose plan is autotuned (kAutotuneMaxM unless set; benchmarks raise it to
+  /// time prefill-sized products).
+  void set_autotune_max_m(int64_t m) { autotune_max_m_ = m; }
+
   /// Number of cached plans (tests, diagnostics).
   size_t num_plans() const { return plans_.size(); }
 
-  /// The cached cuBLASLt plan these operands would use, or nullptr if none is cached yet.
+  /// The cached cuBLASLt plan these operands would use (run_accumulate's with
+  /// `accumulate`), or nullptr if none is cached yet.
   const MatmulPlanInfo* plan_info(const void* x, const void* w, const void* out,
-                                  cudaDataType_t out_type, int64_t M, int64_t N,
-                                  int64_t K) const;
+                                  cudaDataType_t out_type, int64_t M, int64_t N, int64_t K,
+                                  bool accumulate = false) const;
 
  private:
   struct Key {
@@ -151,9 +165,10 @@ class LtMatmul {
     int out_type;
     int align;  // min(alignment of x, w, out) in bytes, capped at 256
     int in_type = CUDA_R_16BF;  // x and w: CUDA_R_16BF (run) or CUDA_R_32F (run_f32)
+    bool accumulate = false;    // beta = 1 (run_accumulate): tuned on a scratch output
     bool operator==(const Key& o) const {
       return m == o.m && n == o.n && k == o.k && out_type == o.out_type && align == o.align &&
-             in_type == o.in_type;
+             in_type == o.in_type && accumulate == o.accumulate;
     }
   };
   struct KeyHash {
@@ -170,11 +185,14 @@ class LtMatmul {
                     int64_t M, int64_t N, int64_t K);
   const Plan& plan_for(const Key& key, const void* x, const void* w, void* out,
                        cudaStream_t stream);
-  // Median µs of `reps` launches of `algo`, each after an L2 flush (flush may be null);
-  // negative if the algorithm fails to launch.
+  // Median µs of `reps` launches of `algo` (out = beta · out + x · wᵀ), each after an L2
+  // flush (flush may be null); negative if the algorithm fails to launch.
   float time_algo(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* x,
-                  const void* w, void* out, cudaStream_t stream, void* flush,
+                  const void* w, void* out, float beta, cudaStream_t stream, void* flush,
                   size_t flush_bytes, cudaEvent_t* events, int reps);
+  // out = x · wᵀ + beta · out with p's algorithm, on `stream`.
+  void launch_plan(const Plan& p, const void* x, const void* w, void* out, float beta,
+                   cudaStream_t stream);
   static void destroy(Plan& p);
   // Throws Error in batch-invariant mode (a product that would leave the skinny kernel).
   void check_invariant_path(int64_t M, int64_t N, int64_t K) const;
@@ -185,6 +203,7 @@ class LtMatmul {
   std::unordered_map<Key, Plan, KeyHash> plans_;
   MatmulPath path_ = MatmulPath::kAuto;
   bool autotune_ = true;
+  int64_t autotune_max_m_ = kAutotuneMaxM;
   bool batch_invariant_ = false;
 };
 
