@@ -236,6 +236,16 @@ void print_grpo(const GrpoReport& r) {
               "device waits)\n",
               r.host_gap_seconds,
               r.rollout_seconds > 0 ? 100.0 * r.host_gap_seconds / r.rollout_seconds : 0.0);
+  for (const GrpoStepClass& c : r.step_classes) {
+    std::printf("  steps       %-18s %6lld steps, %7.2f s (%4.1f %% of the rollout)",
+                c.name.c_str(), static_cast<long long>(c.steps), c.seconds,
+                r.rollout_seconds > 0 ? 100.0 * c.seconds / r.rollout_seconds : 0.0);
+    if (r.bandwidth_bytes_per_s && c.seconds > 0) {
+      std::printf(", limit %6.2f s = %4.1f %%", c.limit_seconds,
+                  100.0 * c.limit_seconds / c.seconds);
+    }
+    std::printf(", %lld decode tokens\n", static_cast<long long>(c.decode_tokens));
+  }
   std::printf("  KV pages    peak %lld of %lld\n", static_cast<long long>(r.peak_kv_pages),
               static_cast<long long>(r.usable_kv_pages));
   for (double s : r.weight_update_seconds) std::printf("  weight update %.3f s\n", s);

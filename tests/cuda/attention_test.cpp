@@ -399,7 +399,7 @@ CheckResult check_output(const Problem& pr, const std::vector<uint16_t>& out, fl
   return res;
 }
 
-enum class Kernel { kDecode, kPrefill };
+enum class Kernel { kDecode, kPrefill, kNative };
 
 constexpr DecodeKernel kDecodeKernels[] = {DecodeKernel::kTma, DecodeKernel::kCpAsync};
 constexpr PrefillKernel kPrefillKernels[] = {PrefillKernel::kWgmma, PrefillKernel::kWgmmaSerial,
@@ -415,12 +415,22 @@ void run_case(const Case& c, Kernel kernel, std::mt19937_64& rng) {
   const Problem pr = make_problem(c, rng);
   DeviceProblem dev(pr);
   const PagedAttentionParams p = dev.params(pr);
-  const int runs = static_cast<int>(kernel == Kernel::kDecode ? std::size(kDecodeKernels)
-                                                               : std::size(kPrefillKernels));
+  const int runs = static_cast<int>(kernel == Kernel::kNative   ? 1
+                                    : kernel == Kernel::kDecode ? std::size(kDecodeKernels)
+                                                                : std::size(kPrefillKernels));
   for (int run = 0; run < runs; ++run) {
     dev.out.fill_bytes(0xff);  // bf16 0xffff is NaN
     std::string what;
-    if (kernel == Kernel::kDecode) {
+    if (kernel == Kernel::kNative) {
+      // The native route as an eager forward takes it (the dispatcher's calls).
+      const NativeAttentionCalls calls =
+          plan_native_attention(p, pr.query_start.data(), pr.kv_lens.data());
+      if (calls.run_decode) paged_decode_attention(calls.decode, nullptr);
+      if (calls.run_prefill) paged_prefill_attention(calls.prefill, nullptr);
+      what = std::string("native route (") + (calls.run_decode ? "decode" : "") +
+             (calls.run_decode && calls.run_prefill ? " + " : "") +
+             (calls.run_prefill ? "prefill" : "") + ") ";
+    } else if (kernel == Kernel::kDecode) {
       paged_decode_attention_with(p, kDecodeKernels[run], nullptr);
       what = std::string("decode ") + decode_kernel_name(kDecodeKernels[run]) +
              (kDecodeKernels[run] == DecodeKernel::kTma && !decode_tma_supported(p)
@@ -964,6 +974,81 @@ TEST(NativeAttentionRoute, DecodeKernelForDecodeStepsAndShortChunksOnly) {
   EXPECT_FALSE(native_attention_takes_decode(p)) << "an unknown query length, many tokens";
   p.num_tokens = 1;
   EXPECT_TRUE(native_attention_takes_decode(p)) << "an unknown query length, one token";
+}
+
+// Mixed steps: the decode rows the scheduler puts first go to the decode kernel, the chunks
+// after them to the prefill kernel (plan_native_attention), each writing its own rows of the
+// NaN-poisoned output. Leading runs of 3 (not split), 4 and 40 decode rows, one-token rows
+// after the chunk (left to the prefill kernel), padding rows, a chunk after a long prefix.
+TEST_F(PagedAttention, NativeRouteSplitsDecodeRowsOffMixedSteps) {
+  struct Mix {
+    std::vector<int> q, kv;
+  };
+  std::vector<Mix> mixes = {
+      {{1, 1, 1, 300}, {700, 90, 2000, 300}},
+      {{1, 1, 1, 1, 300, 1, 0}, {700, 1, 2000, 129, 300, 64, 9}},
+      {{}, {}},
+  };
+  for (int i = 0; i < 40; ++i) {
+    mixes.back().q.push_back(1);
+    mixes.back().kv.push_back(log_uniform(rng_, 1, 3000));
+  }
+  for (int chunk : {77, 513}) {
+    mixes.back().q.push_back(chunk);
+    mixes.back().kv.push_back(chunk + log_uniform(rng_, 1, 6000));
+  }
+  for (const Mix& m : mixes) {
+    Case c;
+    c.name = "native route, mixed step";
+    c.q_lens = m.q;
+    c.kv_lens = m.kv;
+    run_case(c, Kernel::kNative, rng_);
+  }
+}
+
+// Which calls plan_native_attention makes, on host data alone.
+TEST(NativeAttentionRoute, MixedStepsSplitTheLeadingDecodeRowsOff) {
+  const std::vector<int32_t> qs = {0, 1, 2, 3, 4, 5, 305, 306};
+  const std::vector<int32_t> kv = {10, 4000, 30, 40, 50, 300, 7};
+  static int32_t device_arrays[64];  // stand-ins: only the offsets are checked
+  PagedAttentionParams p;
+  p.query_start = device_arrays;
+  p.kv_lens = device_arrays + 16;
+  p.page_table = device_arrays + 32;
+  p.max_pages_per_seq = 3;
+  p.num_seqs = 7;
+  p.num_tokens = 306;
+  p.max_query_len = 300;
+  p.max_kv_len = 4000;
+  NativeAttentionCalls c = plan_native_attention(p, qs.data(), kv.data());
+  ASSERT_TRUE(c.run_decode && c.run_prefill);
+  EXPECT_EQ(c.decode.num_seqs, 5);
+  EXPECT_EQ(c.decode.num_tokens, 5);
+  EXPECT_EQ(c.decode.max_query_len, 1);
+  EXPECT_EQ(c.decode.max_kv_len, 4000);
+  EXPECT_EQ(c.decode.query_start, p.query_start);
+  EXPECT_EQ(c.prefill.num_seqs, 2);
+  EXPECT_EQ(c.prefill.num_tokens, 306);  // absolute, as query_start's offsets
+  EXPECT_EQ(c.prefill.query_start, p.query_start + 5);
+  EXPECT_EQ(c.prefill.kv_lens, p.kv_lens + 5);
+  EXPECT_EQ(c.prefill.page_table, p.page_table + 15);
+  EXPECT_EQ(c.prefill.max_query_len, 300);
+  // Replayable (no host arrays): one prefill call over everything.
+  c = plan_native_attention(p, nullptr, nullptr);
+  EXPECT_TRUE(c.run_prefill && !c.run_decode);
+  EXPECT_EQ(c.prefill.num_seqs, 7);
+  // Fewer than kMixedDecodeMinSeqs leading decode rows: not split.
+  const std::vector<int32_t> qs3 = {0, 1, 2, 3, 303};
+  p.num_seqs = 4;
+  p.num_tokens = 303;
+  c = plan_native_attention(p, qs3.data(), kv.data());
+  EXPECT_TRUE(c.run_prefill && !c.run_decode);
+  // A decode step: the decode kernel alone, whatever the arrays.
+  p.max_query_len = 1;
+  p.num_tokens = 4;
+  c = plan_native_attention(p, qs.data(), kv.data());
+  EXPECT_TRUE(c.run_decode && !c.run_prefill);
+  EXPECT_EQ(c.decode.num_seqs, 4);
 }
 
 TEST_F(PagedAttention, DecodeAndPrefillAgreeOnDecodeBatches) {

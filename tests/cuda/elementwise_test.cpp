@@ -130,7 +130,8 @@ TEST_F(ElementwiseTest, RmsNormRowsAreTheSameBitsInLargeAndSmallBatches) {
     cpu().rms_norm(cx, cw, 1e-6f, cout);
     const std::vector<float> large = gpu().download_f32(all);
     ASSERT_TRUE(relative_close(large, cpu().download_f32(cout), kBf16Tol, what, seed_note()));
-    for (auto [begin, count] : std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {0, 32}, {700, 300}, {1499, 1}}) {
+    const std::vector<std::pair<int64_t, int64_t>> parts = {{0, 1}, {0, 32}, {700, 300}, {1499, 1}};
+    for (auto [begin, count] : parts) {
       Tensor part = alloc(gpu(), DType::BF16, {count, hidden});
       poison(gpu(), part);
       gpu().rms_norm(gx.rows(begin, count), gw, 1e-6f, part);
@@ -139,8 +140,9 @@ TEST_F(ElementwiseTest, RmsNormRowsAreTheSameBitsInLargeAndSmallBatches) {
         const float want = large[static_cast<size_t>(begin * hidden) + i];
         ASSERT_EQ(std::memcmp(&small[i], &want, sizeof(float)), 0)
             << what << ": row " << begin + static_cast<int64_t>(i) / hidden << " element "
-            << static_cast<int64_t>(i) % hidden << " is " << small[i] << " normalised in a batch of "
-            << count << " and " << want << " in a batch of " << rows << "; " << seed_note();
+            << static_cast<int64_t>(i) % hidden << " is " << small[i]
+            << " normalised in a batch of " << count << " and " << want << " in a batch of "
+            << rows << "; " << seed_note();
       }
     }
   }

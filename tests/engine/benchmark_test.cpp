@@ -509,8 +509,27 @@ TEST(BenchmarkTest, GrpoRunsTwoSeededRoundsAroundAWeightUpdate) {
   // Seeded: the same workload on a fresh engine draws the same lengths.
   std::unique_ptr<Engine> again = make_benchmark_engine(g.model_workload(), config);
   EXPECT_EQ(run_grpo_benchmark(*again, g, false).generated_tokens, r.generated_tokens);
+  // Every step falls in exactly one kind: the kinds add up to the rounds' steps, limit and
+  // decode tokens (every generated token but each sample's first, sampled by its prefill),
+  // and their wall time to at most the rollout's.
+  ASSERT_FALSE(r.step_classes.empty());
+  EXPECT_EQ(r.step_classes.front().name, "prefill + decode");
+  int64_t class_steps = 0, class_tokens = 0;
+  double class_seconds = 0, class_limit = 0;
+  for (const GrpoStepClass& c : r.step_classes) {
+    EXPECT_GT(c.steps, 0) << c.name;
+    class_steps += c.steps;
+    class_tokens += c.decode_tokens;
+    class_seconds += c.seconds;
+    class_limit += c.limit_seconds;
+  }
+  EXPECT_EQ(class_steps, r.steps);
+  EXPECT_EQ(class_tokens, r.generated_tokens - g.rounds * r.samples);
+  EXPECT_LE(class_seconds, r.rollout_seconds);
+  EXPECT_NEAR(class_limit, r.limit_seconds, 1e-9 * r.limit_seconds);
   const nlohmann::json j = nlohmann::json::parse(grpo_json_line(r));
   EXPECT_EQ(j.at("generated_tokens").get<int64_t>(), r.generated_tokens);
+  EXPECT_EQ(j.at("step_classes").size(), r.step_classes.size());
   GrpoWorkload bad = g;
   bad.n = 0;
   EXPECT_THROW(bad.validate(), Error);

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
+#include <limits>
 #include <random>
 
 #include "pagellm/common/check.h"
@@ -854,6 +856,17 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
   const int64_t preemptions_before = engine.stats().preemptions;
   const int64_t steps_before = engine.stats().steps;
 
+  // Step kinds (GrpoReport::step_classes): 0 prefill, then decode-only by rows up to each bound.
+  const int64_t row_bounds[] = {8, 32, 64, 128, 256, std::numeric_limits<int64_t>::max()};
+  std::vector<GrpoStepClass> classes(1 + std::size(row_bounds));
+  classes[0].name = "prefill + decode";
+  for (size_t c = 0; c < std::size(row_bounds); ++c) {
+    const int64_t lo = c == 0 ? 1 : row_bounds[c - 1] + 1;
+    const bool last = c + 1 == std::size(row_bounds);
+    classes[c + 1].name = "decode " + std::to_string(lo) +
+                          (last ? std::string("+") : "-" + std::to_string(row_bounds[c])) +
+                          " rows";
+  }
   const PrefixCacheStats prefix_before = engine.prefix_cache_stats();
   for (int32_t round = 0; round < workload.rounds; ++round) {
     if (round > 0) {
@@ -890,16 +903,31 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
     const double host_gap_before = engine.stats().host_gap_seconds;
     const auto t0 = Clock::now();
     while (engine.has_unfinished()) {
+      const EngineStats before = engine.stats();
+      const auto step_start = Clock::now();
       engine.step();
+      const double step_seconds = seconds_between(step_start, Clock::now());
       const int64_t used = engine.allocator().num_usable() - engine.allocator().num_free();
       r.peak_kv_pages = std::max(r.peak_kv_pages, used - used_before);
       double kv_tokens = 0;
       for (const Sequence* s : samples) {
         if (s->status == SequenceStatus::kRunning) kv_tokens += s->num_computed;
       }
+      double step_limit = 0;
       if (r.bandwidth_bytes_per_s) {
-        r.limit_seconds += (weight_read_bytes + kv_tokens * kv_per_token) / *r.bandwidth_bytes_per_s;
+        step_limit = (weight_read_bytes + kv_tokens * kv_per_token) / *r.bandwidth_bytes_per_s;
+        r.limit_seconds += step_limit;
       }
+      const int64_t rows = engine.stats().decode_tokens - before.decode_tokens;
+      size_t c = 0;
+      if (engine.stats().prefill_tokens == before.prefill_tokens) {
+        while (rows > row_bounds[c]) ++c;
+        ++c;
+      }
+      classes[c].steps += 1;
+      classes[c].seconds += step_seconds;
+      classes[c].limit_seconds += step_limit;
+      classes[c].decode_tokens += rows;
     }
     backend.synchronize();
     r.rollout_seconds += seconds_between(t0, Clock::now());
@@ -914,6 +942,9 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
       r.generated_tokens += static_cast<int64_t>(s.output.size());
       engine.release(ids[i]);
     }
+  }
+  for (GrpoStepClass& c : classes) {
+    if (c.steps > 0) r.step_classes.push_back(std::move(c));
   }
   r.steps = engine.stats().steps - steps_before;
   r.preemptions = engine.stats().preemptions - preemptions_before;
@@ -941,7 +972,17 @@ std::string grpo_json_line(const GrpoReport& r) {
       {"prefix_hit_rate", r.prefix_hit_rate()},
       {"host_gap_s", r.host_gap_seconds},
   };
-  return j.dump();
+  nlohmann::json classes = nlohmann::json::array();
+  for (const GrpoStepClass& c : r.step_classes) {
+    classes.push_back({{"name", c.name},
+                       {"steps", c.steps},
+                       {"seconds", c.seconds},
+                       {"limit_s", c.limit_seconds},
+                       {"decode_tokens", c.decode_tokens}});
+  }
+  nlohmann::json out = j;
+  out["step_classes"] = classes;
+  return out.dump();
 }
 
 }  // namespace pagellm

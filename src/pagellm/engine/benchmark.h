@@ -363,6 +363,15 @@ std::vector<int64_t> add_prompt_samples(Engine& engine, const std::vector<int32_
                                         const std::vector<int32_t>& max_tokens);
 
 /// The figures of W2.
+/// W2's steps of one kind (GrpoReport::step_classes): where the rollout's time goes.
+struct GrpoStepClass {
+  std::string name;         // "prefill + decode" or "decode 1-8 rows", "decode 9-32 rows", ...
+  int64_t steps = 0;
+  double seconds = 0;       // wall time of Engine::step() over these steps
+  double limit_seconds = 0; // their share of GrpoReport::limit_seconds
+  int64_t decode_tokens = 0;
+};
+
 struct GrpoReport {
   GrpoWorkload workload;
   std::string model;
@@ -389,6 +398,10 @@ struct GrpoReport {
   std::vector<double> weight_update_seconds;
   /// Prefix cache over the rollouts: tokens looked up at admission and found cached (a
   /// group looks up its prompt once; preempted samples look up again when they resume).
+  /// The rounds' steps by kind: steps that prefilled prompt tokens (beside any decode
+  /// rows), then decode-only steps by their number of decode rows (1-8, 9-32, 33-64, 65-128,
+  /// 129-256, 257 and more); the kinds no step fell into are left out.
+  std::vector<GrpoStepClass> step_classes;
   int64_t prefix_queried_tokens = 0;
   int64_t prefix_hit_tokens = 0;
   double prefix_hit_rate() const {

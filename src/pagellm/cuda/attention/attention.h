@@ -126,6 +126,29 @@ inline constexpr int32_t kDecodeRouteMaxTokens = 4;
 /// 30 µs) the prefill kernel wins. Host fields only (max_query_len, num_tokens), so the
 /// choice is the same at capture and replay.
 bool native_attention_takes_decode(const PagedAttentionParams& p);
+/// Smallest leading run of one-token sequences that plan_native_attention splits off a
+/// call the prefill kernel runs.
+inline constexpr int32_t kMixedDecodeMinSeqs = 4;
+/// The kernel calls the native route makes for one attention call: the decode kernel, the
+/// prefill kernel, or both on disjoint sequences.
+struct NativeAttentionCalls {
+  bool run_decode = false;
+  bool run_prefill = false;
+  PagedAttentionParams decode;   // valid when run_decode
+  PagedAttentionParams prefill;  // valid when run_prefill
+};
+/// How the native route runs `p`. native_attention_takes_decode: the decode kernel alone.
+/// Otherwise the prefill kernel, except that a mixed step's leading run of at least
+/// kMixedDecodeMinSeqs one-token sequences (decode rows; the scheduler puts running
+/// sequences first) goes to the decode kernel, and the prefill kernel gets the sequences
+/// after it (its arrays offset past them; query_start stays absolute, so q, out and
+/// num_tokens do not change). The prefill grid has a CTA per (128-row tile, query head),
+/// so each decode row took 32 CTAs that each streamed its whole context for one query row.
+/// `query_start` and `kv_lens` are the host copies of p's arrays (num_seqs + 1 and num_seqs
+/// values) or null where the call may be replayed with other contents (a captured graph):
+/// no split then, since the split depends on the contents. Host-only.
+NativeAttentionCalls plan_native_attention(const PagedAttentionParams& p,
+                                           const int32_t* query_start, const int32_t* kv_lens);
 
 /// Attention for ragged batches of any query lengths (prefill, chunked prefill with a
 /// cached prefix, or mixed batches). One CTA per (query tile of 64 or 128 rows, query

@@ -845,6 +845,38 @@ bool native_attention_takes_decode(const PagedAttentionParams& p) {
          p.num_tokens <= kDecodeRouteMaxTokens;
 }
 
+NativeAttentionCalls plan_native_attention(const PagedAttentionParams& p,
+                                           const int32_t* query_start, const int32_t* kv_lens) {
+  NativeAttentionCalls calls;
+  if (native_attention_takes_decode(p)) {
+    calls.run_decode = true;
+    calls.decode = p;
+    return calls;
+  }
+  calls.run_prefill = true;
+  calls.prefill = p;
+  if (query_start == nullptr || kv_lens == nullptr) return calls;
+  int32_t d = 0, max_kv = 0;
+  while (d < p.num_seqs && query_start[d + 1] - query_start[d] == 1) {
+    max_kv = std::max(max_kv, kv_lens[d]);
+    ++d;
+  }
+  if (d < kMixedDecodeMinSeqs || d == p.num_seqs) return calls;
+  calls.run_decode = true;
+  calls.decode = p;
+  calls.decode.num_seqs = d;
+  calls.decode.num_tokens = query_start[d] - query_start[0];
+  calls.decode.max_query_len = 1;
+  calls.decode.max_kv_len = max_kv;
+  calls.prefill.query_start = p.query_start + d;
+  calls.prefill.kv_lens = p.kv_lens + d;
+  calls.prefill.page_table = p.page_table + static_cast<int64_t>(d) * p.max_pages_per_seq;
+  calls.prefill.num_seqs = p.num_seqs - d;
+  // num_tokens stays: the prefill kernel bounds the rows it writes by it, as absolute
+  // indices like query_start's (its grid gains at most a tile for the rows it skips).
+  return calls;
+}
+
 void paged_decode_attention(const PagedAttentionParams& p, cudaStream_t stream) {
   paged_decode_attention_with(p, CudaSettings::process().decode_kernel, stream);
 }

@@ -251,10 +251,16 @@ void AttentionDispatch::run(const Tensor& q, const LayerKv& kv, const AttentionS
     paged_decode_attention_with(p, settings_.decode_kernel, as_stream(stream_));
     return;
   }
-  if (native_attention_takes_decode(p)) {
-    paged_decode_attention_with(p, settings_.decode_kernel, as_stream(stream_));
-  } else {
-    paged_prefill_attention_with(p, settings_.prefill_kernel, as_stream(stream_));
+  // A forward that may be replayed keeps one route for every replay (no split by contents).
+  const bool replayable = host.kv_len_capacity > 0 || stream_capturing(stream_);
+  const NativeAttentionCalls calls =
+      plan_native_attention(p, replayable ? nullptr : host.query_start.data(),
+                            replayable ? nullptr : host.kv_lens.data());
+  if (calls.run_decode) {
+    paged_decode_attention_with(calls.decode, settings_.decode_kernel, as_stream(stream_));
+  }
+  if (calls.run_prefill) {
+    paged_prefill_attention_with(calls.prefill, settings_.prefill_kernel, as_stream(stream_));
   }
 }
 

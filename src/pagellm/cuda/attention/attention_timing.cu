@@ -139,12 +139,12 @@ PagedAttentionParams AttentionTimer::params() const {
   return p;
 }
 
-void AttentionTimer::run_native(const PagedAttentionParams& p) {
-  if (native_attention_takes_decode(p)) {  // the native route's choice (attention.h)
-    paged_decode_attention(p, stream_);
-  } else {
-    paged_prefill_attention(p, stream_);
-  }
+void AttentionTimer::run_native(const PagedAttentionParams& p, bool replayable) {
+  const NativeAttentionCalls calls =
+      plan_native_attention(p, replayable ? nullptr : host_.query_start.data(),
+                            replayable ? nullptr : host_.kv_lens.data());
+  if (calls.run_decode) paged_decode_attention(calls.decode, stream_);
+  if (calls.run_prefill) paged_prefill_attention(calls.prefill, stream_);
 }
 
 void AttentionTimer::start_timing() {
@@ -188,7 +188,7 @@ void AttentionTimer::end_graph_and_time(int replays, float* ms) {
 
 double AttentionTimer::time_native(LaunchMode mode, int iters, int layers) {
   const PagedAttentionParams p = params();
-  return time([&] { run_native(p); }, mode, iters, layers);
+  return time([&] { run_native(p, mode == LaunchMode::kGraph); }, mode, iters, layers);
 }
 
 double AttentionTimer::time_cudnn(LaunchMode mode, int iters, int layers, std::string* error) {

@@ -48,8 +48,10 @@ class AttentionTimer {
   AttentionDomain domain() const;
   ForwardBatch& batch() { return host_; }
   PagedAttentionParams params() const;
-  /// One native call of the loaded shape (decode or prefill kernel).
-  void run_native(const PagedAttentionParams& p);
+  /// One native call of the loaded shape as the dispatcher makes it (plan_native_attention:
+  /// decode kernel, prefill kernel, or both on a mixed batch's decode rows and chunks;
+  /// `replayable`: as in a captured graph, never split).
+  void run_native(const PagedAttentionParams& p, bool replayable = false);
 
   /// Mean microseconds per call of `call`: eager, `iters` back-to-back calls after three
   /// warm-up calls; graph, one graph of `layers` calls replayed max(2, iters / 4) times.

@@ -527,8 +527,10 @@ void launch_silu_mul(const void* gate_up, void* out, int64_t rows, int64_t inter
   auto* o = static_cast<bf16*>(out);
   // 32-bit items while the grid-stride loop's last step stays below 2^32.
   const bool narrow = n + int64_t{grid} * threads < (int64_t{1} << 32);
-  auto* kernel = vec ? (narrow ? silu_mul_kernel<true, uint32_t> : silu_mul_kernel<true, int64_t>)
-                     : (narrow ? silu_mul_kernel<false, uint32_t> : silu_mul_kernel<false, int64_t>);
+  auto* kernel = vec ? (narrow ? silu_mul_kernel<true, uint32_t>
+                               : silu_mul_kernel<true, int64_t>)
+                     : (narrow ? silu_mul_kernel<false, uint32_t>
+                               : silu_mul_kernel<false, int64_t>);
   launch_kernel(kernel, dim3(grid), dim3(threads), 0, stream, 1, in, o, rows, inter);
 }
 
