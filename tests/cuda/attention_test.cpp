@@ -423,8 +423,8 @@ void run_case(const Case& c, Kernel kernel, std::mt19937_64& rng) {
     std::string what;
     if (kernel == Kernel::kNative) {
       // The native route as an eager forward takes it (the dispatcher's calls).
-      const NativeAttentionCalls calls =
-          plan_native_attention(p, pr.query_start.data(), pr.kv_lens.data());
+      const NativeAttentionCalls calls = plan_native_attention(
+          p, find_mixed_decode_run(p.num_seqs, pr.query_start.data(), pr.kv_lens.data()));
       if (calls.run_decode) paged_decode_attention(calls.decode, nullptr);
       if (calls.run_prefill) paged_prefill_attention(calls.prefill, nullptr);
       what = std::string("native route (") + (calls.run_decode ? "decode" : "") +
@@ -1020,7 +1020,11 @@ TEST(NativeAttentionRoute, MixedStepsSplitTheLeadingDecodeRowsOff) {
   p.num_tokens = 306;
   p.max_query_len = 300;
   p.max_kv_len = 4000;
-  NativeAttentionCalls c = plan_native_attention(p, qs.data(), kv.data());
+  const MixedDecodeRun run = find_mixed_decode_run(p.num_seqs, qs.data(), kv.data());
+  EXPECT_EQ(run.seqs, 5);
+  EXPECT_EQ(run.tokens, 5);
+  EXPECT_EQ(run.max_kv_len, 4000);
+  NativeAttentionCalls c = plan_native_attention(p, run);
   ASSERT_TRUE(c.run_decode && c.run_prefill);
   EXPECT_EQ(c.decode.num_seqs, 5);
   EXPECT_EQ(c.decode.num_tokens, 5);
@@ -1033,20 +1037,21 @@ TEST(NativeAttentionRoute, MixedStepsSplitTheLeadingDecodeRowsOff) {
   EXPECT_EQ(c.prefill.kv_lens, p.kv_lens + 5);
   EXPECT_EQ(c.prefill.page_table, p.page_table + 15);
   EXPECT_EQ(c.prefill.max_query_len, 300);
-  // Replayable (no host arrays): one prefill call over everything.
-  c = plan_native_attention(p, nullptr, nullptr);
+  // No run (a replayable forward): one prefill call over everything.
+  c = plan_native_attention(p);
   EXPECT_TRUE(c.run_prefill && !c.run_decode);
   EXPECT_EQ(c.prefill.num_seqs, 7);
   // Fewer than kMixedDecodeMinSeqs leading decode rows: not split.
   const std::vector<int32_t> qs3 = {0, 1, 2, 3, 303};
   p.num_seqs = 4;
   p.num_tokens = 303;
-  c = plan_native_attention(p, qs3.data(), kv.data());
-  EXPECT_TRUE(c.run_prefill && !c.run_decode);
+  EXPECT_EQ(find_mixed_decode_run(p.num_seqs, qs3.data(), kv.data()).seqs, 0);
+  // Nothing after the run (a decode step's arrays): no split either.
+  EXPECT_EQ(find_mixed_decode_run(5, qs.data(), kv.data()).seqs, 0);
   // A decode step: the decode kernel alone, whatever the arrays.
   p.max_query_len = 1;
   p.num_tokens = 4;
-  c = plan_native_attention(p, qs.data(), kv.data());
+  c = plan_native_attention(p, run);
   EXPECT_TRUE(c.run_decode && !c.run_prefill);
   EXPECT_EQ(c.decode.num_seqs, 4);
 }

@@ -137,18 +137,28 @@ struct NativeAttentionCalls {
   PagedAttentionParams decode;   // valid when run_decode
   PagedAttentionParams prefill;  // valid when run_prefill
 };
+/// A mixed step's leading run of decode rows (one-token sequences; the scheduler puts
+/// running sequences first), found once per forward from the host arrays.
+struct MixedDecodeRun {
+  int32_t seqs = 0;        // 0: no split
+  int32_t tokens = 0;      // their query tokens: query_start[seqs] - query_start[0]
+  int32_t max_kv_len = 0;  // the longest of their kv_lens
+};
+/// The leading run of one-token sequences of a batch of `num_seqs` (host copies of its
+/// query_start and kv_lens), when it holds at least kMixedDecodeMinSeqs sequences and a
+/// sequence follows it; otherwise seqs 0. Only for a call that is not replayed with other
+/// contents (a captured graph keeps one route for every replay). Host-only.
+MixedDecodeRun find_mixed_decode_run(int32_t num_seqs, const int32_t* query_start,
+                                     const int32_t* kv_lens);
 /// How the native route runs `p`. native_attention_takes_decode: the decode kernel alone.
-/// Otherwise the prefill kernel, except that a mixed step's leading run of at least
-/// kMixedDecodeMinSeqs one-token sequences (decode rows; the scheduler puts running
-/// sequences first) goes to the decode kernel, and the prefill kernel gets the sequences
-/// after it (its arrays offset past them; query_start stays absolute, so q, out and
-/// num_tokens do not change). The prefill grid has a CTA per (128-row tile, query head),
-/// so each decode row took 32 CTAs that each streamed its whole context for one query row.
-/// `query_start` and `kv_lens` are the host copies of p's arrays (num_seqs + 1 and num_seqs
-/// values) or null where the call may be replayed with other contents (a captured graph):
-/// no split then, since the split depends on the contents. Host-only.
+/// Otherwise the prefill kernel, except that a mixed step's leading decode rows (`run`,
+/// from find_mixed_decode_run) go to the decode kernel, and the prefill kernel gets the
+/// sequences after them (its arrays offset past them; query_start stays absolute, so q,
+/// out and num_tokens do not change). The prefill grid has a CTA per (128-row tile, query
+/// head), so each decode row took 32 CTAs that each streamed its whole context for one
+/// query row. Host-only.
 NativeAttentionCalls plan_native_attention(const PagedAttentionParams& p,
-                                           const int32_t* query_start, const int32_t* kv_lens);
+                                           const MixedDecodeRun& run = {});
 
 /// Attention for ragged batches of any query lengths (prefill, chunked prefill with a
 /// cached prefix, or mixed batches). One CTA per (query tile of 64 or 128 rows, query

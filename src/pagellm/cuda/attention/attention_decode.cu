@@ -845,8 +845,23 @@ bool native_attention_takes_decode(const PagedAttentionParams& p) {
          p.num_tokens <= kDecodeRouteMaxTokens;
 }
 
+MixedDecodeRun find_mixed_decode_run(int32_t num_seqs, const int32_t* query_start,
+                                     const int32_t* kv_lens) {
+  MixedDecodeRun run;
+  int32_t d = 0, max_kv = 0;
+  while (d < num_seqs && query_start[d + 1] - query_start[d] == 1) {
+    max_kv = std::max(max_kv, kv_lens[d]);
+    ++d;
+  }
+  if (d < kMixedDecodeMinSeqs || d == num_seqs) return run;
+  run.seqs = d;
+  run.tokens = query_start[d] - query_start[0];
+  run.max_kv_len = max_kv;
+  return run;
+}
+
 NativeAttentionCalls plan_native_attention(const PagedAttentionParams& p,
-                                           const int32_t* query_start, const int32_t* kv_lens) {
+                                           const MixedDecodeRun& run) {
   NativeAttentionCalls calls;
   if (native_attention_takes_decode(p)) {
     calls.run_decode = true;
@@ -855,19 +870,14 @@ NativeAttentionCalls plan_native_attention(const PagedAttentionParams& p,
   }
   calls.run_prefill = true;
   calls.prefill = p;
-  if (query_start == nullptr || kv_lens == nullptr) return calls;
-  int32_t d = 0, max_kv = 0;
-  while (d < p.num_seqs && query_start[d + 1] - query_start[d] == 1) {
-    max_kv = std::max(max_kv, kv_lens[d]);
-    ++d;
-  }
-  if (d < kMixedDecodeMinSeqs || d == p.num_seqs) return calls;
+  if (run.seqs <= 0 || run.seqs >= p.num_seqs) return calls;
+  const int32_t d = run.seqs;
   calls.run_decode = true;
   calls.decode = p;
   calls.decode.num_seqs = d;
-  calls.decode.num_tokens = query_start[d] - query_start[0];
+  calls.decode.num_tokens = run.tokens;
   calls.decode.max_query_len = 1;
-  calls.decode.max_kv_len = max_kv;
+  calls.decode.max_kv_len = run.max_kv_len;
   calls.prefill.query_start = p.query_start + d;
   calls.prefill.kv_lens = p.kv_lens + d;
   calls.prefill.page_table = p.page_table + static_cast<int64_t>(d) * p.max_pages_per_seq;

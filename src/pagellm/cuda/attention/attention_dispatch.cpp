@@ -94,6 +94,8 @@ struct AttentionDispatch::Route {
   uint64_t serial = 0;
   uint64_t plans_made = 0;
   AttentionDomain domain;  // the shape `plan` was made for
+  // The forward's leading decode rows that native calls split off (eager forwards only).
+  MixedDecodeRun mixed_run;
   // The key `auto` requested in the last forward (rule 5), and that forward's last call:
   // a plan built for it at begin_capture is run once on those buffers before capturing.
   bool pending_valid = false;
@@ -141,6 +143,10 @@ AttentionPlanRef AttentionDispatch::plan(const BatchTensors& batch, const Attent
   const LaunchMode mode =
       host.kv_len_capacity > 0 || stream_capturing(stream_) ? LaunchMode::kGraph : LaunchMode::kEager;
   r.plan = &r.planner->plan(r.domain, batch_view(host), mode);
+  r.mixed_run = mode == LaunchMode::kEager
+                    ? find_mixed_decode_run(host.num_seqs(), host.query_start.data(),
+                                            host.kv_lens.data())
+                    : MixedDecodeRun{};
   r.serial = ++r.plans_made;
   ++r.stats.forwards_planned;
   r.pending_valid = r.plan->decided_by == static_cast<int>(AdmissionRule::kPlanReady);
@@ -251,11 +257,7 @@ void AttentionDispatch::run(const Tensor& q, const LayerKv& kv, const AttentionS
     paged_decode_attention_with(p, settings_.decode_kernel, as_stream(stream_));
     return;
   }
-  // A forward that may be replayed keeps one route for every replay (no split by contents).
-  const bool replayable = host.kv_len_capacity > 0 || stream_capturing(stream_);
-  const NativeAttentionCalls calls =
-      plan_native_attention(p, replayable ? nullptr : host.query_start.data(),
-                            replayable ? nullptr : host.kv_lens.data());
+  const NativeAttentionCalls calls = plan_native_attention(p, r.mixed_run);
   if (calls.run_decode) {
     paged_decode_attention_with(calls.decode, settings_.decode_kernel, as_stream(stream_));
   }

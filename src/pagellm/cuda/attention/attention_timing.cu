@@ -99,6 +99,8 @@ void AttentionTimer::load(const AttentionCallShape& shape, std::mt19937& rng) {
   upload(query_start_, host_.query_start.data(), host_.query_start.size() * sizeof(int32_t));
   upload(kv_lens_, host_.kv_lens.data(), host_.kv_lens.size() * sizeof(int32_t));
   upload(page_table_, host_.page_table.data(), host_.page_table.size() * sizeof(int32_t));
+  mixed_run_ = find_mixed_decode_run(host_.num_seqs(), host_.query_start.data(),
+                                     host_.kv_lens.data());
   num_pages_ = pages;
   // The pools hold pages of this size for up to pool_elems_ elements.
   if (cache_.num_pages() != num_pages_) cache_.set_num_pages(num_pages_);
@@ -141,8 +143,7 @@ PagedAttentionParams AttentionTimer::params() const {
 
 void AttentionTimer::run_native(const PagedAttentionParams& p, bool replayable) {
   const NativeAttentionCalls calls =
-      plan_native_attention(p, replayable ? nullptr : host_.query_start.data(),
-                            replayable ? nullptr : host_.kv_lens.data());
+      plan_native_attention(p, replayable ? MixedDecodeRun{} : mixed_run_);
   if (calls.run_decode) paged_decode_attention(calls.decode, stream_);
   if (calls.run_prefill) paged_prefill_attention(calls.prefill, stream_);
 }

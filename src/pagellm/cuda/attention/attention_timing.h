@@ -84,6 +84,7 @@ class AttentionTimer {
   int64_t pool_elems_ = 0, pool_tokens_ = 0, num_pages_ = 0;
   AttentionCallShape shape_;
   ForwardBatch host_;
+  MixedDecodeRun mixed_run_;  // of host_, found at load()
 };
 
 template <class Call>
