@@ -14,8 +14,9 @@
 // Every kernel is launched with programmatic dependent launch (pdl.cuh): it waits for the
 // kernel before it (pdl_wait) before touching activations and then lets the kernel after it
 // launch at once (pdl_launch_dependents), since its grid is one wave at decode sizes. The
-// norm kernels differ twice: they load their weight vector before the wait, and at 32 rows
-// or more they let the kernel after them launch before it (pdl.cuh, rule 3).
+// norm kernels differ: at 32 rows or more they let the kernel after them launch before
+// their wait (pdl.cuh, rule 3), and the block-per-row kernel also loads its weight vector
+// before the wait (the warp-per-row kernel of prefill-sized batches reads it after).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
