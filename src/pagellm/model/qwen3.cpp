@@ -300,19 +300,20 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
           << "forward: LoRA slot " << slot << " holds no adapter";
     }
   }
-  // `proj` pending: it holds a sublayer's output that the residual has not taken yet (the
-  // LoRA and tensor-parallel paths add it in the next norm). Otherwise each residual
-  // sublayer's product adds itself and normalises into `hidden` for what follows it
-  // (Backend::matmul_add_rms_norm), so the next layer starts from `hidden`.
-  bool proj_pending = false;
+  // Each residual sublayer's product adds itself and normalises into `hidden` for what
+  // follows it (Backend::matmul_add_rms_norm), so a layer starts from `hidden`, except on
+  // the LoRA and tensor-parallel paths: there `proj` holds the down product, which the next
+  // norm adds (LoRA's delta and the ranks' all-reduce come between product and add).
+  const bool lora_forward = lora && lora_num_slots_ > 0;
+  const bool norm_adds_proj = lora_forward || comm_ != nullptr;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Qwen3LayerWeights& w = layers_[l];
     if (l == 0) {
       backend_.rms_norm(residual, w.input_norm, eps, hidden);
-    } else if (proj_pending) {
+    } else if (norm_adds_proj) {
       backend_.add_rms_norm(residual, proj, w.input_norm, eps, hidden);
     }
-    if (lora && lora_num_slots_ > 0) {
+    if (lora_forward) {
       backend_.lora_matmul_qk_norm_rope_store_kv(hidden, w.qkv, lora_group(l, kLoraQkv), qkv,
                                                  w.q_norm, w.k_norm, eps, rope, shape, batch, q,
                                                  kv[l]);
@@ -322,7 +323,6 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
       backend_.lora_matmul_silu_mul(hidden, w.gate_up, lora_group(l, kLoraGateUp), batch,
                                     gate_up, act);
       backend_.lora_matmul(act, w.down, lora_group(l, kLoraDown), batch, proj);
-      proj_pending = true;
       continue;
     }
     backend_.matmul_qk_norm_rope_store_kv(hidden, w.qkv, qkv, w.q_norm, w.k_norm, eps, rope, shape,
@@ -337,16 +337,14 @@ Tensor Qwen3Model::forward(const BatchTensors& batch, std::vector<LayerKv>& kv) 
       backend_.matmul_silu_mul(hidden, w.gate_up, gate_up, act);
       backend_.matmul(act, w.down, proj);
       comm_->all_reduce_sum(backend_, proj);
-      proj_pending = true;
       continue;
     }
     const Tensor& next_norm = l + 1 < layers_.size() ? layers_[l + 1].input_norm : final_norm_;
     backend_.matmul_add_rms_norm(attn, w.o_proj, proj, residual, w.post_norm, eps, hidden);
     backend_.matmul_silu_mul(hidden, w.gate_up, gate_up, act);
     backend_.matmul_add_rms_norm(act, w.down, proj, residual, next_norm, eps, hidden);
-    proj_pending = false;
   }
-  if (proj_pending) backend_.add_rms_norm(residual, proj, final_norm_, eps, hidden);
+  if (norm_adds_proj) backend_.add_rms_norm(residual, proj, final_norm_, eps, hidden);
   Tensor rows = ws_.rows.rows(0, R), logits = ws_.logits.rows(0, R);
   if (R > 0 && float32_head_) {
     // The residual stream's rows (activation dtype), normalised and projected in float32.
