@@ -35,22 +35,26 @@
 //    row of the accumulator lives in one quad of 4 lanes, as with mma.sync.
 //  - O += P V: P stays in registers: the S accumulator fragment, rounded to bf16, is the A
 //    fragment of wgmma (register A). V [keys][d] with d contiguous is an MN-major B
-//    operand (transpose bit); the 128 columns of O are two m64n64k16 products per 16 keys,
-//    so that every B operand spans exactly one 128-byte swizzle row (no leading-byte-offset
-//    striding to get wrong).
+//    operand (transpose bit); the 128 columns of O are one m64n128k16 product per 16 keys,
+//    its B descriptor stepping from the first 64-wide half of d to the second by the
+//    leading byte offset (wgmma_desc_sw128_mn). Two m64n64k16 products per 16 keys, which
+//    send the same A registers twice, ran 2-4 % slower (H200, 2026-12-04).
 //  - Masking only on KV tiles that straddle the diagonal or the end of the sequence: scores
 //    of keys past a row's last key become -inf by a select (so whatever K rows past kv hold,
 //    NaN included, never reaches P). V rows past kv (the tail of the last page, or chunks
 //    not loaded) are zeroed in shared memory before P V, since 0 · NaN is NaN. A consumer
 //    warpgroup skips the math of KV tiles that lie entirely above its own 64 rows'
 //    diagonal (it still releases the stage).
-//  - Overlap ("wgmma", FlashAttention-3's intra-warpgroup overlap): each consumer issues
-//    S(it) = Q K(it)ᵀ and P(it-1) V(it-1) together, waits for S only, runs the softmax of
-//    S(it) while P V still executes, then waits for P V before rescaling O and writing the
-//    new P (so no register an in-flight wgmma reads is overwritten). "wgmma-serial" runs
-//    S, softmax and P V of each tile in turn. In "wgmma" the two consumers also take turns
-//    issuing their products (FA3's ping-pong: named barriers 3 and 4), so that one's
-//    softmax runs under the other's MMAs rather than both contending for the tensor cores.
+//  - Overlap ("wgmma"): each consumer issues S(it) = Q K(it)ᵀ and P(it-1) V(it-1)
+//    together, as one turn, and the two consumers take turns issuing (FA3's ping-pong:
+//    named barriers 3 and 4), so that one's softmax runs under the other's MMAs rather
+//    than both contending for the tensor cores. The source waits for S alone before the
+//    softmax of S(it) and for P V after it (FA3's intra-warpgroup overlap), but ptxas
+//    schedules the second wait at the top of its basic block, so the softmax runs after
+//    both (SASS, CUDA 13.0). Pinning the softmax between the waits (a shared store of its
+//    row sums before the second) made the kernel 2-8 % slower (H200, 2026-12-04): with the
+//    ping-pong keeping the tensor cores busy, finishing the softmax earlier only moved the
+//    wait. "wgmma-serial" runs S, softmax and P V of each tile in turn, without turns.
 //  - Programmatic dependent launch as v2: every thread waits first; the consumers let the
 //    next kernel launch once their KV loop is done.
 // Roofline: 4 · D · Σ(causal pairs) flops per query head at the wgmma rate (806 TFLOP/s
@@ -165,8 +169,8 @@ __device__ __forceinline__ void produce_kv(const WgmmaPrefillArgs& a, const Pref
   }
 }
 
-/// Consumer state: 16 rows per warp (g and g + 8 of the warp's m16 slice), O as two
-/// m64n64 accumulators (d 0..63, 64..127).
+/// Consumer state: 16 rows per warp (g and g + 8 of the warp's m16 slice), O as the two
+/// halves of the m64n128 accumulator (d 0..63, 64..127), each laid out as an m64n64 one.
 struct ConsumerState {
   float o[2][32];
   float row_max[2];
@@ -186,19 +190,16 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], uint32_t q_wg, uint32_t
 }
 
 /// O += P V: k-step kk covers keys 16 kk .. 16 kk + 15, i.e. n8 blocks 2 kk, 2 kk + 1 of P,
-/// whose accumulator halves are the A fragment's four registers; V's two d halves are two
-/// m64n64 products. Issues only.
+/// whose accumulator halves are the A fragment's four registers; one m64n128 product over
+/// V's two d halves. Issues only.
 __device__ __forceinline__ void issue_pv(ConsumerState& st, const uint32_t (&p_bf)[16][2],
                                          uint32_t v_tile) {
 #pragma unroll
   for (int kk = 0; kk < kBN / 16; ++kk) {
     const uint32_t pa[4] = {p_bf[2 * kk][0], p_bf[2 * kk][1], p_bf[2 * kk + 1][0],
                             p_bf[2 * kk + 1][1]};
-#pragma unroll
-    for (int dh = 0; dh < 2; ++dh) {
-      wgmma_m64n64k16_rs_tn(st.o[dh], pa,
-                            wgmma_desc_sw128(v_tile + dh * kTileHalfBytes + kk * 16 * kRowBytes));
-    }
+    wgmma_m64n128k16_rs_tn(st.o[0], st.o[1], pa,
+                           wgmma_desc_sw128_mn(v_tile + kk * 16 * kRowBytes, kTileHalfBytes));
   }
 }
 
@@ -450,9 +451,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       release(it);
     }
   } else if (wg_tiles > 0) {
-    // FlashAttention-3's intra-warpgroup overlap: S(it) and P(it-1) V(it-1) are issued
-    // together; the softmax of S(it) runs while P V still executes, and only the O rescale
-    // and the new P wait for it. Tile it-1's stage is released once its P V is done.
+    // S(it) and P(it-1) V(it-1) are issued together, in this consumer's turn; the waits
+    // for S and then for P V bracket the softmax of S(it) in the source (FA3's
+    // intra-warpgroup overlap), though ptxas moves the second wait above it (header).
+    // Tile it-1's stage is released once its P V is done.
     acquire(0);
     turn_begin();
     wgmma_fence();

@@ -1,6 +1,6 @@
 // Device helpers for Hopper's warpgroup MMA (wgmma, sm_90a) and the warp-specialised
 // pipelines around it: shared-memory matrix descriptors for 128-byte-swizzled tiles, the
-// fence / commit / wait protocol, the two MMA shapes the FA3-class prefill kernel uses,
+// fence / commit / wait protocol, the MMA shapes the FA3-class prefill kernel uses,
 // register reallocation between warpgroups (setmaxnreg), named barriers, plain mbarrier
 // arrivals and the generic-to-async proxy fence. The TMA side (mbarrier waits with
 // transaction bytes, tensor-map loads) is tma.cuh.
@@ -16,8 +16,9 @@
 //  - K-major operand (the reduction index contiguous, e.g. Q or K rows with d contiguous):
 //    a k16 step is 32 bytes of each row; step s of a 64-wide half starts 32 s bytes in.
 //  - MN-major operand (the output index contiguous, e.g. V [keys][d] as the B of P V): a
-//    k16 step is 16 rows (two atoms, 2048 bytes); N = 64 spans one 128-byte row, so the
-//    leading byte offset (the stride between 64-wide column blocks) is never used.
+//    k16 step is 16 rows (two atoms, 2048 bytes); N = 64 spans one 128-byte row, and a
+//    wider N takes 64-wide column blocks the leading byte offset apart
+//    (wgmma_desc_sw128_mn).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,16 @@ namespace pagellm::cuda {
 /// offset 16 bytes (unused by the shapes here), swizzle mode 128B.
 __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+/// As wgmma_desc_sw128, for an MN-major operand wider than one 128-byte row: N = 64 · m
+/// spans m column blocks of 64 elements, block b at `addr + b · block_bytes` (the leading
+/// byte offset; CUTLASS's canonical MN-major SW128 layout ((8,8,m),(8,k)) : ((1,8,LBO),
+/// (64,SBO)) in elements), rows of consecutive k 128 bytes apart within each block.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128_mn(uint32_t addr, uint32_t block_bytes) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>((block_bytes & 0x3FFFF) >> 4) << 16) |
          (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
 }
 
@@ -73,16 +84,20 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t a, 
       : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
 }
 
-/// d[64 x 64] += A[64 x 16] · B[16 x 64], A in registers (the m16n8k16 A fragment of each
-/// warp's 16 rows), B MN-major in shared memory (a descriptor; transposed on the fly).
-__device__ __forceinline__ void wgmma_m64n64k16_rs_tn(float (&d)[32], const uint32_t (&a)[4],
-                                                      uint64_t b) {
+/// d[64 x 128] += A[64 x 16] · B[16 x 128]: A in registers (the m16n8k16 A fragment of
+/// each warp's 16 rows), B MN-major in shared memory (wgmma_desc_sw128_mn: two 64-wide
+/// column blocks; transposed on the fly), d as two halves (d0: columns 0..63, d1: 64..127,
+/// each in the accumulator layout of an m64n64 product). One instruction where two
+/// m64n64k16 products would send the same A registers twice.
+__device__ __forceinline__ void wgmma_m64n128k16_rs_tn(float (&d0)[32], float (&d1)[32],
+                                                       const uint32_t (&a)[4], uint64_t b) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d0[0]), "+f"(d0[1]), "+f"(d0[2]), "+f"(d0[3]), "+f"(d0[4]), "+f"(d0[5]), "+f"(d0[6]), "+f"(d0[7]), "+f"(d0[8]), "+f"(d0[9]), "+f"(d0[10]), "+f"(d0[11]), "+f"(d0[12]), "+f"(d0[13]), "+f"(d0[14]), "+f"(d0[15]), "+f"(d0[16]), "+f"(d0[17]), "+f"(d0[18]), "+f"(d0[19]), "+f"(d0[20]), "+f"(d0[21]), "+f"(d0[22]), "+f"(d0[23]), "+f"(d0[24]), "+f"(d0[25]), "+f"(d0[26]), "+f"(d0[27]), "+f"(d0[28]), "+f"(d0[29]), "+f"(d0[30]), "+f"(d0[31]),
+        "+f"(d1[0]), "+f"(d1[1]), "+f"(d1[2]), "+f"(d1[3]), "+f"(d1[4]), "+f"(d1[5]), "+f"(d1[6]), "+f"(d1[7]), "+f"(d1[8]), "+f"(d1[9]), "+f"(d1[10]), "+f"(d1[11]), "+f"(d1[12]), "+f"(d1[13]), "+f"(d1[14]), "+f"(d1[15]), "+f"(d1[16]), "+f"(d1[17]), "+f"(d1[18]), "+f"(d1[19]), "+f"(d1[20]), "+f"(d1[21]), "+f"(d1[22]), "+f"(d1[23]), "+f"(d1[24]), "+f"(d1[25]), "+f"(d1[26]), "+f"(d1[27]), "+f"(d1[28]), "+f"(d1[29]), "+f"(d1[30]), "+f"(d1[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
