@@ -900,7 +900,7 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
     samples.reserve(ids.size());
     for (int64_t id : ids) samples.push_back(&engine.request(id));
     backend.synchronize();
-    const double host_gap_before = engine.stats().host_gap_seconds;
+    const EngineStats host_before = engine.stats();
     const auto t0 = Clock::now();
     while (engine.has_unfinished()) {
       const EngineStats before = engine.stats();
@@ -931,7 +931,11 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
     }
     backend.synchronize();
     r.rollout_seconds += seconds_between(t0, Clock::now());
-    r.host_gap_seconds += engine.stats().host_gap_seconds - host_gap_before;
+    const EngineStats& host_after = engine.stats();
+    r.host_gap_seconds += host_after.host_gap_seconds - host_before.host_gap_seconds;
+    r.host_schedule_seconds += host_after.host_schedule_seconds - host_before.host_schedule_seconds;
+    r.host_launch_seconds += host_after.host_launch_seconds - host_before.host_launch_seconds;
+    r.host_finish_seconds += host_after.host_finish_seconds - host_before.host_finish_seconds;
     for (size_t i = 0; i < ids.size(); ++i) {
       const Sequence& s = engine.request(ids[i]);
       PAGELLM_CHECK(s.finish_reason == FinishReason::kLength &&
@@ -971,6 +975,9 @@ std::string grpo_json_line(const GrpoReport& r) {
       {"weight_update_s", r.weight_update_seconds},
       {"prefix_hit_rate", r.prefix_hit_rate()},
       {"host_gap_s", r.host_gap_seconds},
+      {"host_schedule_s", r.host_schedule_seconds},
+      {"host_launch_s", r.host_launch_seconds},
+      {"host_finish_s", r.host_finish_seconds},
   };
   nlohmann::json classes = nlohmann::json::array();
   for (const GrpoStepClass& c : r.step_classes) {

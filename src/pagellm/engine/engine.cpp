@@ -488,6 +488,7 @@ std::vector<int64_t> Engine::step() {
   if (tp_leader_) tp_leader_->throw_if_failed();
   kv_cache_->set_prefix_salt(weights_version_);  // new chains hash under today's weights
   SchedulerOutput out = scheduler_->schedule();
+  const auto scheduled = Clock::now();
   stats_.preemptions += static_cast<int64_t>(out.preempted.size());
   stats_.cow_page_copies += static_cast<int64_t>(out.page_copies.size());
   std::vector<int64_t> done;
@@ -519,8 +520,13 @@ std::vector<int64_t> Engine::step() {
   ++stats_.steps;
   // Host time while the device waits: before the launch, and after the tokens arrived.
   const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
-  stats_.host_gap_seconds +=
-      seconds(result.launched - start) + seconds(Clock::now() - result.sampled_at);
+  const double schedule = seconds(scheduled - start);
+  const double launch = seconds(result.launched - scheduled);
+  const double finish = seconds(Clock::now() - result.sampled_at);
+  stats_.host_schedule_seconds += schedule;
+  stats_.host_launch_seconds += launch;
+  stats_.host_finish_seconds += finish;
+  stats_.host_gap_seconds += schedule + launch + finish;
   return done;
 }
 
