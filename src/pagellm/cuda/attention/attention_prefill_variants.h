@@ -24,9 +24,10 @@ namespace pagellm::cuda {
 ///    page size that is a multiple of 16, p.num_pages (the pools' extent, for the tensor
 ///    maps) and compute capability 9.0 (sm_90a code); other calls run kV2. The two
 ///    consumers take turns issuing their products, so that one's softmax runs under the
-///    other's (FA3's ping-pong; 3-stage ring). Also for queries of <= 64 rows, where half its 128-row tile idles: v2's 64-row
-///    tiles still took 2.0-2.7x as long there (1 to 64 tokens per sequence after 2k-32k
-///    keys, batches 1, 4 and 32; attention_bench --chunks-only, H200, 2026-12-04).
+///    other's (FA3's ping-pong; 3-stage ring). Also for queries of <= 64 rows, where half
+///    its 128-row tile idles: v2's 64-row tiles still took 2.0-2.7x as long there (1 to 64
+///    tokens per sequence after 2k-32k keys, batches 1, 4 and 32; attention_bench
+///    --chunks-only, H200, 2026-12-04).
 ///  - kWgmmaSerial: the same kernel with each tile's S, softmax and P V in turn (2-stage
 ///    ring): the simpler loop, kept to A/B the ring and the turns, and as a fallback.
 
