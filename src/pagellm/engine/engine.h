@@ -58,16 +58,17 @@ struct EngineStats {
   /// KV pages copied because a sample wrote into a page it still shared (copy-on-write).
   int64_t forked_samples = 0;
   int64_t cow_page_copies = 0;
-  /// Host time per step while the device waits: scheduling, batch building and upload
-  /// before the forward is launched, plus the bookkeeping after the sampled tokens arrive.
-  double host_gap_seconds = 0.0;
-  /// host_gap_seconds in its three parts: the scheduler's decision (Scheduler::schedule),
-  /// the batch's building, upload and launch (to ModelRunner::StepResult::launched), and
-  /// what follows the sampled tokens' arrival (Scheduler::on_step_done: appending tokens,
-  /// stop checks, freeing pages).
+  /// Host time while the device waits, in three parts: the scheduler's decision
+  /// (Scheduler::schedule), the batch's building, upload and launch (to
+  /// ModelRunner::StepResult::launched), and what follows the sampled tokens' arrival
+  /// (Scheduler::on_step_done: appending tokens, stop checks, freeing pages).
   double host_schedule_seconds = 0.0;
   double host_launch_seconds = 0.0;
   double host_finish_seconds = 0.0;
+  /// The host gap: the three parts together.
+  double host_gap_seconds() const {
+    return host_schedule_seconds + host_launch_seconds + host_finish_seconds;
+  }
 };
 
 /// The engine (nano-vllm's LLMEngine, vLLM v1's EngineCore): owns the requests, and
