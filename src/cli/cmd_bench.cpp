@@ -235,9 +235,9 @@ void print_grpo(const GrpoReport& r) {
   std::printf("  host gap    %.2f s (%.1f %% of the rollout: the engine's host work while the "
               "device waits): schedule %.2f s, batch build and launch %.2f s, after the "
               "tokens %.2f s\n",
-              r.host_gap_seconds(),
-              r.rollout_seconds > 0 ? 100.0 * r.host_gap_seconds() / r.rollout_seconds : 0.0,
-              r.host_schedule_seconds, r.host_launch_seconds, r.host_finish_seconds);
+              r.host_gap.total(),
+              r.rollout_seconds > 0 ? 100.0 * r.host_gap.total() / r.rollout_seconds : 0.0,
+              r.host_gap.schedule, r.host_gap.launch, r.host_gap.finish);
   for (const GrpoStepClass& c : r.step_classes) {
     std::printf("  steps       %-18s %6lld steps, %7.2f s (%4.1f %% of the rollout)",
                 c.name.c_str(), static_cast<long long>(c.steps), c.seconds,

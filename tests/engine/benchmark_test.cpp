@@ -528,16 +528,16 @@ TEST(BenchmarkTest, GrpoRunsTwoSeededRoundsAroundAWeightUpdate) {
   EXPECT_LE(class_seconds, r.rollout_seconds);
   EXPECT_NEAR(class_limit, r.limit_seconds, 1e-9 * r.limit_seconds);
   // The host gap's three parts are each measured, and the JSON gives them and their sum.
-  EXPECT_GT(r.host_schedule_seconds, 0.0);
-  EXPECT_GT(r.host_launch_seconds, 0.0);
-  EXPECT_GT(r.host_finish_seconds, 0.0);
+  EXPECT_GT(r.host_gap.schedule, 0.0);
+  EXPECT_GT(r.host_gap.launch, 0.0);
+  EXPECT_GT(r.host_gap.finish, 0.0);
   const nlohmann::json j = nlohmann::json::parse(grpo_json_line(r));
   EXPECT_EQ(j.at("generated_tokens").get<int64_t>(), r.generated_tokens);
   EXPECT_EQ(j.at("step_classes").size(), r.step_classes.size());
-  EXPECT_DOUBLE_EQ(j.at("host_schedule_s").get<double>(), r.host_schedule_seconds);
-  EXPECT_DOUBLE_EQ(j.at("host_launch_s").get<double>(), r.host_launch_seconds);
-  EXPECT_DOUBLE_EQ(j.at("host_finish_s").get<double>(), r.host_finish_seconds);
-  EXPECT_DOUBLE_EQ(j.at("host_gap_s").get<double>(), r.host_gap_seconds());
+  EXPECT_DOUBLE_EQ(j.at("host_schedule_s").get<double>(), r.host_gap.schedule);
+  EXPECT_DOUBLE_EQ(j.at("host_launch_s").get<double>(), r.host_gap.launch);
+  EXPECT_DOUBLE_EQ(j.at("host_finish_s").get<double>(), r.host_gap.finish);
+  EXPECT_DOUBLE_EQ(j.at("host_gap_s").get<double>(), r.host_gap.total());
   GrpoWorkload bad = g;
   bad.n = 0;
   EXPECT_THROW(bad.validate(), Error);

@@ -325,8 +325,7 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
   r.decode_steps = after.steps - before.steps;
   r.graph_steps = after.graph_steps - before.graph_steps;
   r.host_gap_seconds =
-      r.decode_steps > 0 ? (after.host_gap_seconds() - before.host_gap_seconds()) / r.decode_steps
-                         : 0.0;
+      r.decode_steps > 0 ? (after.host_gap - before.host_gap).total() / r.decode_steps : 0.0;
   std::sort(step_seconds.begin(), step_seconds.end());
   r.median_step_seconds = step_seconds.empty() ? 0.0 : step_seconds[step_seconds.size() / 2];
 
@@ -900,7 +899,7 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
     samples.reserve(ids.size());
     for (int64_t id : ids) samples.push_back(&engine.request(id));
     backend.synchronize();
-    const EngineStats host_before = engine.stats();
+    const HostGap host_before = engine.stats().host_gap;
     const auto t0 = Clock::now();
     while (engine.has_unfinished()) {
       const EngineStats before = engine.stats();
@@ -931,10 +930,7 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
     }
     backend.synchronize();
     r.rollout_seconds += seconds_between(t0, Clock::now());
-    const EngineStats& host_after = engine.stats();
-    r.host_schedule_seconds += host_after.host_schedule_seconds - host_before.host_schedule_seconds;
-    r.host_launch_seconds += host_after.host_launch_seconds - host_before.host_launch_seconds;
-    r.host_finish_seconds += host_after.host_finish_seconds - host_before.host_finish_seconds;
+    r.host_gap += engine.stats().host_gap - host_before;
     for (size_t i = 0; i < ids.size(); ++i) {
       const Sequence& s = engine.request(ids[i]);
       PAGELLM_CHECK(s.finish_reason == FinishReason::kLength &&
@@ -973,10 +969,10 @@ std::string grpo_json_line(const GrpoReport& r) {
       {"preemptions", r.preemptions},
       {"weight_update_s", r.weight_update_seconds},
       {"prefix_hit_rate", r.prefix_hit_rate()},
-      {"host_gap_s", r.host_gap_seconds()},
-      {"host_schedule_s", r.host_schedule_seconds},
-      {"host_launch_s", r.host_launch_seconds},
-      {"host_finish_s", r.host_finish_seconds},
+      {"host_gap_s", r.host_gap.total()},
+      {"host_schedule_s", r.host_gap.schedule},
+      {"host_launch_s", r.host_gap.launch},
+      {"host_finish_s", r.host_gap.finish},
   };
   nlohmann::json classes = nlohmann::json::array();
   for (const GrpoStepClass& c : r.step_classes) {

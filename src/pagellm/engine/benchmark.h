@@ -388,16 +388,9 @@ struct GrpoReport {
   std::optional<double> bandwidth_bytes_per_s;
   /// limit_seconds / rollout_seconds (absent without a bandwidth).
   std::optional<double> fraction_of_limit() const;
-  /// Engine host time while the device waited over the rollouts, in EngineStats' three
-  /// parts (host_schedule_seconds, host_launch_seconds, host_finish_seconds): scheduling,
-  /// batch building and bookkeeping of every step.
-  double host_schedule_seconds = 0;
-  double host_launch_seconds = 0;
-  double host_finish_seconds = 0;
-  /// The three parts together (EngineStats::host_gap_seconds over the rollouts).
-  double host_gap_seconds() const {
-    return host_schedule_seconds + host_launch_seconds + host_finish_seconds;
-  }
+  /// Engine host time while the device waited over the rollouts (EngineStats::host_gap's
+  /// three parts: scheduling, batch building and bookkeeping of every step).
+  HostGap host_gap;
   int64_t peak_kv_pages = 0;      // most KV pages in use at once
   int64_t usable_kv_pages = 0;
   int64_t preemptions = 0;

@@ -520,9 +520,9 @@ std::vector<int64_t> Engine::step() {
   ++stats_.steps;
   // Host time while the device waits: before the launch, and after the tokens arrived.
   const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
-  stats_.host_schedule_seconds += seconds(scheduled - start);
-  stats_.host_launch_seconds += seconds(result.launched - scheduled);
-  stats_.host_finish_seconds += seconds(Clock::now() - result.sampled_at);
+  stats_.host_gap.schedule += seconds(scheduled - start);
+  stats_.host_gap.launch += seconds(result.launched - scheduled);
+  stats_.host_gap.finish += seconds(Clock::now() - result.sampled_at);
   return done;
 }
 

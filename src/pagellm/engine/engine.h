@@ -43,6 +43,30 @@ struct EngineConfig : EngineOptions {
   int64_t tensor_parallel_timeout_ms = 600'000;
 };
 
+/// Host time while the device waits, seconds, in three parts: the scheduler's decision
+/// (Scheduler::schedule), the batch's building, upload and launch (to
+/// ModelRunner::StepResult::launched), and what follows the sampled tokens' arrival
+/// (Scheduler::on_step_done: appending tokens, stop checks, freeing pages). A difference of
+/// two readings is the gap of the steps between them.
+struct HostGap {
+  double schedule = 0.0;
+  double launch = 0.0;
+  double finish = 0.0;
+  double total() const { return schedule + launch + finish; }
+  HostGap& operator+=(const HostGap& o) {
+    schedule += o.schedule;
+    launch += o.launch;
+    finish += o.finish;
+    return *this;
+  }
+  friend HostGap operator-(HostGap a, const HostGap& b) {
+    a.schedule -= b.schedule;
+    a.launch -= b.launch;
+    a.finish -= b.finish;
+    return a;
+  }
+};
+
 /// Counters since the engine started.
 struct EngineStats {
   int64_t steps = 0;
@@ -58,17 +82,8 @@ struct EngineStats {
   /// KV pages copied because a sample wrote into a page it still shared (copy-on-write).
   int64_t forked_samples = 0;
   int64_t cow_page_copies = 0;
-  /// Host time while the device waits, in three parts: the scheduler's decision
-  /// (Scheduler::schedule), the batch's building, upload and launch (to
-  /// ModelRunner::StepResult::launched), and what follows the sampled tokens' arrival
-  /// (Scheduler::on_step_done: appending tokens, stop checks, freeing pages).
-  double host_schedule_seconds = 0.0;
-  double host_launch_seconds = 0.0;
-  double host_finish_seconds = 0.0;
-  /// The host gap: the three parts together.
-  double host_gap_seconds() const {
-    return host_schedule_seconds + host_launch_seconds + host_finish_seconds;
-  }
+  /// Host time while the device waits (HostGap's three parts).
+  HostGap host_gap;
 };
 
 /// The engine (nano-vllm's LLMEngine, vLLM v1's EngineCore): owns the requests, and
