@@ -10,12 +10,16 @@
 // End to end, graphs on: one seeded request's tokens, log-probabilities and logits are the
 // same bits alone, beside 63 random requests, arriving while those decode (its prefill
 // chunked and mixed with their decode rows) and under another chunk size; its first
-// token's logits agree with the CPU backend's in the same mode.
+// token's logits agree with the CPU backend's in the same mode. The samples of an n = 8
+// group (copy-on-write of their shared page) are the bits of single requests.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "common/reference_qwen3.h"
 #include "cuda/cuda_test_util.h"
@@ -214,11 +218,10 @@ std::vector<int32_t> random_prompt(std::mt19937_64& rng, int len, int vocab) {
   return p;
 }
 
-// With adapter_dirs, adapters a0, a1, ... are loaded; the observed request runs with a0 and
-// the others with a0, a1 or none in turn.
-Observed generate(const std::string& backend_name, Scenario scenario, int32_t chunk,
-                  const Qwen3Config& c, const testing::HostWeights& w,
-                  const std::vector<std::string>& adapter_dirs = {}) {
+// A batch-invariant engine of config c with weights w: 16-token pages, 1,600 of them, 64
+// sequences, chunks of `chunk` tokens.
+std::unique_ptr<Engine> invariant_engine(const std::string& backend_name, int32_t chunk,
+                                         const Qwen3Config& c, const testing::HostWeights& w) {
   auto backend = create_backend(backend_name);
   auto model = std::make_unique<Qwen3Model>(*backend, c, w.lookup());
   EngineConfig ec;
@@ -229,7 +232,16 @@ Observed generate(const std::string& backend_name, Scenario scenario, int32_t ch
   ec.max_num_batched_tokens = chunk;
   ec.max_model_len = 512;
   ec.batch_invariant = true;
-  Engine engine(std::move(backend), std::move(model), ec);
+  return std::make_unique<Engine>(std::move(backend), std::move(model), ec);
+}
+
+// With adapter_dirs, adapters a0, a1, ... are loaded; the observed request runs with a0 and
+// the others with a0, a1 or none in turn.
+Observed generate(const std::string& backend_name, Scenario scenario, int32_t chunk,
+                  const Qwen3Config& c, const testing::HostWeights& w,
+                  const std::vector<std::string>& adapter_dirs = {}) {
+  const std::unique_ptr<Engine> owned = invariant_engine(backend_name, chunk, c, w);
+  Engine& engine = *owned;
   for (size_t i = 0; i < adapter_dirs.size(); ++i) {
     engine.load_lora_adapter({"a" + std::to_string(i), static_cast<int64_t>(i + 1), adapter_dirs[i]});
   }
@@ -355,6 +367,76 @@ TEST(BatchInvariantEngine, LoraRequestBitsDoNotDependOnTheBatch) {
   const Observed base = generate("cuda", Scenario::kAlone, 2048, c, w);
   ASSERT_TRUE(base.logits.count(0) && alone.logits.count(0));
   EXPECT_FALSE(same_bits(base.logits.at(0), alone.logits.at(0)));
+}
+
+// n-sample fan-out with graphs: a group of 8 samples shares its prompt's pages and the 7
+// forked samples copy the partly filled last page (CudaBackend::copy_kv_pages, one launch)
+// before writing into it. Each sample's tokens, log-probabilities and logits are the bits
+// of a single request with its seed: a page copied late, short or into the wrong place would
+// change what the samples attend over.
+TEST(BatchInvariantEngine, FanOutSamplesAreTheBitsOfSingleRequests) {
+  if (test::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  const Qwen3Config c = testing::small_gpu_config();
+  const testing::HostWeights w = testing::random_weights(c, 23);
+  std::mt19937_64 rng(5);
+  // 150 tokens: 9 full pages of 16 and 6 tokens on the last, shared one.
+  const std::vector<int32_t> prompt = random_prompt(rng, 150, static_cast<int>(c.vocab_size));
+  constexpr int kSamples = 8;
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.seed = 700;
+  sp.max_tokens = 24;
+  sp.ignore_eos = true;
+  auto run = [&](bool group, int64_t* cow_copies) {
+    const std::unique_ptr<Engine> owned = invariant_engine("cuda", 2048, c, w);
+    Engine& engine = *owned;
+    std::vector<Observed> r(kSamples);
+    std::map<int64_t, size_t> index;
+    engine.set_logits_hook([&](int64_t rid, int64_t i, const float* l, int64_t v) {
+      r[index.at(rid)].logits[i] = std::vector<float>(l, l + v);
+    });
+    std::vector<int64_t> ids;
+    if (group) {
+      SamplingParams g = sp;
+      g.n = kSamples;
+      ids = engine.add_request_group(prompt, g);
+    } else {
+      for (int j = 0; j < kSamples; ++j) {
+        SamplingParams one = sp;
+        one.seed = *sp.seed + static_cast<uint64_t>(j);
+        ids.push_back(engine.add_request(prompt, one));
+      }
+    }
+    for (size_t j = 0; j < ids.size(); ++j) index[ids[j]] = j;
+    while (engine.has_unfinished()) engine.step();
+    for (size_t j = 0; j < ids.size(); ++j) {
+      const Sequence& seq = engine.request(ids[j]);
+      EXPECT_EQ(seq.finish_reason, FinishReason::kLength) << seq.error;
+      r[j].tokens = seq.output;
+      for (const SampledToken& t : seq.sampled) r[j].logprobs.push_back(t.logprob);
+    }
+    *cow_copies = engine.stats().cow_page_copies;
+    EXPECT_GT(engine.stats().graph_steps, 20);
+    return r;
+  };
+  int64_t group_copies = 0, single_copies = 0;
+  const std::vector<Observed> group = run(true, &group_copies);
+  const std::vector<Observed> single = run(false, &single_copies);
+  EXPECT_EQ(group_copies, kSamples - 1);
+  EXPECT_EQ(single_copies, 0);
+  for (int j = 0; j < kSamples; ++j) {
+    SCOPED_TRACE("sample " + std::to_string(j));
+    ASSERT_EQ(group[j].tokens.size(), 24u);
+    EXPECT_EQ(group[j].tokens, single[j].tokens);
+    EXPECT_TRUE(same_bits(group[j].logprobs, single[j].logprobs));
+    ASSERT_EQ(group[j].logits.size(), single[j].logits.size());
+    for (const auto& [i, l] : single[j].logits) {
+      EXPECT_TRUE(same_bits(l, group[j].logits.at(i))) << "logits of output token " << i;
+    }
+  }
+  // The samples differ from one another (their seeds do), so equal bits are not a
+  // coincidence of one shared history.
+  EXPECT_NE(group[0].tokens, group[1].tokens);
 }
 
 }  // namespace

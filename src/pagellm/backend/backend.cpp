@@ -50,7 +50,7 @@ size_t check_kv_page_copies(const std::vector<LayerKv>& kv,
   for (size_t l = 0; l < kv.size(); ++l) {
     for (const Tensor* pool : {&kv[l].k, &kv[l].v}) {
       PAGELLM_CHECK(pool->data != nullptr && pool->ndim == 4 && pool->dtype == first.dtype &&
-                    pool->shape_string() == first.shape_string())
+                    std::equal(pool->shape, pool->shape + 4, first.shape))
           << backend << " backend: copy_kv_pages: layer " << l << "'s "
           << (pool == &kv[l].k ? "K" : "V") << " pool is " << dtype_name(pool->dtype) << " "
           << pool->shape_string() << ", layer 0's K pool " << dtype_name(first.dtype) << " "

@@ -18,6 +18,7 @@
 #include "pagellm/cuda/device_memory.h"
 #include "pagellm/cuda/elementwise/kernels.h"
 #include "pagellm/cuda/graphs.h"
+#include "pagellm/cuda/kv/page_copy.h"
 #include "pagellm/cuda/lora/lora.h"
 #include "pagellm/cuda/matmul/matmul.h"
 #include "pagellm/cuda/matmul/packed_weights.h"
@@ -189,27 +190,14 @@ void CudaBackend::copy_kv_pages(std::vector<LayerKv>& kv,
       << "cuda backend: copy_kv_pages runs before a step's forward and cannot be captured in a "
          "graph";
   const size_t page_bytes = check_kv_page_copies(kv, src_dst, "cuda");
-  // A fan-out copies one partly filled page per sample, so runs are short; merging
-  // consecutive pages still keeps the copy count down when pages were handed out in order.
-  for (size_t i = 0; i < src_dst.size();) {
-    const int32_t src = src_dst[i].first, dst = src_dst[i].second;
-    int32_t len = 1;
-    while (i + len < src_dst.size() && src_dst[i + len].first == src + len &&
-           src_dst[i + len].second == dst + len &&
-           (dst + len + 1 <= src || src + len + 1 <= dst)) {  // ranges stay disjoint
-      ++len;
-    }
-    for (LayerKv& layer : kv) {
-      for (Tensor* pool : {&layer.k, &layer.v}) {
-        char* base = static_cast<char*>(pool->data);
-        PAGELLM_CUDA_CHECK(cudaMemcpyAsync(base + static_cast<size_t>(dst) * page_bytes,
-                                           base + static_cast<size_t>(src) * page_bytes,
-                                           static_cast<size_t>(len) * page_bytes,
-                                           cudaMemcpyDeviceToDevice, stream_));
-      }
-    }
-    i += static_cast<size_t>(len);
+  // Every layer's K and V pages in one launch a wave of independent pairs (page_copy.cu).
+  std::vector<char*> pools;
+  pools.reserve(2 * kv.size());
+  for (LayerKv& layer : kv) {
+    pools.push_back(static_cast<char*>(layer.k.data));
+    pools.push_back(static_cast<char*>(layer.v.data));
   }
+  launch_copy_kv_pages(pools, page_bytes, src_dst, stream_);
 }
 
 // ---- batch metadata (BatchStaging) ---------------------------------------------------------
