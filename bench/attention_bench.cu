@@ -2,7 +2,7 @@
 // ceiling this run measures (decode) or the bars of issue 6 (prefill).
 //
 //   attention_bench [--quick] [--decode-only | --prefill-only | --chunks-only] [--single]
-//                   [--out FILE.csv]
+//                   [--prefill-shape HQ:HKV:BATCH:Q:KV] [--out FILE.csv]
 //
 // Decode (Qwen3-8B attention: 32 query heads, 8 KV heads, head_dim 128, 16-token pages):
 // bytes = K/V rows read + q read + out written; time = median over graph replays of a graph
@@ -12,6 +12,8 @@
 // stream, not in a graph: a graph's memcpy node may run on a copy engine, which is much
 // slower than the SM copy a plain D2D memcpy gets) and a 16-byte-vector copy kernel, over
 // 2 GiB buffers, bytes read + bytes written.
+// --prefill-shape times that one prefill shape (head_dim 128) and nothing else, which is
+// what a profiler run of one kernel wants.
 // Prefill: causal FLOPs = 4 · head_dim · num_q_heads · Σ (keys each query token sees),
 // timed the same way through every prefill kernel (wgmma and wgmma-serial, the Hopper
 // kernel where it applies, and v2; attention_prefill_variants.h), one row per shape,
@@ -187,9 +189,17 @@ void write_csv(const std::string& path, const std::vector<Row>& rows) {
 int run(int argc, char** argv) {
   std::string out_path;
   bool quick = false, decode_only = false, prefill_only = false, single = false, chunks = false;
+  int shape[5] = {0, 0, 0, 0, 0};  // --prefill-shape: hq, hkv, batch, q, kv
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
       out_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--prefill-shape") && i + 1 < argc &&
+               std::sscanf(argv[i + 1], "%d:%d:%d:%d:%d", &shape[0], &shape[1], &shape[2],
+                           &shape[3], &shape[4]) == 5 &&
+               shape[0] > 0 && shape[1] > 0 && shape[0] % shape[1] == 0 && shape[2] > 0 &&
+               shape[3] > 0 && shape[4] >= shape[3]) {
+      prefill_only = true;
+      ++i;
     } else if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
     } else if (!std::strcmp(argv[i], "--decode-only")) {
@@ -203,7 +213,8 @@ int run(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--decode-only | --prefill-only | --chunks-only] "
-                   "[--single] [--out FILE.csv]\n",
+                   "[--single] [--prefill-shape HQ:HKV:BATCH:Q:KV (HKV divides HQ, KV >= Q)] "
+                   "[--out FILE.csv]\n",
                    argv[0]);
       return 2;
     }
@@ -312,7 +323,9 @@ int run(int argc, char** argv) {
     for (int hkv : {32, 8}) {
       for (int len : lengths) configs.push_back({32, hkv, 128, 1, len, len});
     }
-    if (!quick) {
+    if (shape[0] > 0) {
+      configs = {{shape[0], shape[1], 128, shape[2], shape[3], shape[4]}};
+    } else if (!quick) {
       configs.push_back({32, 8, 128, 8, 2048, 2048});
       configs.push_back({32, 8, 128, 4, 2048, 2048});   // an 8,192-token engine chunk
       configs.push_back({32, 8, 128, 32, 512, 512});
@@ -371,7 +384,7 @@ int run(int argc, char** argv) {
     }
   }
   // ---- short chunks over long prefixes -----------------------------------------------------
-  if (chunks || (!quick && !decode_only)) {
+  if (chunks || (!quick && !decode_only && shape[0] == 0)) {
     const int hq = 32, hkv = 8, d = 128, page = 16;
     const int64_t rotation_tokens = int64_t{l2_rotation_bytes} / (int64_t{hkv} * d * 2 * 2);
     Pool pool(2 * rotation_tokens + 32 * 8192 + page, hkv, d, page);
