@@ -55,6 +55,12 @@
 //    row sums before the second) made the kernel 2-8 % slower (H200, 2026-12-04): with the
 //    ping-pong keeping the tensor cores busy, finishing the softmax earlier only moved the
 //    wait. "wgmma-serial" runs S, softmax and P V of each tile in turn, without turns.
+//  - O leaves through shared memory: a consumer whose 64 rows are all the sequence's writes
+//    them, normalised and in bf16, over its own Q rows (the swizzled layout is the out
+//    tensor map's box) and one thread stores them by TMA, so the CTA exits once they are
+//    read out of shared memory rather than when its per-thread stores have drained (those
+//    cost 2.6-4 us a CTA, 8 % of a 4k prefill; H200, 2026-12-04). Partial tiles store per
+//    thread.
 //  - Programmatic dependent launch as v2: every thread waits first; the consumers let the
 //    next kernel launch once their KV loop is done.
 // Roofline: 4 · D · Σ(causal pairs) flops per query head at the wgmma rate (806 TFLOP/s
@@ -130,6 +136,7 @@ using Serial = WgmmaShape<2, false, false>;
 struct WgmmaPrefillArgs {
   CUtensorMap k_map;  // bf16 [num_pages * Hkv * page_size, 128], box 64 x 16, 128B swizzle
   CUtensorMap v_map;
+  CUtensorMap o_map;  // bf16 out as [tokens, Hq * 128], box 64 x 64, 128B swizzle (stores)
   PagedAttentionParams p;
   int32_t page_shift;  // log2(page_size) or -1
   float scale_log2;    // scale * log2(e)
@@ -518,12 +525,50 @@ __global__ void __launch_bounds__(kThreads, 1)
   pdl_launch_dependents();
 
   // ---- normalise and store ----------------------------------------------------------
+  // A consumer whose 64 rows all belong to the sequence writes O (bf16) over its own Q rows
+  // (its S products are done; the other consumer reads only its own) in the Q halves'
+  // swizzled layout, which is the out map's box, and one thread stores both halves by TMA:
+  // the CTA may then exit once they are read out of shared memory. Stored per thread, O
+  // held each CTA until its 4-byte stores drained, 2.6-4 us a CTA (H200, 2026-12-04). The
+  // last tile of a sequence, whose rows end early, stores per thread.
+  float inv[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float sum = st.row_sum[h];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    inv[h] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+  if (64 * c + 64 <= t.rows) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row0 + 8 * h;
+#pragma unroll
+      for (int dh = 0; dh < 2; ++dh) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          *reinterpret_cast<uint32_t*>(smem + dh * kQHalfBytes + r * kRowBytes +
+                                       ((j ^ (r % 8)) << 4) + t4 * 4) =
+              pack_bf16x2(st.o[dh][4 * j + 2 * h] * inv[h],
+                          st.o[dh][4 * j + 2 * h + 1] * inv[h]);
+        }
+      }
+    }
+    fence_proxy_async_smem();
+    named_barrier_sync(1 + c, kWgThreads);
+    if (tw == 0) {
+#pragma unroll
+      for (int dh = 0; dh < 2; ++dh) {
+        tma_store(&a.o_map, t.head * kD + dh * 64, t.seq.q_begin + t.m0 + 64 * c,
+                  q_base + dh * kQHalfBytes + 64 * c * kRowBytes);
+      }
+      tma_store_commit();
+      tma_store_wait_read();
+    }
+    return;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
     const int r = row0 + 8 * h;
     if (r < t.rows) {
       __nv_bfloat16* dst =
@@ -533,7 +578,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           *reinterpret_cast<uint32_t*>(dst + dh * 64 + j * 8) =
-              pack_bf16x2(st.o[dh][4 * j + 2 * h] * inv, st.o[dh][4 * j + 2 * h + 1] * inv);
+              pack_bf16x2(st.o[dh][4 * j + 2 * h] * inv[h], st.o[dh][4 * j + 2 * h + 1] * inv[h]);
         }
       }
     }
@@ -554,6 +599,11 @@ void launch(const PagedAttentionParams& p, cudaStream_t stream) {
   WgmmaPrefillArgs args;
   args.k_map = bf16_tensor_map(p.k_pool, pool_rows, kD, 64, kChunkKeys, "paged_prefill_attention");
   args.v_map = bf16_tensor_map(p.v_pool, pool_rows, kD, 64, kChunkKeys, "paged_prefill_attention");
+  // Rows rounded up to 1,024 so that the cache holds a few maps per output buffer, not one
+  // per chunk length: the kernel stores only boxes of rows the batch has.
+  const int64_t out_rows = (static_cast<int64_t>(p.num_tokens) + 1023) / 1024 * 1024;
+  args.o_map = bf16_tensor_map(p.out, out_rows, static_cast<int64_t>(p.num_q_heads) * kD, 64, 64,
+                               "paged_prefill_attention");
   args.p = p;
   args.page_shift = page_shift_of(p.page_size);
   args.scale_log2 = p.scale * kLog2e;

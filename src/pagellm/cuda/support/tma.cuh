@@ -3,6 +3,8 @@
 // skinny decode GEMM (skinny_gemm.cu) and the TMA decode-attention kernel
 // (attention_decode.cu); the host side (tensor maps) is tma.h.
 //
+// TMA stores (tma_store): the prefill attention kernel's O tiles (attention_prefill_sm90.cu).
+//
 // The protocol both use: one thread arms a stage's mbarrier with the bytes it expects
 // (mbar_arrive_expect_tx) and issues the copies that complete them; every consumer waits on
 // the barrier's phase parity (mbar_wait), which flips once per use of the stage, so the n-th
@@ -70,6 +72,25 @@ __device__ __forceinline__ void bulk_load_hint(uint32_t dst, const void* src, ui
       "[%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
       "l"(src), "r"(bytes), "r"(bar), "l"(policy)
       : "memory");
+}
+/// A 2-D box of shared memory at src (laid out as `map`'s box, swizzle included) into
+/// `map` at (col, row), in this thread's bulk async-group; then tma_store_commit and, before
+/// src is overwritten or the CTA exits, tma_store_wait_read. Needs a
+/// fence_proxy_async_smem after the generic-proxy writes of src and a barrier between them.
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, int col, int row,
+                                          uint32_t src) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::
+                   "l"(reinterpret_cast<uint64_t>(map)),
+               "r"(col), "r"(row), "r"(src)
+               : "memory");
+}
+__device__ __forceinline__ void tma_store_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+/// Waits until this thread's committed TMA stores have read their shared memory (their
+/// global writes may still be landing; the grid's completion covers them).
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
 /// An L2 policy that evicts the lines it loads first (data read once: weights, K/V).
 __device__ __forceinline__ uint64_t evict_first_policy() {
