@@ -1,11 +1,10 @@
 // Device side of the tensor memory accelerator (TMA, sm_90): mbarriers that count the bytes
-// an asynchronous copy delivers, and 2-D tensor-map loads into shared memory. Shared by the
-// skinny decode GEMM (skinny_gemm.cu) and the TMA decode-attention kernel
-// (attention_decode.cu); the host side (tensor maps) is tma.h.
+// an asynchronous copy delivers, 2-D tensor-map loads into shared memory and 2-D stores out
+// of it. Shared by the skinny decode GEMM (skinny_gemm.cu), the TMA decode-attention kernel
+// (attention_decode.cu) and the Hopper prefill attention kernel (attention_prefill_sm90.cu,
+// which also stores its O tiles with tma_store); the host side (tensor maps) is tma.h.
 //
-// TMA stores (tma_store): the prefill attention kernel's O tiles (attention_prefill_sm90.cu).
-//
-// The protocol both use: one thread arms a stage's mbarrier with the bytes it expects
+// The loads' protocol: one thread arms a stage's mbarrier with the bytes it expects
 // (mbar_arrive_expect_tx) and issues the copies that complete them; every consumer waits on
 // the barrier's phase parity (mbar_wait), which flips once per use of the stage, so the n-th
 // use of a stage waits for parity n & 1.
