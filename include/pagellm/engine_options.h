@@ -55,6 +55,16 @@ struct EngineOptions {
   /// adapters of higher rank are refused at load. The CUDA decode kernels size their work
   /// by it, so a value matching the adapters in use is faster (docs/design.md "LoRA").
   int32_t max_lora_rank = 64;
+  /// Pipelined decode (docs/design.md, "Pipelined decode"): the most decode steps one
+  /// engine step runs back to back, each launched before the previous one's tokens reach
+  /// the host, so that the host's scheduling and bookkeeping overlap the device's work
+  /// instead of leaving it idle. 1: off (every step waits for its tokens). Tokens and
+  /// log-probabilities are the same either way; what changes is that a caller sees up to
+  /// this many tokens per request at once, and a request that ends (EOS, stop token)
+  /// inside a run of steps costs its row one step more. Steps of requests with penalties,
+  /// stop strings or top-k log-probabilities, steps with a prefill, new requests
+  /// waiting and tensor parallelism run unpipelined.
+  int32_t pipelined_decode_steps = 1;
   /// Tensor parallelism (docs/design.md "Tensor parallelism"): the model split over this
   /// many ranks, one process each. The engine's process is rank 0; it starts the others
   /// (the pagellm-worker program, found beside pagellm or through $PAGELLM_WORKER), rank r

@@ -39,7 +39,8 @@ class AsyncLLM:
                  num_pages: Optional[int] = None, max_num_batched_tokens: int = 0,
                  enforce_eager: bool = False, float32_head: bool = False,
                  enable_prefix_caching: bool = True, max_loras: int = 8,
-                 max_lora_rank: int = 64, tensor_parallel_size: int = 1) -> None:
+                 max_lora_rank: int = 64, tensor_parallel_size: int = 1,
+                 pipelined_decode_steps: int = 1) -> None:
         options = _engine_options(
             backend, kv_cache_gb=kv_cache_gb, max_num_seqs=max_num_seqs,
             max_model_len=max_model_len, attention_backend=attention_backend,
@@ -47,7 +48,8 @@ class AsyncLLM:
             max_num_batched_tokens=max_num_batched_tokens, use_graphs=not enforce_eager,
             float32_head=float32_head, enable_prefix_caching=enable_prefix_caching,
             max_loras=max_loras, max_lora_rank=max_lora_rank,
-            tensor_parallel_size=tensor_parallel_size)
+            tensor_parallel_size=tensor_parallel_size,
+            pipelined_decode_steps=pipelined_decode_steps)
         self.backend: str = options.backend
         self._core = _core.AsyncEngine(os.fspath(model), options)
         self._queues: Dict[str, "asyncio.Queue[Any]"] = {}

@@ -183,6 +183,9 @@ class LLM:
         tensor_parallel_size: split the model over this many ranks, one process each
             (this one and pagellm-worker processes; rank r on GPU r). LoRA, weight
             updates and sleep are refused above 1.
+        pipelined_decode_steps: run up to this many decode steps back to back, each
+            launched before the previous one's tokens reach the host (1: off). The tokens
+            are the same; outputs arrive up to this many tokens at a time.
 
     The GIL is released while the engine runs; calls from several threads take turns (a
     lock), as the engine steps on the caller's thread: that includes the reads of engine
@@ -202,7 +205,7 @@ class LLM:
                  max_num_batched_tokens: int = 0, enforce_eager: bool = False,
                  float32_head: bool = False, enable_prefix_caching: bool = True,
                  max_loras: int = 8, max_lora_rank: int = 64,
-                 tensor_parallel_size: int = 1) -> None:
+                 tensor_parallel_size: int = 1, pipelined_decode_steps: int = 1) -> None:
         options = _engine_options(
             backend, kv_cache_gb=kv_cache_gb, max_num_seqs=max_num_seqs,
             max_model_len=max_model_len, attention_backend=attention_backend,
@@ -210,7 +213,8 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens, use_graphs=not enforce_eager,
             float32_head=float32_head, enable_prefix_caching=enable_prefix_caching,
             max_loras=max_loras, max_lora_rank=max_lora_rank,
-            tensor_parallel_size=tensor_parallel_size)
+            tensor_parallel_size=tensor_parallel_size,
+            pipelined_decode_steps=pipelined_decode_steps)
         self.backend: str = options.backend
         self._core = _core.LLM(os.fspath(model), options)
         # The core runs on the calling thread and is not reentrant; it releases the GIL, so

@@ -148,9 +148,11 @@ void print_report(const BenchmarkReport& r) {
               r.model.c_str(), r.backend.c_str(), w.batch, w.prompt_len, w.output_len,
               r.page_size);
   std::printf("  prefill     %10.1f tok/s  (%.3f s)\n", r.prefill_tok_s(), r.prefill_seconds);
-  std::printf("  decode      %10.1f tok/s  (%lld steps, %.3f s, median step %.3f ms, %lld in graphs)\n",
+  std::printf("  decode      %10.1f tok/s  (%lld steps, %.3f s, median step %.3f ms, "
+              "%lld in graphs, %lld launched ahead)\n",
               r.decode_tok_s(), static_cast<long long>(r.decode_steps), r.decode_seconds,
-              r.median_step_seconds * 1e3, static_cast<long long>(r.graph_steps));
+              r.median_step_seconds * 1e3, static_cast<long long>(r.graph_steps),
+              static_cast<long long>(r.pipelined_steps));
   std::printf("  host gap    %10.1f us per decode step (scheduling, batch upload, bookkeeping "
               "while the GPU waits: %.1f %% of the step)\n",
               r.host_gap_seconds * 1e6, r.host_gap_fraction() * 100.0);
@@ -225,9 +227,11 @@ void print_grpo(const GrpoReport& r) {
   std::printf("W2 (grpo): %s on %s, %d rounds of %d prompts x n = %d (seed %llu)\n",
               r.model.c_str(), r.backend.c_str(), w.rounds, w.prompts, w.n,
               static_cast<unsigned long long>(w.seed));
-  std::printf("  rollout     %lld tokens in %.2f s = %.0f tok/s over %lld steps (%lld preemptions)\n",
+  std::printf("  rollout     %lld tokens in %.2f s = %.0f tok/s over %lld steps "
+              "(%lld launched ahead, %lld preemptions)\n",
               static_cast<long long>(r.generated_tokens), r.rollout_seconds, r.rollout_tok_s(),
-              static_cast<long long>(r.steps), static_cast<long long>(r.preemptions));
+              static_cast<long long>(r.steps), static_cast<long long>(r.pipelined_steps),
+              static_cast<long long>(r.preemptions));
   if (r.fraction_of_limit()) {
     std::printf("  limit       %.2f s step by step at %.0f GB/s: %.1f %% of the bandwidth limit\n",
                 r.limit_seconds, *r.bandwidth_bytes_per_s / 1e9, 100.0 * *r.fraction_of_limit());

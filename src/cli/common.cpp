@@ -54,6 +54,12 @@ void add_engine_options(CLI::App* cmd, EngineSettings& s) {
                   "heads, intermediate size and vocabulary")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  cmd->add_option("--pipelined-decode-steps", s.config.pipelined_decode_steps,
+                  "run up to N decode steps back to back, each launched before the previous "
+                  "one's tokens reach the host (1: off; same tokens, delivered up to N at a "
+                  "time)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   cmd->add_flag("!--no-prefix-caching", s.config.enable_prefix_caching,
                 "do not keep KV pages by their tokens for later requests to reuse (outputs "
                 "are the same; every prompt is prefilled in full)");

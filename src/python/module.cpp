@@ -248,6 +248,7 @@ NB_MODULE(_core, m) {
       .def_rw("enable_prefix_caching", &EngineOptions::enable_prefix_caching)
       .def_rw("max_loras", &EngineOptions::max_loras)
       .def_rw("max_lora_rank", &EngineOptions::max_lora_rank)
+      .def_rw("pipelined_decode_steps", &EngineOptions::pipelined_decode_steps)
       .def_rw("tensor_parallel_size", &EngineOptions::tensor_parallel_size);
 
   nb::class_<SamplingParams>(m, "SamplingParams", "The C++ SamplingParams (pagellm/sampling_params.h); pagellm.SamplingParams builds it.")

@@ -221,7 +221,8 @@ std::vector<int32_t> random_prompt(std::mt19937_64& rng, int len, int vocab) {
 // A batch-invariant engine of config c with weights w: 16-token pages, 1,600 of them, 64
 // sequences, chunks of `chunk` tokens.
 std::unique_ptr<Engine> invariant_engine(const std::string& backend_name, int32_t chunk,
-                                         const Qwen3Config& c, const testing::HostWeights& w) {
+                                         const Qwen3Config& c, const testing::HostWeights& w,
+                                         int32_t pipelined_decode_steps = 1) {
   auto backend = create_backend(backend_name);
   auto model = std::make_unique<Qwen3Model>(*backend, c, w.lookup());
   EngineConfig ec;
@@ -232,6 +233,7 @@ std::unique_ptr<Engine> invariant_engine(const std::string& backend_name, int32_
   ec.max_num_batched_tokens = chunk;
   ec.max_model_len = 512;
   ec.batch_invariant = true;
+  ec.pipelined_decode_steps = pipelined_decode_steps;
   return std::make_unique<Engine>(std::move(backend), std::move(model), ec);
 }
 
@@ -437,6 +439,80 @@ TEST(BatchInvariantEngine, FanOutSamplesAreTheBitsOfSingleRequests) {
   // The samples differ from one another (their seeds do), so equal bits are not a
   // coincidence of one shared history.
   EXPECT_NE(group[0].tokens, group[1].tokens);
+}
+
+// Pipelined decode on the GPU (docs/design.md, "Pipelined decode"): an n = 8 group and 24
+// single requests of different lengths, some ending by a stop token taken from a first
+// run, give the same tokens and log-probability bits with pipelined_decode_steps 8 as
+// step by step, with decode graphs, the async sampler and the fed tokens.
+TEST(BatchInvariantEngine, PipelinedDecodeGivesTheBitsOfStepByStep) {
+  if (test::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  const Qwen3Config c = testing::small_gpu_config();
+  const testing::HostWeights w = testing::random_weights(c, 29);
+  std::mt19937_64 rng(17);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> params;
+  std::uniform_int_distribution<int> plen(1, 200), olen(1, 80), seed(0, 1 << 30);
+  for (int i = 0; i < 25; ++i) {
+    prompts.push_back(random_prompt(rng, plen(rng), static_cast<int>(c.vocab_size)));
+    SamplingParams p;
+    p.temperature = i % 2 ? 0.8f : 0.0f;
+    p.seed = seed(rng);
+    p.max_tokens = olen(rng);
+    p.ignore_eos = true;
+    if (i == 0) {
+      p.n = 8;
+      p.temperature = 1.0f;
+    }
+    params.push_back(p);
+  }
+  struct Run {
+    std::map<int64_t, Observed> by_id;
+    int64_t pipelined = 0;
+    int64_t graph_steps = 0;
+  };
+  auto run = [&](int32_t steps, const std::map<int64_t, Observed>* stops) {
+    const std::unique_ptr<Engine> owned = invariant_engine("cuda", 2048, c, w, steps);
+    Engine& engine = *owned;
+    std::vector<int64_t> ids;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      SamplingParams p = params[i];
+      const int64_t first = static_cast<int64_t>(ids.size()) + 1;
+      if (stops != nullptr && i % 3 == 1) {
+        const Observed& o = stops->at(first);
+        if (o.tokens.size() > 6) p.stop_token_ids = {o.tokens[o.tokens.size() / 2]};
+      }
+      for (int64_t id : engine.add_request_group(prompts[i], p)) ids.push_back(id);
+    }
+    while (engine.has_unfinished()) engine.step();
+    Run r;
+    for (int64_t id : ids) {
+      const Sequence& seq = engine.request(id);
+      EXPECT_NE(seq.finish_reason, FinishReason::kError) << seq.error;
+      Observed& o = r.by_id[id];
+      o.tokens = seq.output;
+      for (const SampledToken& t : seq.sampled) o.logprobs.push_back(t.logprob);
+    }
+    EXPECT_EQ(engine.allocator().num_referenced(), 0);
+    r.pipelined = engine.stats().pipelined_steps;
+    r.graph_steps = engine.stats().graph_steps;
+    return r;
+  };
+  const Run unstopped = run(1, nullptr);
+  const Run want = run(1, &unstopped.by_id);
+  const Run got = run(8, &unstopped.by_id);
+  EXPECT_EQ(want.pipelined, 0);
+  EXPECT_GT(got.pipelined, 30);
+  EXPECT_GT(got.graph_steps, 30);
+  ASSERT_EQ(want.by_id.size(), got.by_id.size());
+  int shorter = 0;
+  for (const auto& [id, o] : want.by_id) {
+    SCOPED_TRACE("request " + std::to_string(id));
+    EXPECT_EQ(o.tokens, got.by_id.at(id).tokens);
+    EXPECT_TRUE(same_bits(o.logprobs, got.by_id.at(id).logprobs));
+    shorter += o.tokens.size() < unstopped.by_id.at(id).tokens.size() ? 1 : 0;
+  }
+  EXPECT_GE(shorter, 3) << "requests meant to end by a stop token inside runs";
 }
 
 }  // namespace

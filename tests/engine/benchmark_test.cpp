@@ -245,7 +245,8 @@ TEST(BenchmarkTest, TinyRunOnCpuHasExactCountsAndConsistentRates) {
   EXPECT_TRUE(j.at("lora_load_ms").is_null());
   EXPECT_TRUE(j.at("base_decode_tok_s").is_null());
   EXPECT_TRUE(j.at("lora_fraction_of_base").is_null());
-  EXPECT_EQ(j.size(), 19u);
+  EXPECT_EQ(j.at("pipelined_steps"), 0);  // off by default
+  EXPECT_EQ(j.size(), 20u);
 }
 
 // `pagellm bench --lora-rank 4 --lora-adapters 2`: random bf16 adapters on all seven
@@ -598,6 +599,50 @@ TEST(BenchmarkTest, SleepWakeMeasuresBothCyclesAndChecksTokens) {
   EXPECT_EQ(j["kv_only"]["tokens_match"], true);
   EXPECT_EQ(j["offload_again"]["tokens_match"], true);
   EXPECT_EQ(j["kv_pool_bytes"].get<size_t>(), r.kv_pool_bytes);
+}
+
+// Pipelined decode runs several forward steps in one engine step: the benchmarks count
+// them one by one (Engine::set_step_observer), so the steps, tokens and bytes read are
+// those of the same workload step by step, exactly.
+TEST(BenchmarkTest, PipelinedDecodeCountsEveryForwardStep) {
+  DecodeWorkload w = tiny_workload();
+  w.output_len = 24;
+  EngineConfig c = cpu_config();
+  std::unique_ptr<Engine> plain = make_benchmark_engine(w, c);
+  const BenchmarkReport want = run_benchmark(*plain, w);
+  c.pipelined_decode_steps = 5;
+  std::unique_ptr<Engine> piped = make_benchmark_engine(w, c);
+  const BenchmarkReport got = run_benchmark(*piped, w);
+  EXPECT_GT(piped->stats().pipelined_steps, 0);
+  EXPECT_EQ(got.decode_steps, want.decode_steps);
+  EXPECT_EQ(got.decode_tokens, want.decode_tokens);
+  EXPECT_EQ(got.generated_tokens, want.generated_tokens);
+  EXPECT_DOUBLE_EQ(got.kv_read_bytes, want.kv_read_bytes);
+  EXPECT_GT(got.median_step_seconds, 0.0);
+  expect_limit_figures_consistent(got);
+
+  const GrpoWorkload g = tiny_grpo();
+  EngineConfig base = cpu_config();
+  base.num_pages = 64;
+  EngineConfig config = grpo_engine_config(g, base);
+  std::unique_ptr<Engine> grpo_plain = make_benchmark_engine(g.model_workload(), config);
+  const GrpoReport a = run_grpo_benchmark(*grpo_plain, g);
+  config.pipelined_decode_steps = 5;
+  std::unique_ptr<Engine> grpo_piped = make_benchmark_engine(g.model_workload(), config);
+  const GrpoReport b = run_grpo_benchmark(*grpo_piped, g);
+  EXPECT_GT(grpo_piped->stats().pipelined_steps, 0);
+  EXPECT_EQ(b.steps, a.steps);
+  EXPECT_EQ(b.generated_tokens, a.generated_tokens);
+  ASSERT_TRUE(a.bandwidth_bytes_per_s && b.bandwidth_bytes_per_s);
+  const double bytes_a = a.limit_seconds * *a.bandwidth_bytes_per_s;
+  const double bytes_b = b.limit_seconds * *b.bandwidth_bytes_per_s;
+  EXPECT_NEAR(bytes_b, bytes_a, 1e-9 * bytes_a);
+  ASSERT_EQ(b.step_classes.size(), a.step_classes.size());
+  for (size_t k = 0; k < a.step_classes.size(); ++k) {
+    EXPECT_EQ(b.step_classes[k].name, a.step_classes[k].name);
+    EXPECT_EQ(b.step_classes[k].steps, a.step_classes[k].steps) << a.step_classes[k].name;
+    EXPECT_EQ(b.step_classes[k].decode_tokens, a.step_classes[k].decode_tokens);
+  }
 }
 
 }  // namespace

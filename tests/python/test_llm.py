@@ -82,6 +82,28 @@ def test_llm_seed_gives_repeatable_distinct_requests(tiny_model):
     assert explicit[0].outputs[0].token_ids == pa[0].outputs[0].token_ids
 
 
+def test_pipelined_decode_gives_the_same_outputs(tiny_model):
+    # Greedy and seeded requests of different lengths, n = 2 fan-out: the tokens and
+    # log-probabilities do not depend on pipelined_decode_steps (batch-invariant mode, as
+    # rows of finished requests change the batch for a step).
+    params = [SamplingParams(max_tokens=m, temperature=t, seed=5)
+              for m, t in ((17, 0.0), (9, 0.9), (30, 0.7), (4, 0.0))]
+    params.append(SamplingParams(n=2, max_tokens=21, temperature=1.0, seed=9))
+    prompts = ["a b c", "the cat", [5, 6, 7, 8, 9], "x", "once upon"]
+    outs = {}
+    for steps in (1, 6):
+        llm = LLM(tiny_model, backend="cpu", kv_cache_gb=0.02, batch_invariant=True,
+                  pipelined_decode_steps=steps)
+        outs[steps] = llm.generate(prompts, params, use_tqdm=False)
+        assert llm.num_free_pages() == llm.num_usable_pages()
+    for a, b in zip(outs[1], outs[6]):
+        for ca, cb in zip(a.outputs, b.outputs):
+            assert ca.token_ids == cb.token_ids
+            assert ca.token_logprobs == pytest.approx(cb.token_logprobs, abs=0)
+    with pytest.raises(PagellmError, match="pipelined_decode_steps"):
+        LLM(tiny_model, backend="cpu", kv_cache_gb=0.02, pipelined_decode_steps=0)
+
+
 def test_chat_renders_the_template(llm):
     conv = [{"role": "user", "content": "Hi there"}]
     tok = llm.get_tokenizer()

@@ -3,6 +3,7 @@
 #include "pagellm/backend/backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -29,6 +30,41 @@ std::vector<SampledToken> Backend::sample(const Tensor& logits,
   std::vector<float> host(static_cast<size_t>(logits.numel()));
   copy_to_host(host.data(), logits.data, logits.nbytes());
   return sample_rows(host.data(), num_rows, vocab_size, rows);
+}
+
+SampleTicket Backend::sample_async(const Tensor& logits, const std::vector<SamplingRow>& rows) {
+  static std::atomic<uint64_t> next_id{1};
+  SampleTicket ticket;
+  ticket.tokens = sample(logits, rows);
+  ticket.id = next_id.fetch_add(1);
+  ticket.rows = static_cast<int32_t>(rows.size());
+  return ticket;
+}
+
+std::vector<SampledToken> Backend::wait_sampled(SampleTicket& ticket) {
+  PAGELLM_CHECK(ticket.id != 0) << name() << " backend: wait_sampled: an empty ticket";
+  ticket.id = 0;
+  return std::move(ticket.tokens);
+}
+
+void Backend::feed_sampled_tokens(const SampleTicket& ticket, const std::vector<int32_t>& src_rows,
+                                  Tensor& token_ids) {
+  PAGELLM_CHECK(ticket.id != 0 && ticket.tokens.size() == static_cast<size_t>(ticket.rows))
+      << name() << " backend: feed_sampled_tokens: the ticket holds no tokens";
+  PAGELLM_CHECK(token_ids.dtype == DType::I32 &&
+                static_cast<int64_t>(src_rows.size()) <= token_ids.numel())
+      << name() << " backend: feed_sampled_tokens: " << src_rows.size()
+      << " tokens into an int32 tensor of " << token_ids.numel();
+  std::vector<int32_t> tokens(src_rows.size());
+  for (size_t i = 0; i < src_rows.size(); ++i) {
+    PAGELLM_CHECK(src_rows[i] >= 0 && src_rows[i] < ticket.rows)
+        << name() << " backend: feed_sampled_tokens: row " << src_rows[i] << " of a ticket of "
+        << ticket.rows << " rows";
+    tokens[i] = ticket.tokens[static_cast<size_t>(src_rows[i])].token;
+  }
+  if (!tokens.empty()) {
+    copy_to_device(token_ids.data, tokens.data(), tokens.size() * sizeof(int32_t));
+  }
 }
 
 void Backend::copy_kv_pages(std::vector<LayerKv>& kv,

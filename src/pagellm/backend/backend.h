@@ -134,6 +134,14 @@ class RecordedGraph {
 
 class Communicator;
 
+/// A handle on one sampling call's tokens (Backend::sample_async).
+struct SampleTicket {
+  uint64_t id = 0;   // 0: no sampling
+  int32_t rows = 0;  // sampled rows
+  /// The tokens, for backends that sample before sample_async() returns (the default).
+  std::vector<SampledToken> tokens;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -468,6 +476,23 @@ class Backend {
   /// to the host and runs the CPU sampler.
   virtual std::vector<SampledToken> sample(const Tensor& logits,
                                            const std::vector<SamplingRow>& rows);
+
+  // ---- pipelined decode (docs/design.md, "Pipelined decode") ------------------------------
+  /// sample() in two halves: sample_async() enqueues the sampling of `rows` after the work
+  /// already on the backend's stream and returns a ticket; wait_sampled() waits for that
+  /// ticket's tokens and returns them (the errors sample() would throw, it throws). The
+  /// rows are read before sample_async() returns. At most two tickets are outstanding, and
+  /// each is waited for once, in order. The default samples at once (sample()) and keeps
+  /// the tokens in the ticket.
+  virtual SampleTicket sample_async(const Tensor& logits, const std::vector<SamplingRow>& rows);
+  virtual std::vector<SampledToken> wait_sampled(SampleTicket& ticket);
+  /// token_ids[i] = the token that `ticket` (not yet waited for) sampled in its row
+  /// src_rows[i], for every i, ordered after the work on the backend's stream: the input
+  /// tokens of a step launched before the previous step's tokens reached the host.
+  /// `token_ids` is an upload_batch() result's token_ids (int32). The default writes the
+  /// ticket's tokens with copy_to_device.
+  virtual void feed_sampled_tokens(const SampleTicket& ticket,
+                                   const std::vector<int32_t>& src_rows, Tensor& token_ids);
 };
 
 /// Owns one allocation of a backend, given back through `kRelease` (moves, never copies).

@@ -869,6 +869,21 @@ std::vector<SampledToken> CudaBackend::sample(const Tensor& logits,
   return sampler_->sample(logits, rows, capturing());
 }
 
+SampleTicket CudaBackend::sample_async(const Tensor& logits,
+                                       const std::vector<SamplingRow>& rows) {
+  return sampler_->sample_async(logits, rows, capturing());
+}
+
+std::vector<SampledToken> CudaBackend::wait_sampled(SampleTicket& ticket) {
+  return sampler_->wait(ticket);
+}
+
+void CudaBackend::feed_sampled_tokens(const SampleTicket& ticket,
+                                      const std::vector<int32_t>& src_rows, Tensor& token_ids) {
+  PAGELLM_CHECK(!capturing()) << "cuda backend: feed_sampled_tokens cannot be captured";
+  sampler_->feed(ticket, src_rows, token_ids);
+}
+
 // ---- graphs, bandwidth, trace -------------------------------------------------------------
 
 void CudaBackend::begin_capture() {

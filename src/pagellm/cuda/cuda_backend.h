@@ -244,6 +244,13 @@ class CudaBackend final : public Backend {
   /// parameters, out-of-vocabulary penalty tokens or rows without a finite logit.
   std::vector<SampledToken> sample(const Tensor& logits,
                                    const std::vector<SamplingRow>& rows) override;
+  /// The same sampling, enqueued: the tokens are copied to one of two pinned slots and
+  /// read by wait_sampled() (one event's wait); feed_sampled_tokens() is one small kernel
+  /// that copies them, on the device, into the next batch's token ids.
+  SampleTicket sample_async(const Tensor& logits, const std::vector<SamplingRow>& rows) override;
+  std::vector<SampledToken> wait_sampled(SampleTicket& ticket) override;
+  void feed_sampled_tokens(const SampleTicket& ticket, const std::vector<int32_t>& src_rows,
+                           Tensor& token_ids) override;
 
   /// Device-to-device cudaMemcpyAsync of up to 1 GiB (smaller if memory is short), timed
   /// with events, median of 5: (bytes read + bytes written) per second.

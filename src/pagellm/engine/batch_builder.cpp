@@ -29,16 +29,18 @@ ForwardBatch build_batch_without_table(const SchedulerOutput& out, const PageTab
 
   for (const ScheduledSeq& s : out.scheduled) {
     const Sequence& seq = *s.seq;
-    const int32_t begin = seq.num_computed;
+    // A step planned ahead (ScheduledSeq::ahead) starts after the token in flight; that
+    // token is not known here, and its place holds 0 until the device feeds it.
+    const int32_t begin = seq.num_computed + s.ahead;
     const int32_t end = begin + s.num_new_tokens;
     PAGELLM_CHECK(seq.status == SequenceStatus::kRunning && s.num_new_tokens >= 1 &&
-                  end <= seq.num_tokens() &&
+                  s.ahead >= 0 && end <= seq.num_tokens() + s.ahead &&
                   static_cast<int64_t>(seq.pages.size()) * page_size >= end)
         << "build_forward_batch(): request " << seq.id
         << " is not as schedule() left it (finished, advanced or without pages for " << end
         << " tokens)";
     for (int32_t p = begin; p < end; ++p) {
-      batch.token_ids.push_back(seq.token_at(p));
+      batch.token_ids.push_back(p < seq.num_tokens() ? seq.token_at(p) : 0);
       batch.positions.push_back(p);
       batch.slot_mapping.push_back(seq.pages[p / page_size] * page_size + p % page_size);
     }
@@ -84,7 +86,7 @@ std::vector<SamplingRow> build_sampling_rows(const SchedulerOutput& out) {
     SamplingRow row;
     row.params = &seq.params;
     row.seed = seq.seed;
-    row.output_index = static_cast<int64_t>(seq.output.size());
+    row.output_index = static_cast<int64_t>(seq.output.size()) + s.ahead;
     row.prompt_tokens = &seq.prompt;
     row.output_tokens = &seq.output;
     row.banned_tokens = row.output_index < seq.params.min_tokens ? &seq.min_tokens_banned : nullptr;

@@ -13,8 +13,10 @@ namespace pagellm {
 /// Builds the host metadata of the step `out` plans, with a dense page table. Call between
 /// schedule() and on_step_done(): it reads each sequence's num_computed before the step.
 ///
-/// For scheduled sequence b with c = num_computed and n new tokens: token_ids and
-/// positions are token_at(c .. c+n-1) and c .. c+n-1; slot_mapping[t] = page * page_size +
+/// For scheduled sequence b with c = num_computed + ahead (ScheduledSeq::ahead, 0 but in
+/// a step planned ahead) and n new tokens: token_ids and positions are token_at(c ..
+/// c+n-1) (0 for a token not known yet, which the device feeds) and c .. c+n-1;
+/// slot_mapping[t] = page * page_size +
 /// offset of position p in seq->pages; kv_lens[b] = c + n; page_table row b is the
 /// sequence's PageTable row (its pages, then zeros); logits_indices holds the last token
 /// row of each sequence with samples == true, in scheduled order, 1 + fan_out.size() times
@@ -33,7 +35,8 @@ ForwardBatch build_persistent_forward_batch(const SchedulerOutput& out, PageTabl
                                             int32_t page_size);
 
 /// One SamplingRow per sampled token of `out`, in the order of logits_indices: each
-/// sampling sequence's, then its fan-out samples' (their own seed, output index 0).
+/// sampling sequence's (output index: its outputs plus ScheduledSeq::ahead), then its
+/// fan-out samples' (their own seed, output index 0).
 /// The rows point into the sequences, so they stay valid until on_step_done().
 std::vector<SamplingRow> build_sampling_rows(const SchedulerOutput& out);
 

@@ -248,8 +248,9 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
     trace.prefill = true;
   }
   while (!all_started()) {
+    const int64_t steps_before = engine.stats().steps;
     engine.step();
-    if (tracing) ++trace.steps;
+    if (tracing) trace.steps += static_cast<int32_t>(engine.stats().steps - steps_before);
   }
   if (tracing) {
     trace.spans = backend.end_kernel_trace();
@@ -268,38 +269,42 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
   // Honest counts (issue 20): with chunked prefill the first requests decode while later
   // ones still prefill, so phase 1 already produces tokens and phase 2 is not `batch`
   // tokens a step. Count the tokens sampled inside the window and the K/V each step really
-  // reads: a sequence a step advanced reads its whole context, num_computed after the step.
-  // By pointer (stable until release): this runs while the device works on the step.
+  // reads: a sequence a step advances reads its whole context, num_computed after the step.
+  // Per forward step (Engine::set_step_observer): with pipelined decode one engine step
+  // runs several, and a row kept for a sequence finished already reads nothing it needs.
   const size_t kv_token_bytes = 2 * static_cast<size_t>(mc.num_hidden_layers) *
                                 mc.num_key_value_heads * mc.head_dim * dtype_size(backend.kv_dtype());
-  std::vector<const Sequence*> seqs;
-  std::vector<int64_t> computed;
   int64_t window_first_tokens = 0;
   for (int64_t id : ids) {
-    seqs.push_back(&engine.request(id));
-    computed.push_back(seqs.back()->num_computed);
-    window_first_tokens += static_cast<int64_t>(seqs.back()->output.size());
+    window_first_tokens += static_cast<int64_t>(engine.request(id).output.size());
   }
   double window_kv_tokens = 0;
+  engine.set_step_observer([&](const SchedulerOutput& out) {
+    for (const ScheduledSeq& s : out.scheduled) {
+      if (!s.seq->finished()) window_kv_tokens += s.seq->num_computed + s.num_new_tokens;
+    }
+  });
+  bool trace_begun = false;
   while (engine.has_unfinished()) {
-    if (static_cast<int64_t>(step_seconds.size()) == trace_from) {
+    if (!trace_begun && trace_from >= 0 &&
+        static_cast<int64_t>(step_seconds.size()) >= trace_from) {
+      trace_begun = true;
       r.trace_unavailable = backend.begin_kernel_trace();
       tracing = r.trace_unavailable.empty();
     }
+    const int64_t steps_before = engine.stats().steps;
     const auto s0 = Clock::now();
     engine.step();
-    step_seconds.push_back(seconds_between(s0, Clock::now()));
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      if (seqs[i]->num_computed != computed[i]) {
-        computed[i] = seqs[i]->num_computed;
-        window_kv_tokens += static_cast<double>(computed[i]);
-      }
-    }
-    if (tracing && ++trace.steps == options.trace_steps) {
+    // A pipelined run of n forward steps counts as n steps of its mean duration.
+    const int64_t n = std::max<int64_t>(1, engine.stats().steps - steps_before);
+    const double call_seconds = seconds_between(s0, Clock::now());
+    for (int64_t k = 0; k < n; ++k) step_seconds.push_back(call_seconds / n);
+    if (tracing && (trace.steps += static_cast<int32_t>(n)) >= options.trace_steps) {
       trace.spans = backend.end_kernel_trace();
       tracing = false;
     }
   }
+  engine.set_step_observer(nullptr);
   if (tracing) trace.spans = backend.end_kernel_trace();
   backend.synchronize();
   const auto t2 = Clock::now();
@@ -324,6 +329,7 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
   r.prefix_cache.evictions -= prefix_before.evictions;
   r.decode_steps = after.steps - before.steps;
   r.graph_steps = after.graph_steps - before.graph_steps;
+  r.pipelined_steps = after.pipelined_steps - before.pipelined_steps;
   r.host_gap_seconds =
       r.decode_steps > 0 ? (after.host_gap - before.host_gap).total() / r.decode_steps : 0.0;
   std::sort(step_seconds.begin(), step_seconds.end());
@@ -576,6 +582,7 @@ std::string benchmark_json_line(const BenchmarkReport& r) {
       {"decode_tok_s", r.decode_tok_s()},
       {"e2e_tok_s", r.e2e_tok_s()},
       {"median_step_ms", r.median_step_seconds * 1e3},
+      {"pipelined_steps", r.pipelined_steps},
       {"host_gap_us", r.host_gap_seconds * 1e6},
       {"bandwidth_gbs",
        r.bandwidth_bytes_per_s ? nlohmann::json(*r.bandwidth_bytes_per_s / 1e9) : nullptr},
@@ -854,6 +861,7 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
   const int64_t used_before = engine.allocator().num_usable() - engine.allocator().num_free();
   const int64_t preemptions_before = engine.stats().preemptions;
   const int64_t steps_before = engine.stats().steps;
+  const int64_t pipelined_before = engine.stats().pipelined_steps;
 
   // Step kinds (GrpoReport::step_classes): 0 prefill, then decode-only by rows up to each bound.
   const int64_t row_bounds[] = {8, 32, 64, 128, 256, std::numeric_limits<int64_t>::max()};
@@ -893,41 +901,59 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
       wanted.insert(wanted.end(), lengths.begin(), lengths.end());
       r.prompt_tokens += static_cast<int64_t>(prompt.size()) * workload.n;
     }
-    // The samples by pointer (stable until release): the per-step accounting below runs
-    // while the device waits, so it must not look each id up in the engine's map.
-    std::vector<const Sequence*> samples;
-    samples.reserve(ids.size());
-    for (int64_t id : ids) samples.push_back(&engine.request(id));
+    // Per forward step (Engine::set_step_observer; one engine step may run several with
+    // pipelined decode): whether it prefilled, its decode rows, and the K/V it read, the
+    // context after the step of every sequence it advanced.
+    struct StepRecord {
+      bool prefill = false;
+      int64_t rows = 0;
+      double kv_tokens = 0;
+    };
+    std::vector<StepRecord> records;
+    engine.set_step_observer([&](const SchedulerOutput& out) {
+      StepRecord rec;
+      for (const ScheduledSeq& s : out.scheduled) {
+        const Sequence& seq = *s.seq;
+        if (seq.finished()) continue;  // a row kept one step more: nothing it needs
+        if (seq.num_computed + s.num_new_tokens > static_cast<int32_t>(seq.prompt.size())) {
+          rec.rows += s.num_new_tokens;
+        } else {
+          rec.prefill = true;
+        }
+        rec.kv_tokens += seq.num_computed + s.num_new_tokens;
+      }
+      records.push_back(rec);
+    });
     backend.synchronize();
     const HostGap host_before = engine.stats().host_gap;
     const auto t0 = Clock::now();
     while (engine.has_unfinished()) {
-      const EngineStats before = engine.stats();
+      records.clear();
       const auto step_start = Clock::now();
       engine.step();
-      const double step_seconds = seconds_between(step_start, Clock::now());
+      const double call_seconds = seconds_between(step_start, Clock::now());
       const int64_t used = engine.allocator().num_usable() - engine.allocator().num_free();
       r.peak_kv_pages = std::max(r.peak_kv_pages, used - used_before);
-      double kv_tokens = 0;
-      for (const Sequence* s : samples) {
-        if (s->status == SequenceStatus::kRunning) kv_tokens += s->num_computed;
+      // A pipelined run's forward steps share its time evenly.
+      for (const StepRecord& rec : records) {
+        double step_limit = 0;
+        if (r.bandwidth_bytes_per_s) {
+          step_limit =
+              (weight_read_bytes + rec.kv_tokens * kv_per_token) / *r.bandwidth_bytes_per_s;
+          r.limit_seconds += step_limit;
+        }
+        size_t c = 0;
+        if (!rec.prefill) {
+          while (rec.rows > row_bounds[c]) ++c;
+          ++c;
+        }
+        classes[c].steps += 1;
+        classes[c].seconds += call_seconds / static_cast<double>(records.size());
+        classes[c].limit_seconds += step_limit;
+        classes[c].decode_tokens += rec.rows;
       }
-      double step_limit = 0;
-      if (r.bandwidth_bytes_per_s) {
-        step_limit = (weight_read_bytes + kv_tokens * kv_per_token) / *r.bandwidth_bytes_per_s;
-        r.limit_seconds += step_limit;
-      }
-      const int64_t rows = engine.stats().decode_tokens - before.decode_tokens;
-      size_t c = 0;
-      if (engine.stats().prefill_tokens == before.prefill_tokens) {
-        while (rows > row_bounds[c]) ++c;
-        ++c;
-      }
-      classes[c].steps += 1;
-      classes[c].seconds += step_seconds;
-      classes[c].limit_seconds += step_limit;
-      classes[c].decode_tokens += rows;
     }
+    engine.set_step_observer(nullptr);
     backend.synchronize();
     r.rollout_seconds += seconds_between(t0, Clock::now());
     r.host_gap += engine.stats().host_gap - host_before;
@@ -946,6 +972,7 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
     if (c.steps > 0) r.step_classes.push_back(std::move(c));
   }
   r.steps = engine.stats().steps - steps_before;
+  r.pipelined_steps = engine.stats().pipelined_steps - pipelined_before;
   r.preemptions = engine.stats().preemptions - preemptions_before;
   const PrefixCacheStats prefix_after = engine.prefix_cache_stats();
   r.prefix_queried_tokens = prefix_after.queried_tokens - prefix_before.queried_tokens;
@@ -973,6 +1000,8 @@ std::string grpo_json_line(const GrpoReport& r) {
       {"host_schedule_s", r.host_gap.schedule},
       {"host_launch_s", r.host_gap.launch},
       {"host_finish_s", r.host_gap.finish},
+      {"steps", r.steps},
+      {"pipelined_steps", r.pipelined_steps},
   };
   nlohmann::json classes = nlohmann::json::array();
   for (const GrpoStepClass& c : r.step_classes) {

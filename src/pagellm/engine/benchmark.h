@@ -145,6 +145,7 @@ struct BenchmarkReport {
   double decode_seconds = 0;
   int64_t decode_steps = 0;
   int64_t graph_steps = 0;        // decode steps that replayed a captured graph
+  int64_t pipelined_steps = 0;    // decode steps launched ahead (pipelined decode)
   double median_step_seconds = 0;
   double host_gap_seconds = 0;    // per decode step: the host's time while the device waits
 
@@ -367,7 +368,8 @@ std::vector<int64_t> add_prompt_samples(Engine& engine, const std::vector<int32_
 struct GrpoStepClass {
   std::string name;         // "prefill + decode" or "decode 1-8 rows", "decode 9-32 rows", ...
   int64_t steps = 0;
-  double seconds = 0;       // wall time of Engine::step() over these steps
+  double seconds = 0;       // wall time of Engine::step() over these steps (a pipelined
+                            // run's time shared evenly by its steps)
   double limit_seconds = 0; // their share of GrpoReport::limit_seconds
   int64_t decode_tokens = 0;
 };
@@ -382,6 +384,7 @@ struct GrpoReport {
   double rollout_seconds = 0;     // all rounds, the weight updates excluded
   double rollout_tok_s() const;   // generated_tokens / rollout_seconds
   int64_t steps = 0;
+  int64_t pipelined_steps = 0;    // of them, launched ahead (pipelined decode)
   /// The step-by-step limit: the time every step would take at the copy bandwidth,
   /// reading every weight once plus the K/V of each running sequence's context.
   double limit_seconds = 0;

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "pagellm/backend/host_communicator.h"
 #include "pagellm/common/random.h"
+#include "pagellm/sampling/rules.h"
 #include "pagellm/sampling/sampler.h"
 
 namespace pagellm {
@@ -129,6 +131,8 @@ void Engine::resolve_config(const Qwen3Config& mc, const Backend& backend) {
   PAGELLM_CHECK(config_.max_loras >= 0) << "max_loras must be >= 0, got " << config_.max_loras;
   PAGELLM_CHECK(config_.max_lora_rank >= 1 && config_.max_lora_rank <= kMaxLoraRank)
       << "max_lora_rank must be in [1, " << kMaxLoraRank << "], got " << config_.max_lora_rank;
+  PAGELLM_CHECK(config_.pipelined_decode_steps >= 1)
+      << "pipelined_decode_steps must be >= 1 (1: off), got " << config_.pipelined_decode_steps;
   PAGELLM_CHECK(config_.max_num_batched_tokens >= 0)
       << "max_num_batched_tokens must be >= 0 (0: the backend's preferred chunk), got "
       << config_.max_num_batched_tokens;
@@ -500,6 +504,12 @@ std::vector<int64_t> Engine::step() {
     return done;
   }
   count_tokens(out);
+  if (can_pipeline(out)) {
+    const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+    stats_.host_gap.schedule += seconds(scheduled - start);
+    for (int64_t id : run_pipelined(std::move(out))) done.push_back(id);
+    return done;
+  }
 
   ModelRunner::StepResult result;
   try {
@@ -511,19 +521,70 @@ std::vector<int64_t> Engine::step() {
     if (tp_leader_) tp_leader_->mark_failed(e.what());
     throw;
   }
-  for (SampledToken& t : result.sampled) t.weights_version = weights_version_;
-  stats_.graph_steps += result.replayed_graph ? 1 : 0;
-  stats_.page_table_entries_uploaded += result.page_table_entries;
-
-  for (Sequence* s : scheduler_->on_step_done(out, result.sampled)) done.push_back(s->id);
-  stats_.forked_samples = scheduler_->forked_samples();
-  ++stats_.steps;
+  complete_step(out, result, done);
   // Host time while the device waits: before the launch, and after the tokens arrived.
   const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   stats_.host_gap.schedule += seconds(scheduled - start);
   stats_.host_gap.launch += seconds(result.launched - scheduled);
   stats_.host_gap.finish += seconds(Clock::now() - result.sampled_at);
   return done;
+}
+
+void Engine::complete_step(const SchedulerOutput& out, ModelRunner::StepResult& result,
+                           std::vector<int64_t>& done) {
+  for (SampledToken& t : result.sampled) t.weights_version = weights_version_;
+  stats_.graph_steps += result.replayed_graph ? 1 : 0;
+  stats_.page_table_entries_uploaded += result.page_table_entries;
+  if (step_observer_) step_observer_(out);
+  for (Sequence* s : scheduler_->on_step_done(out, result.sampled)) done.push_back(s->id);
+  stats_.forked_samples = scheduler_->forked_samples();
+  ++stats_.steps;
+}
+
+bool Engine::can_pipeline(const SchedulerOutput& out) const {
+  if (config_.pipelined_decode_steps <= 1 || tp_leader_ || runner_->has_logits_hook()) {
+    return false;
+  }
+  for (const ScheduledSeq& s : out.scheduled) {
+    const SamplingParams& p = s.seq->params;
+    if (!s.samples || s.num_new_tokens != 1 || !s.fan_out.empty() || p.logprobs > 0 ||
+        !p.stop.empty() ||
+        penalties_enabled(p.repetition_penalty, p.presence_penalty, p.frequency_penalty)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<int64_t> Engine::run_pipelined(SchedulerOutput out) {
+  using Clock = std::chrono::steady_clock;
+  const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  std::vector<int64_t> done;
+  PageTable& table = kv_cache_->page_table();
+  const auto launch_begin = Clock::now();
+  std::optional<ModelRunner::InFlight> current = runner_->launch(std::move(out), table, nullptr);
+  stats_.host_gap.launch += seconds(current->result.launched - launch_begin);
+  for (int32_t n = 1;; ++n) {
+    // The next step is planned and launched while `current` runs on the device; its
+    // tokens are read only afterwards (docs/design.md, "Pipelined decode").
+    std::optional<ModelRunner::InFlight> next;
+    if (n < config_.pipelined_decode_steps) {
+      SchedulerOutput ahead = scheduler_->schedule_ahead(current->out);
+      if (!ahead.scheduled.empty()) {
+        stats_.cow_page_copies += static_cast<int64_t>(ahead.page_copies.size());
+        count_tokens(ahead);
+        next = runner_->launch(std::move(ahead), table, &*current);
+        ++stats_.pipelined_steps;
+      }
+    }
+    ModelRunner::StepResult result = runner_->finish(*current);
+    complete_step(current->out, result, done);
+    if (!next) {
+      stats_.host_gap.finish += seconds(Clock::now() - result.sampled_at);
+      return done;
+    }
+    current = std::move(next);
+  }
 }
 
 void Engine::count_tokens(const SchedulerOutput& out) {

@@ -82,6 +82,9 @@ struct EngineStats {
   /// KV pages copied because a sample wrote into a page it still shared (copy-on-write).
   int64_t forked_samples = 0;
   int64_t cow_page_copies = 0;
+  /// Pipelined decode: steps launched before the previous step's tokens reached the host
+  /// (EngineOptions::pipelined_decode_steps).
+  int64_t pipelined_steps = 0;
   /// Host time while the device waits (HostGap's three parts).
   HostGap host_gap;
 };
@@ -182,6 +185,12 @@ class Engine {
   /// debugging: setting it costs a device-to-host copy of the logits each step.
   using LogitsHook = ModelRunner::LogitsHook;
   void set_logits_hook(LogitsHook hook) { runner_->set_logits_hook(std::move(hook)); }
+  /// Called once per forward step with its plan, when its tokens have arrived and before
+  /// they are appended (each sequence's num_computed is the step's start; the sequences
+  /// finished already are the rows a pipelined run kept one step more). One step() may run
+  /// several (pipelined decode): the benchmarks count the bytes each read through this.
+  using StepObserver = std::function<void(const SchedulerOutput& out)>;
+  void set_step_observer(StepObserver observer) { step_observer_ = std::move(observer); }
 
   /// Version of the weights the model samples with: 0 after loading, increased by one by
   /// each weight update (bump_weights_version). Every SampledToken records the version it
@@ -347,6 +356,16 @@ class Engine {
   void resolve_config(const Qwen3Config& model_config, const Backend& backend);
   /// Adds the step's computed tokens to the prefill and decode counters.
   void count_tokens(const SchedulerOutput& out);
+  /// Whether a step of `out` may start a run of pipelined steps: pipelining on, a pure
+  /// decode step, no request that needs its tokens on the host before the next step
+  /// (penalties, stop strings, top-k log-probabilities), no logits hook, one rank.
+  bool can_pipeline(const SchedulerOutput& out) const;
+  /// Runs `out` and the steps planned ahead of it (Scheduler::schedule_ahead), at most
+  /// pipelined_decode_steps in all; returns the requests they finished.
+  std::vector<int64_t> run_pipelined(SchedulerOutput out);
+  /// Reports a step's tokens to the scheduler and the counters; appends what finished.
+  void complete_step(const SchedulerOutput& out, ModelRunner::StepResult& result,
+                     std::vector<int64_t>& done);
 
   /// Refuses `what` at TP > 1 (not built for tensor parallelism yet) with an Error.
   void refuse_tensor_parallel(const char* what) const;
@@ -371,6 +390,7 @@ class Engine {
   uint64_t weights_version_ = 0;
   bool asleep_ = false;
   EngineStats stats_;
+  StepObserver step_observer_;
   /// Loaded LoRA adapters by name; info.slot is the model's slot.
   std::map<std::string, LoraAdapterInfo> loras_;
   /// Prefix-cache keys per slot (KvSequence::adapter_key): a new one at each load.

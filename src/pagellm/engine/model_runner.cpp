@@ -143,7 +143,8 @@ void ModelRunner::capture_graph(int32_t bucket, bool lora) {
   (lora ? lora_graphs_ : graphs_)[bucket] = std::move(g);
 }
 
-Tensor ModelRunner::forward(ForwardBatch& batch, bool pure_decode, StepResult* result) {
+Tensor ModelRunner::forward(ForwardBatch& batch, bool pure_decode, StepResult* result,
+                            const Feed* feed) {
   const int32_t rows = batch.num_seqs();
   // Steps with an adapter replay the LoRA graph of their bucket (the same buckets),
   // captured here the first time one is needed.
@@ -166,13 +167,16 @@ Tensor ModelRunner::forward(ForwardBatch& batch, bool pure_decode, StepResult* r
   result->page_table_entries = static_cast<int64_t>(
       persistent_ ? batch.page_table_values.size() : batch.page_table.size());
   if (mirror_ != nullptr) mirror_->forward(batch, bucket);
-  return run_forward(batch, bucket, rows, result);
+  return run_forward(batch, bucket, rows, result, feed);
 }
 
 Tensor ModelRunner::run_forward(const ForwardBatch& batch, int32_t graph_bucket, int32_t rows,
-                                StepResult* result) {
+                                StepResult* result, const Feed* feed) {
   try {
     BatchTensors tensors = backend_->upload_batch(batch);
+    if (feed != nullptr) {
+      backend_->feed_sampled_tokens(*feed->from, feed->src_rows, tensors.token_ids);
+    }
     if (result != nullptr) result->launched = std::chrono::steady_clock::now();
     if (graph_bucket == 0) return model_->forward(tensors, kv_);
     std::map<int32_t, DecodeGraph>& graphs = batch.lora_slots.empty() ? graphs_ : lora_graphs_;
@@ -231,6 +235,51 @@ ModelRunner::StepResult ModelRunner::run(const SchedulerOutput& out, PageTable& 
   const std::vector<SamplingRow> rows = build_sampling_rows(out);
   result.sampled = backend_->sample(logits, rows);
   add_top_logprobs_rows(logits, rows, result.sampled);
+  result.sampled_at = std::chrono::steady_clock::now();
+  return result;
+}
+
+ModelRunner::InFlight ModelRunner::launch(SchedulerOutput out, PageTable& page_table,
+                                          const InFlight* previous) {
+  PAGELLM_CHECK(!out.scheduled.empty()) << "ModelRunner::launch() needs a non-empty step";
+  PAGELLM_CHECK(mirror_ == nullptr && !logits_hook_)
+      << "ModelRunner::launch(): a step whose logits leave the device (a logits hook, a "
+         "tensor-parallel group) runs with run()";
+  const std::vector<SamplingRow> rows = build_sampling_rows(out);
+  for (const SamplingRow& row : rows) {
+    PAGELLM_CHECK(row.params->logprobs <= 0)
+        << "ModelRunner::launch(): top-k log-probabilities need the logits on the host; "
+           "the step runs with run()";
+  }
+  InFlight step;
+  ForwardBatch batch = persistent_
+                           ? build_persistent_forward_batch(out, page_table, config_.page_size)
+                           : build_forward_batch(out, page_table, config_.page_size);
+  bool pure_decode = true;
+  Feed feed;
+  for (const ScheduledSeq& s : out.scheduled) {
+    pure_decode = pure_decode && s.num_new_tokens == 1 && s.samples && s.fan_out.empty();
+    if (s.ahead == 0) continue;
+    // Fed tokens are the batch's first ones: every entry of a step planned ahead is fed.
+    PAGELLM_CHECK(previous != nullptr && s.ahead == 1 && s.num_new_tokens == 1 &&
+                  s.fed_from >= 0 && s.fed_from < previous->ticket.rows &&
+                  feed.src_rows.size() == static_cast<size_t>(&s - out.scheduled.data()))
+        << "ModelRunner::launch(): request " << s.seq->id
+        << " is planned ahead without the step in flight that samples its input";
+    feed.src_rows.push_back(s.fed_from);
+  }
+  feed.from = previous != nullptr ? &previous->ticket : nullptr;
+  if (!out.page_copies.empty()) backend_->copy_kv_pages(kv_, out.page_copies);
+  Tensor logits =
+      forward(batch, pure_decode, &step.result, feed.src_rows.empty() ? nullptr : &feed);
+  step.ticket = backend_->sample_async(logits, rows);
+  step.out = std::move(out);
+  return step;
+}
+
+ModelRunner::StepResult ModelRunner::finish(InFlight& step) {
+  StepResult result = step.result;
+  result.sampled = backend_->wait_sampled(step.ticket);
   result.sampled_at = std::chrono::steady_clock::now();
   return result;
 }

@@ -107,6 +107,24 @@ class ModelRunner {
   /// with a fan-out runs eagerly and samples 1 + fan_out.size() tokens from that row.
   StepResult run(const SchedulerOutput& out, PageTable& page_table);
 
+  /// Pipelined decode (docs/design.md, "Pipelined decode"): a step launched and not yet
+  /// waited for.
+  struct InFlight {
+    SchedulerOutput out;
+    SampleTicket ticket;
+    StepResult result;  // everything but the tokens and sampled_at
+  };
+  /// run() without the wait: the page copies, the forward and the sampling are enqueued
+  /// and the step is returned in flight. Entries planned ahead (ScheduledSeq::ahead) take
+  /// their input token from `previous`'s row fed_from on the device; `previous` is the
+  /// step launched just before, not finished yet (null when nothing is planned ahead).
+  /// Only for steps whose logits stay on the device: no logits hook, no top-k
+  /// log-probabilities (SamplingParams::logprobs), no tensor-parallel group.
+  InFlight launch(SchedulerOutput out, PageTable& page_table, const InFlight* previous);
+  /// Waits for a launched step's tokens (StepResult::sampled, as run() gives them).
+  StepResult finish(InFlight& step);
+  bool has_logits_hook() const { return static_cast<bool>(logits_hook_); }
+
   /// Scoring (Engine::score): runs the forward `out` plans eagerly (never a graph, nothing
   /// sampled) with the logits rows at the batch's token indices `logits_indices` (at most
   /// max_logits_rows()), and returns those rows [R, V] float32 on the device (a view into
@@ -145,14 +163,22 @@ class ModelRunner {
   /// Captures the decode graph of `bucket` rows: the LoRA forward (lora_slots all zeros
   /// at capture; the replays read each step's slots) when `lora`, the plain one otherwise.
   void capture_graph(int32_t bucket, bool lora);
+  /// Input tokens fed from a step in flight: the batch's first src_rows.size() tokens are
+  /// that step's samples of rows src_rows (Backend::feed_sampled_tokens).
+  struct Feed {
+    const SampleTicket* from = nullptr;
+    std::vector<int32_t> src_rows;
+  };
   /// Pads `batch` to a bucket and replays its graph when it is a pure decode batch and a
   /// bucket fits; otherwise runs the forward eagerly. Returns the logits rows.
-  Tensor forward(ForwardBatch& batch, bool pure_decode, StepResult* result);
-  /// Uploads `batch` and runs it: the graph of `graph_bucket` rows (returning the first
-  /// `rows` logits rows) or, for 0, the eager forward. A failure aborts the group's
-  /// communicator first, so that no other rank waits for this one.
+  Tensor forward(ForwardBatch& batch, bool pure_decode, StepResult* result,
+                 const Feed* feed = nullptr);
+  /// Uploads `batch` (then feeds its tokens, when `feed`) and runs it: the graph of
+  /// `graph_bucket` rows (returning the first `rows` logits rows) or, for 0, the eager
+  /// forward. A failure aborts the group's communicator first, so that no other rank
+  /// waits for this one.
   Tensor run_forward(const ForwardBatch& batch, int32_t graph_bucket, int32_t rows,
-                     StepResult* result);
+                     StepResult* result, const Feed* feed = nullptr);
   /// Fills the top-k alternatives (SamplingParams::logprobs) of the sampled rows that ask
   /// for them: each such row of logits is copied to the host and scored by the host
   /// sampler's add_top_logprobs, whatever the backend (docs/design.md, "The

@@ -226,9 +226,9 @@ void Scheduler::promote_next_sample(Sequence* seq) {
 }
 
 SchedulerOutput Scheduler::schedule() {
-  PAGELLM_CHECK(!step_in_flight_) << "Scheduler::schedule() called before on_step_done() "
-                                     "reported step "
-                                  << step_;
+  PAGELLM_CHECK(steps_in_flight_ == 0) << "Scheduler::schedule() called before on_step_done() "
+                                         "reported step "
+                                      << step_;
   SchedulerOutput out;
   out.step = ++step_;
   int32_t budget = config_.max_num_batched_tokens;
@@ -320,7 +320,47 @@ SchedulerOutput Scheduler::schedule() {
   }
   out.page_copies = kv_.take_page_copies();
   out.num_tokens = config_.max_num_batched_tokens - budget;
-  step_in_flight_ = !out.scheduled.empty();
+  steps_in_flight_ = out.scheduled.empty() ? 0 : 1;
+  return out;
+}
+
+SchedulerOutput Scheduler::schedule_ahead(const SchedulerOutput& in_flight) {
+  PAGELLM_CHECK(steps_in_flight_ == 1 && in_flight.step == step_)
+      << "Scheduler::schedule_ahead() needs step " << in_flight.step
+      << " to be the only step in flight (" << steps_in_flight_ << " in flight, the last "
+      << step_ << ")";
+  SchedulerOutput out;
+  if (!waiting_.empty()) return out;  // new requests: schedule() once the tokens are in
+  std::vector<std::pair<Sequence*, int32_t>> next;  // a sequence, its row in in_flight
+  int32_t need = 0;
+  int32_t row = 0;
+  for (const ScheduledSeq& s : in_flight.scheduled) {
+    if (!s.samples || s.num_new_tokens != 1 || !s.fan_out.empty()) return {};
+    const int32_t r = row++;
+    Sequence* seq = s.seq;
+    if (seq->finished()) continue;  // aborted since
+    // After in_flight's token: does append_token() end it by length?
+    if (static_cast<int64_t>(seq->output.size()) + 1 >= seq->params.max_tokens ||
+        seq->num_tokens() + 1 >= config_.max_model_len) {
+      continue;
+    }
+    // Pages for num_computed + 2 tokens: in_flight's and this step's.
+    need += kv_.pages_needed(*seq, 2) + kv_.pages_to_copy(*seq, 2);
+    next.emplace_back(seq, r);
+  }
+  if (next.empty() || !kv_.allocator().can_allocate(need)) return out;
+  out.step = ++step_;
+  ++steps_in_flight_;
+  for (const auto& [seq, r] : next) {
+    const bool allocated = kv_.allocate_for_write(*seq, 2);
+    PAGELLM_ASSERT(allocated) << "pages counted free but allocation ahead failed";
+    ScheduledSeq s{seq, 1, true, {}};
+    s.ahead = 1;
+    s.fed_from = r;
+    out.scheduled.push_back(std::move(s));
+  }
+  out.page_copies = kv_.take_page_copies();
+  out.num_tokens = static_cast<int32_t>(out.scheduled.size());
   return out;
 }
 
@@ -333,13 +373,14 @@ std::vector<Sequence*> Scheduler::on_step_done(const SchedulerOutput& out,
                                    << " sampled tokens";
     return finished;
   }
-  PAGELLM_CHECK(step_in_flight_ && out.step == step_)
+  const int64_t oldest = step_ - steps_in_flight_ + 1;
+  PAGELLM_CHECK(steps_in_flight_ > 0 && out.step == oldest)
       << "on_step_done() for step " << out.step << ", but the step awaiting it is "
-      << (step_in_flight_ ? std::to_string(step_) : std::string("none"));
+      << (steps_in_flight_ > 0 ? std::to_string(oldest) : std::string("none"));
   PAGELLM_CHECK(static_cast<int32_t>(sampled.size()) == out.num_sampling())
       << "on_step_done(): step " << out.step << " has " << out.num_sampling()
       << " sampling sequences but got " << sampled.size() << " sampled tokens";
-  step_in_flight_ = false;
+  --steps_in_flight_;
 
   size_t k = 0;
   for (const ScheduledSeq& s : out.scheduled) {

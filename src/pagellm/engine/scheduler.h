@@ -52,6 +52,13 @@ struct ScheduledSeq {
   /// other samples (seq->fan_out); each samples its own first token from the same logits
   /// row as seq, after it, and is forked from seq by on_step_done(). Empty otherwise.
   std::vector<Sequence*> fan_out;
+  /// Pipelined decode (schedule_ahead): the sequence's tokens that the step still in
+  /// flight samples, unknown on the host when this step was planned (1; 0 in a step from
+  /// schedule()). This step computes tokens from index num_computed + ahead, and its input
+  /// token is the in-flight step's sample of row `fed_from`, put in place on the device
+  /// (Backend::feed_sampled_tokens); -1 when ahead is 0.
+  int32_t ahead = 0;
+  int32_t fed_from = -1;
 };
 
 /// The plan of one step.
@@ -112,9 +119,22 @@ class Scheduler {
   /// Samples forked from their group's sample 0 so far.
   int64_t forked_samples() const { return forked_samples_; }
 
-  /// Plans one step; see SchedulerOutput and docs/design.md. Throws Error if the
-  /// previous non-empty step has not been reported with on_step_done().
+  /// Plans one step; see SchedulerOutput and docs/design.md. Throws Error if a non-empty
+  /// step has not been reported with on_step_done().
   SchedulerOutput schedule();
+
+  /// Pipelined decode (docs/design.md, "Pipelined decode"): plans the step after
+  /// `in_flight` (the plan schedule() or schedule_ahead() returned last, not yet reported)
+  /// before its sampled tokens are known, so that it can be launched while `in_flight`
+  /// runs. Only a pure decode step continues, with no request waiting: the next step
+  /// decodes each of its sequences again (ScheduledSeq::ahead 1, fed_from its row), except
+  /// those aborted since and those that in_flight's token ends by length (max_tokens,
+  /// max_model_len); a sequence that its token ends otherwise (EOS, a stop token) runs
+  /// one step more, whose token on_step_done() drops. Pages for the extra token are
+  /// allocated here. Returns an empty plan, changing nothing, when it cannot continue
+  /// (another kind of step, waiting requests, too few free pages, no sequence left):
+  /// report in_flight, then schedule(). Steps are reported in the order they were planned.
+  SchedulerOutput schedule_ahead(const SchedulerOutput& in_flight);
 
   /// Reports the step `out` has run. `sampled` holds one token per entry of out.scheduled
   /// with samples == true, in order. Advances num_computed, appends the tokens (and their
@@ -168,8 +188,8 @@ class Scheduler {
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;
   std::unordered_map<int64_t, Sequence*> unfinished_;  // id -> sequence, waiting or running
-  int64_t step_ = 0;
-  bool step_in_flight_ = false;
+  int64_t step_ = 0;          // the last step planned
+  int32_t steps_in_flight_ = 0;  // planned and not reported: steps step_ - n + 1 .. step_
   int64_t forked_samples_ = 0;
 };
 

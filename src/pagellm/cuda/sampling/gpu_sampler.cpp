@@ -39,23 +39,27 @@ void GpuSampler::free_buffers() noexcept {
   memory_.deallocate(prune_table_);
   memory_.deallocate(device_);
   memory_.deallocate(scratch_);
-  if (host_) cudaFreeHost(host_);
+  for (Slot& slot : slots_) {
+    if (slot.host) cudaFreeHost(slot.host);
+    if (slot.done) cudaEventDestroy(slot.done);
+    slot = Slot{};
+  }
   prune_table_ = nullptr;
-  device_ = host_ = nullptr;
+  device_ = nullptr;
   scratch_ = nullptr;
 }
 
 void GpuSampler::ensure_capacity(size_t bytes, size_t scratch_floats) {
   if (bytes > bytes_) {
+    // Work in flight may still read the old buffer (the next step's fed tokens).
     memory_.synchronize();
     memory_.deallocate(device_);
-    if (host_) cudaFreeHost(host_);
-    device_ = host_ = nullptr;
+    device_ = nullptr;
     bytes_ = 0;
     const size_t grown = std::max(bytes, size_t{64} << 10);
     device_ = memory_.allocate(grown);
-    PAGELLM_CUDA_CHECK(cudaHostAlloc(&host_, grown, cudaHostAllocDefault));
     bytes_ = grown;
+    ++device_generation_;
   }
   if (scratch_floats > scratch_floats_) {
     memory_.synchronize();
@@ -69,6 +73,23 @@ void GpuSampler::ensure_capacity(size_t bytes, size_t scratch_floats) {
 
 std::vector<SampledToken> GpuSampler::sample(const Tensor& logits,
                                              const std::vector<SamplingRow>& rows, bool capturing) {
+  SampleTicket ticket = sample_async(logits, rows, capturing);
+  return wait(ticket);
+}
+
+GpuSampler::Slot& GpuSampler::slot_of(const SampleTicket& ticket, const char* what) {
+  Slot* found = nullptr;
+  for (Slot& slot : slots_) {
+    if (ticket.id != 0 && slot.ticket == ticket.id) found = &slot;
+  }
+  PAGELLM_CHECK(found != nullptr) << "cuda backend: " << what << ": ticket " << ticket.id
+                                  << " is not outstanding (waited for already, or not this "
+                                     "sampler's)";
+  return *found;
+}
+
+SampleTicket GpuSampler::sample_async(const Tensor& logits, const std::vector<SamplingRow>& rows,
+                                      bool capturing) {
   PAGELLM_CHECK(logits.dtype == DType::F32 && logits.ndim == 2)
       << "cuda backend: sample: logits must be a float32 [rows, vocab] tensor, got "
       << dtype_name(logits.dtype) << " " << logits.shape_string();
@@ -76,7 +97,7 @@ std::vector<SampledToken> GpuSampler::sample(const Tensor& logits,
   PAGELLM_CHECK(static_cast<size_t>(R) == rows.size())
       << "cuda backend: sample: " << R << " rows of logits but " << rows.size()
       << " sampling rows";
-  if (R == 0) return {};
+  if (R == 0) return SampleTicket{next_ticket_++, 0, {}};
   PAGELLM_CHECK(V > 0 && V <= INT32_MAX && R <= INT32_MAX)
       << "cuda backend: sample: unsupported logits shape " << logits.shape_string();
   PAGELLM_CHECK(!capturing) << "cuda backend: sample synchronises and cannot be captured";
@@ -122,11 +143,32 @@ std::vector<SampledToken> GpuSampler::sample(const Tensor& logits,
   // One buffer: rows | penalty entries | results, each 256-byte aligned.
   auto aligned = [](size_t n) { return (n + 255) / 256 * 256; };
   const size_t rows_bytes = aligned(params.size() * sizeof(GpuSamplingRow));
-  const size_t entries_bytes = aligned(std::max<size_t>(entries.size(), 1) * sizeof(GpuPenaltyEntry));
+  const size_t entries_bytes =
+      aligned(std::max<size_t>(entries.size(), 1) * sizeof(GpuPenaltyEntry));
   const size_t results_bytes = aligned(params.size() * sizeof(GpuSampledToken));
-  ensure_capacity(rows_bytes + entries_bytes + results_bytes,
-                           static_cast<size_t>(penalised_rows) * static_cast<size_t>(V));
-  auto* host = static_cast<char*>(host_);
+  const size_t bytes = rows_bytes + entries_bytes + results_bytes;
+  ensure_capacity(bytes, static_cast<size_t>(penalised_rows) * static_cast<size_t>(V));
+  // The pinned slot: free of any outstanding ticket, and its last copies done.
+  Slot& slot = slots_[next_slot_];
+  PAGELLM_CHECK(slot.ticket == 0)
+      << "cuda backend: sample_async: two sampled steps are outstanding already (wait for "
+         "the older one first)";
+  next_slot_ ^= 1;
+  if (slot.done == nullptr) {
+    cudaEvent_t e = nullptr;
+    PAGELLM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    slot.done = e;
+  }
+  PAGELLM_CUDA_CHECK(cudaEventSynchronize(slot.done));
+  if (slot.bytes < bytes) {
+    if (slot.host) cudaFreeHost(slot.host);
+    slot.host = nullptr;
+    slot.bytes = 0;
+    const size_t grown = std::max(bytes, size_t{64} << 10);
+    PAGELLM_CUDA_CHECK(cudaHostAlloc(&slot.host, grown, cudaHostAllocDefault));
+    slot.bytes = grown;
+  }
+  auto* host = static_cast<char*>(slot.host);
   auto* dev = static_cast<char*>(device_);
   std::memcpy(host, params.data(), params.size() * sizeof(GpuSamplingRow));
   if (!entries.empty()) {
@@ -135,26 +177,43 @@ std::vector<SampledToken> GpuSampler::sample(const Tensor& logits,
   cudaStream_t s = as_stream(stream_);
   PAGELLM_CUDA_CHECK(cudaMemcpyAsync(dev, host, rows_bytes + entries_bytes,
                                      cudaMemcpyHostToDevice, s));
-  auto* results_dev = reinterpret_cast<GpuSampledToken*>(dev + rows_bytes + entries_bytes);
+  slot.results_offset = rows_bytes + entries_bytes;
+  auto* results_dev = reinterpret_cast<GpuSampledToken*>(dev + slot.results_offset);
   launch_sample_rows(logits.ptr<float>(), static_cast<int32_t>(R), static_cast<int32_t>(V),
                      reinterpret_cast<const GpuSamplingRow*>(dev),
                      reinterpret_cast<const GpuPenaltyEntry*>(dev + rows_bytes),
                      scratch_, prune_table_, results_dev, s);
-  auto* results_host = reinterpret_cast<GpuSampledToken*>(host + rows_bytes + entries_bytes);
-  PAGELLM_CUDA_CHECK(cudaMemcpyAsync(results_host, results_dev,
+  PAGELLM_CUDA_CHECK(cudaMemcpyAsync(host + slot.results_offset, results_dev,
                                      params.size() * sizeof(GpuSampledToken),
                                      cudaMemcpyDeviceToHost, s));
-  PAGELLM_CUDA_CHECK(cudaStreamSynchronize(s));
+  PAGELLM_CUDA_CHECK(cudaEventRecord(slot.done, s));
+  slot.rows = static_cast<int32_t>(R);
+  slot.vocab = static_cast<int32_t>(V);
+  slot.device_generation = device_generation_;
+  slot.ticket = next_ticket_++;
+  return SampleTicket{slot.ticket, slot.rows, {}};
+}
 
-  std::vector<SampledToken> out(static_cast<size_t>(R));
-  for (int64_t r = 0; r < R; ++r) {
+std::vector<SampledToken> GpuSampler::wait(SampleTicket& ticket) {
+  if (ticket.id != 0 && ticket.rows == 0) {  // nothing was sampled
+    ticket.id = 0;
+    return {};
+  }
+  Slot& slot = slot_of(ticket, "wait_sampled");
+  ticket.id = 0;
+  slot.ticket = 0;  // free for reuse whatever follows
+  PAGELLM_CUDA_CHECK(cudaEventSynchronize(slot.done));
+  const auto* results_host =
+      reinterpret_cast<const GpuSampledToken*>(static_cast<char*>(slot.host) + slot.results_offset);
+  std::vector<SampledToken> out(static_cast<size_t>(slot.rows));
+  for (int32_t r = 0; r < slot.rows; ++r) {
     const GpuSampledToken& g = results_host[r];
     PAGELLM_CHECK(g.status != kSampleNoFiniteLogit)
-        << "row " << r << ": sampling: the row of logits has no finite value (all " << V
+        << "row " << r << ": sampling: the row of logits has no finite value (all " << slot.vocab
         << " are NaN or -inf)";
     PAGELLM_CHECK(g.status != kSampleNoFiniteAfterPenalties)
         << "row " << r << ": sampling: no finite logit is left after the penalties";
-    PAGELLM_ASSERT(g.status == kSampleOk && g.token >= 0 && g.token < V)
+    PAGELLM_ASSERT(g.status == kSampleOk && g.token >= 0 && g.token < slot.vocab)
         << "GPU sampler returned status " << g.status << ", token " << g.token;
     SampledToken& t = out[static_cast<size_t>(r)];
     t.token = g.token;
@@ -162,6 +221,28 @@ std::vector<SampledToken> GpuSampler::sample(const Tensor& logits,
     t.processed_logprob = g.processed_logprob;
   }
   return out;
+}
+
+void GpuSampler::feed(const SampleTicket& ticket, const std::vector<int32_t>& src_rows,
+                      Tensor& token_ids) {
+  const Slot& slot = slot_of(ticket, "feed_sampled_tokens");
+  PAGELLM_CHECK(slot.device_generation == device_generation_)
+      << "cuda backend: feed_sampled_tokens: the sampler's buffer was replaced since ticket "
+      << ticket.id << " (a larger sampling call came between)";
+  PAGELLM_CHECK(token_ids.dtype == DType::I32 &&
+                static_cast<int64_t>(src_rows.size()) <= token_ids.numel())
+      << "cuda backend: feed_sampled_tokens: " << src_rows.size()
+      << " tokens into an int32 tensor of " << token_ids.numel();
+  for (int32_t r : src_rows) {
+    PAGELLM_CHECK(r >= 0 && r < slot.rows)
+        << "cuda backend: feed_sampled_tokens: row " << r << " of a ticket of " << slot.rows
+        << " rows";
+  }
+  if (src_rows.empty()) return;
+  const auto* results =
+      reinterpret_cast<const GpuSampledToken*>(static_cast<char*>(device_) + slot.results_offset);
+  launch_feed_sampled_tokens(results, src_rows.data(), static_cast<int32_t>(src_rows.size()),
+                             token_ids.ptr<int32_t>(), as_stream(stream_));
 }
 
 }  // namespace pagellm::cuda

@@ -40,6 +40,7 @@
 //
 // PDL (pdl.cuh): a CTA waits (pdl_wait) for the kernel that wrote the logits before it reads
 // anything, then lets the next kernel launch at once (it is the last kernel of a step).
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -725,6 +726,39 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 }  // namespace
+
+namespace {
+
+constexpr int32_t kFeedRowsPerLaunch = 1024;
+
+/// The source rows of one feed launch, in the kernel's parameters (4 KB).
+struct FeedRows {
+  int32_t rows[kFeedRowsPerLaunch];
+};
+
+__global__ void feed_sampled_tokens_kernel(const GpuSampledToken* __restrict__ results,
+                                           const __grid_constant__ FeedRows f, int32_t n,
+                                           int32_t* __restrict__ token_ids) {
+  pdl_wait();  // the results come from an earlier kernel (the sampler of the step before)
+  const int32_t stride = static_cast<int32_t>(blockDim.x);
+  for (int32_t i = static_cast<int32_t>(threadIdx.x); i < n; i += stride) {
+    token_ids[i] = results[f.rows[i]].token;
+  }
+  pdl_launch_dependents();
+}
+
+}  // namespace
+
+void launch_feed_sampled_tokens(const GpuSampledToken* results, const int32_t* src_rows,
+                                int32_t n, int32_t* token_ids, cudaStream_t stream) {
+  for (int32_t begin = 0; begin < n; begin += kFeedRowsPerLaunch) {
+    const int32_t count = std::min(n - begin, kFeedRowsPerLaunch);
+    FeedRows f;
+    for (int32_t i = 0; i < count; ++i) f.rows[i] = src_rows[begin + i];
+    launch_kernel(feed_sampled_tokens_kernel, dim3(1), dim3(256), 0, stream, 1, results, f,
+                  count, token_ids + begin);
+  }
+}
 
 void fill_prune_table(uint64_t* table) {
   for (int j = 0; j < kPruneTableSize; ++j) table[j] = prune_table_entry(j);

@@ -72,4 +72,11 @@ void launch_sample_rows(const float* logits, int32_t num_rows, int32_t vocab,
                         float* scratch, const uint64_t* prune_table, GpuSampledToken* out,
                         cudaStream_t stream);
 
+/// Pipelined decode: token_ids[i] = results[src_rows[i]].token for i < n (src_rows on the
+/// host, each in [0, result_rows)), ordered after the work on `stream` (the kernels wait
+/// for their predecessors before reading, by the launch contract of support/pdl.cuh).
+/// Enqueues one kernel per 1,024 tokens.
+void launch_feed_sampled_tokens(const GpuSampledToken* results, const int32_t* src_rows,
+                                int32_t n, int32_t* token_ids, cudaStream_t stream);
+
 }  // namespace pagellm::cuda
