@@ -113,7 +113,9 @@ TEST(AsyncEngine, LoadCountsRunningWaitingAndFreePages) {
   EXPECT_FALSE(done.paused);
 }
 
-TEST(AsyncEngine, ManyThreadsGetWhatLlmGives) {
+// Eight threads submit four requests each to an AsyncEngine with `options`; each gets what
+// a step-by-step LLM gives the same requests.
+void many_threads_get_what_llm_gives(const EngineOptions& options) {
   constexpr int kThreads = 8, kPerThread = 4, kTotal = kThreads * kPerThread;
   std::vector<RequestOutput> expected;
   {
@@ -126,7 +128,7 @@ TEST(AsyncEngine, ManyThreadsGetWhatLlmGives) {
     }
     expected = llm.generate(prompts, params);
   }
-  AsyncEngine engine(testing::tiny_model_dir(), async_options());
+  AsyncEngine engine(testing::tiny_model_dir(), options);
   std::vector<RequestOutput> got(kTotal);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
@@ -153,6 +155,16 @@ TEST(AsyncEngine, ManyThreadsGetWhatLlmGives) {
     for (size_t i = 0; i < a.logprobs.size(); ++i) EXPECT_NEAR(a.logprobs[i], b.logprobs[i], 1e-4);
   }
   EXPECT_EQ(engine.check_invariants_and_count_free_pages(), engine.num_usable_pages());
+}
+
+TEST(AsyncEngine, ManyThreadsGetWhatLlmGives) { many_threads_get_what_llm_gives(async_options()); }
+
+// Pipelined decode under the loop thread: runs of decode steps that submissions from other
+// threads interrupt (Engine::set_run_interrupt), the same outputs.
+TEST(AsyncEngine, ManyThreadsGetWhatLlmGivesWhenPipelined) {
+  EngineOptions options = async_options();
+  options.pipelined_decode_steps = 16;
+  many_threads_get_what_llm_gives(options);
 }
 
 TEST(AsyncEngine, StreamedDeltasAddUpToTheWhole) {

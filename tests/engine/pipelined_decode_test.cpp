@@ -196,6 +196,28 @@ TEST(PipelinedDecode, OutputsArriveSeveralTokensAStep) {
   EXPECT_EQ(most, 4u) << "a step runs up to pipelined_decode_steps decode steps";
 }
 
+// Engine::set_run_interrupt: asked before each step planned ahead; the run ends at the
+// first true (AsyncEngine answers true while new requests, aborts or calls wait).
+TEST(PipelinedDecode, AnInterruptEndsTheRunBeforeTheNextStepAhead) {
+  EngineShape s;
+  s.pipelined = 16;
+  auto engine = make_engine(s, nullptr);
+  const int64_t id = engine->add_request(prompt_of(5, 1), params_of(0, 60));
+  while (engine->request(id).output.empty()) engine->step();  // the prefill
+  int asked = 0;
+  engine->set_run_interrupt([&] { return ++asked == 3; });
+  const int64_t steps_before = engine->stats().steps;
+  const size_t tokens_before = engine->request(id).output.size();
+  engine->step();
+  EXPECT_EQ(asked, 3);
+  EXPECT_EQ(engine->stats().steps - steps_before, 3) << "two steps ahead, then the interrupt";
+  EXPECT_EQ(engine->request(id).output.size(), tokens_before + 3);
+  engine->set_run_interrupt(nullptr);
+  engine->step();
+  EXPECT_EQ(engine->request(id).output.size(), tokens_before + 3 + 16);
+  engine->check_invariants();
+}
+
 TEST(PipelinedDecode, RequestsThatNeedTheirTokensOnTheHostRunStepByStep) {
   for (int kind = 0; kind < 3; ++kind) {
     SCOPED_TRACE(::testing::Message() << "kind " << kind);

@@ -1,8 +1,9 @@
 // Fault injection into the engine (issue 21): KV pages that cannot be had at a chosen step,
 // device allocations that fail while the engine starts, and requests aborted at every point
-// of their life. In each, the scheduler's invariants are checked after every step, every
-// page comes back, nothing hangs, and the requests the fault did not touch produce the
-// tokens they produce without it (greedy and seeded sampling, so any difference is real).
+// of their life; the page shortages and the aborts also with pipelined decode. In each, the
+// scheduler's invariants are checked after every step, every page comes back, nothing
+// hangs, and the requests the fault did not touch produce the tokens they produce without
+// it (greedy and seeded sampling, so any difference is real).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -25,6 +26,7 @@ struct Pool {
   int64_t num_pages = 200;     // 4-token pages; small values force preemption
   int32_t max_batched_tokens = 16;  // prompts up to 47 tokens: chunked prefill
   int32_t max_num_seqs = 4;    // fewer than the requests: some wait in the queue
+  int32_t pipelined_decode_steps = 1;  // > 1: decode steps launched ahead (docs/design.md)
 };
 
 const Qwen3Config& config() {
@@ -43,6 +45,7 @@ EngineConfig engine_config(const Pool& s) {
   ec.max_num_seqs = s.max_num_seqs;
   ec.max_num_batched_tokens = s.max_batched_tokens;
   ec.max_model_len = 96;
+  ec.pipelined_decode_steps = s.pipelined_decode_steps;
   return ec;
 }
 
@@ -135,13 +138,13 @@ TEST(FaultInjection, BaselineRunsEveryRequestToItsLength) {
 // page then finds none, and the scheduler must preempt (the newest first), recompute it
 // later, and end with the same tokens. Steps with fewer than two requests running are
 // skipped here (a lone request has nobody to preempt; the next test covers it).
-TEST(FaultInjection, PagesWithheldAtAnyStepPreemptAndRecomputeToTheSameTokens) {
+void pages_withheld_at_any_step(const Pool& pool) {
   const Outcome& b = baseline();
-  int64_t preemptions = 0;
+  int64_t preemptions = 0, pipelined = 0;
   int faulted_steps = 0;
   for (int k = 1; k < b.steps; ++k) {
     SCOPED_TRACE("pages withheld during step " + std::to_string(k));
-    auto engine = make_engine(Pool{});
+    auto engine = make_engine(pool);
     const std::vector<int64_t> ids = add_requests(*engine);
     int steps = 0;
     while (engine->has_unfinished()) {
@@ -158,9 +161,23 @@ TEST(FaultInjection, PagesWithheldAtAnyStepPreemptAndRecomputeToTheSameTokens) {
     EXPECT_EQ(o.reasons, b.reasons);
     expect_all_pages_back(*engine);
     preemptions += o.preemptions;
+    pipelined += engine->stats().pipelined_steps;
   }
+  EXPECT_EQ(pipelined > 0, pool.pipelined_decode_steps > 1);
   EXPECT_GT(faulted_steps, 10);
   EXPECT_GT(preemptions, 5) << "withholding pages should have forced preemptions";
+}
+
+TEST(FaultInjection, PagesWithheldAtAnyStepPreemptAndRecomputeToTheSameTokens) {
+  pages_withheld_at_any_step(Pool{});
+}
+
+// The same with pipelined decode: a step planned ahead finds no page and the run ends;
+// the next full schedule preempts as without it.
+TEST(FaultInjection, PagesWithheldAtAnyPipelinedStepGiveTheSameTokens) {
+  Pool pool;
+  pool.pipelined_decode_steps = 4;
+  pages_withheld_at_any_step(pool);
 }
 
 // A long fault: pages withheld for several steps while the pool is already small, so that
@@ -240,11 +257,13 @@ Point point_of(const Sequence& seq) {
 // Every request is aborted after every number of steps (0: before the first), in a pool
 // small enough that requests are also preempted. The aborted request gives its pages back
 // at once; the others end with the tokens they have without the abort.
-TEST(FaultInjection, AbortAtEveryPointOfARequestsLifeReturnsItsPagesAndSparesTheOthers) {
+void abort_at_every_point(int32_t pipelined_decode_steps) {
   const Outcome& b = baseline();
   Pool small;
   small.num_pages = 30;  // preemption happens in this pool
+  small.pipelined_decode_steps = pipelined_decode_steps;
   std::set<Point> seen;
+  int64_t pipelined = 0;
   for (int victim = 0; victim < kRequests; ++victim) {
     for (int at = 0;; ++at) {
       SCOPED_TRACE("request " + std::to_string(victim) + " aborted after " +
@@ -275,6 +294,7 @@ TEST(FaultInjection, AbortAtEveryPointOfARequestsLifeReturnsItsPagesAndSparesThe
         step_checked(*engine, &steps);
       }
       const Outcome o = collect(*engine, ids, steps);
+      pipelined += engine->stats().pipelined_steps;
       for (int i = 0; i < kRequests; ++i) {
         if (i == victim && aborted) continue;
         EXPECT_EQ(o.tokens[i], b.tokens[i]) << "request " << i;
@@ -292,6 +312,17 @@ TEST(FaultInjection, AbortAtEveryPointOfARequestsLifeReturnsItsPagesAndSparesThe
   }
   for (Point p : {Point::kQueued, Point::kMidPrefill, Point::kDecoding, Point::kPreempted})
     EXPECT_TRUE(seen.count(p)) << "no abort happened while " << point_name(p);
+  EXPECT_EQ(pipelined > 0, pipelined_decode_steps > 1);
+}
+
+TEST(FaultInjection, AbortAtEveryPointOfARequestsLifeReturnsItsPagesAndSparesTheOthers) {
+  abort_at_every_point(1);
+}
+
+// With pipelined decode an engine step runs several decode steps, so the points between
+// steps are fewer, but each abort still frees the request at once and spares the others.
+TEST(FaultInjection, AbortBetweenPipelinedStepsReturnsItsPagesAndSparesTheOthers) {
+  abort_at_every_point(4);
 }
 
 /// A CPU backend that counts the allocations alive, to prove that a failed start frees

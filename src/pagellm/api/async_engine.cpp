@@ -38,6 +38,9 @@ struct AsyncEngine::Impl {
   std::atomic<int64_t> running{0}, engine_waiting{0}, free_pages{0};
   std::atomic<bool> paused{false}, asleep{false};
   std::atomic<int64_t> queued{0};  // samples in `pending`, not yet added to the engine
+  /// Set with every wake-up below, cleared when the loop takes the lists: a pipelined run
+  /// of decode steps ends early for it (Engine::set_run_interrupt).
+  std::atomic<bool> input{false};
 
   std::mutex mu;  // guards everything below
   std::condition_variable wake;
@@ -74,6 +77,7 @@ struct AsyncEngine::Impl {
     std::lock_guard<std::mutex> lock(mu);
     if (!live_ids.count(id)) return;
     aborts.push_back(id);
+    input.store(true, std::memory_order_relaxed);
     wake.notify_one();
   }
   /// Stores the engine's counts for load() (loop thread).
@@ -108,6 +112,7 @@ void AsyncEngine::Impl::run() {
       adds.swap(pending);
       cancels.swap(aborts);
       work.swap(tasks);
+      input.store(false, std::memory_order_relaxed);
       stop = stopping;
     }
     try {
@@ -161,6 +166,7 @@ auto AsyncEngine::Impl::call(Fn fn) -> decltype(fn()) {
     PAGELLM_CHECK(!stopping && loop.joinable())
         << (failure.empty() ? "the AsyncEngine has shut down" : failure);
     tasks.push_back([&task] { task(); });
+    input.store(true, std::memory_order_relaxed);
     wake.notify_one();
   }
   return result.get();  // rethrows the engine's Error on this thread
@@ -222,6 +228,7 @@ std::string AsyncEngine::Impl::queue(const Prompt& prompt, const SamplingParams&
   r.sink = std::move(sink);
   queued.fetch_add(r.params.n, std::memory_order_relaxed);
   pending.push_back(std::move(r));
+  input.store(true, std::memory_order_relaxed);
   wake.notify_one();
   return request_id;
 }
@@ -236,6 +243,9 @@ AsyncEngine::AsyncEngine(const std::string& model_dir, const EngineOptions& opti
   impl_->publish_load();
   impl_->weights_version = impl_->core->engine().weights_version();
   impl_->tensor_parallel_size = impl_->core->engine().tensor_parallel_size();
+  // New requests, aborts and calls wait one decode step, not a pipelined run of them.
+  impl_->core->engine().set_run_interrupt(
+      [impl = impl_.get()] { return impl->input.load(std::memory_order_relaxed); });
   impl_->loop = std::thread([impl = impl_.get()] { impl->run(); });
   impl_->loop_id = impl_->loop.get_id();
 }
@@ -298,6 +308,7 @@ void AsyncEngine::shutdown() {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stopping = true;
+    impl_->input.store(true, std::memory_order_relaxed);
     impl_->wake.notify_one();
   }
   impl_->loop.join();
@@ -336,6 +347,7 @@ int64_t AsyncEngine::check_invariants_and_count_free_pages() {
       return inspect();
     }
     impl_->tasks.push_back([&task] { task(); });
+    impl_->input.store(true, std::memory_order_relaxed);
     impl_->wake.notify_one();
   }
   return result.get();
@@ -449,6 +461,7 @@ auto run_between_steps(AsyncEngine::Impl& impl, Fn fn) -> decltype(fn()) {
       return fn();
     }
     impl.tasks.push_back([&task] { task(); });
+    impl.input.store(true, std::memory_order_relaxed);
     impl.wake.notify_one();
   }
   return result.get();

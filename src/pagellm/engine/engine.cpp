@@ -568,7 +568,7 @@ std::vector<int64_t> Engine::run_pipelined(SchedulerOutput out) {
     // The next step is planned and launched while `current` runs on the device; its
     // tokens are read only afterwards (docs/design.md, "Pipelined decode").
     std::optional<ModelRunner::InFlight> next;
-    if (n < config_.pipelined_decode_steps) {
+    if (n < config_.pipelined_decode_steps && !(run_interrupt_ && run_interrupt_())) {
       SchedulerOutput ahead = scheduler_->schedule_ahead(current->out);
       if (!ahead.scheduled.empty()) {
         stats_.cow_page_copies += static_cast<int64_t>(ahead.page_copies.size());

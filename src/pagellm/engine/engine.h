@@ -191,6 +191,12 @@ class Engine {
   /// several (pipelined decode): the benchmarks count the bytes each read through this.
   using StepObserver = std::function<void(const SchedulerOutput& out)>;
   void set_step_observer(StepObserver observer) { step_observer_ = std::move(observer); }
+  /// Pipelined decode: asked before each step planned ahead; true ends the run there (the
+  /// step in flight still completes), so that a caller with new input (requests, aborts,
+  /// calls) waits one decode step instead of a run of them. Called on the engine's thread.
+  void set_run_interrupt(std::function<bool()> interrupt) {
+    run_interrupt_ = std::move(interrupt);
+  }
 
   /// Version of the weights the model samples with: 0 after loading, increased by one by
   /// each weight update (bump_weights_version). Every SampledToken records the version it
@@ -391,6 +397,7 @@ class Engine {
   bool asleep_ = false;
   EngineStats stats_;
   StepObserver step_observer_;
+  std::function<bool()> run_interrupt_;
   /// Loaded LoRA adapters by name; info.slot is the model's slot.
   std::map<std::string, LoraAdapterInfo> loras_;
   /// Prefix-cache keys per slot (KvSequence::adapter_key): a new one at each load.
