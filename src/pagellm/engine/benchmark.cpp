@@ -10,7 +10,9 @@
 #include <filesystem>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <random>
+#include <utility>
 
 #include "pagellm/common/check.h"
 #include "pagellm/model/lora.h"
@@ -20,6 +22,21 @@
 
 namespace pagellm {
 namespace {
+
+/// Engine::set_step_observer for a scope: removed however the scope ends, so that an
+/// error inside a benchmark leaves no observer pointing at its locals.
+class StepObserverScope {
+ public:
+  StepObserverScope(Engine& engine, Engine::StepObserver observer) : engine_(engine) {
+    engine_.set_step_observer(std::move(observer));
+  }
+  ~StepObserverScope() { engine_.set_step_observer(nullptr); }
+  StepObserverScope(const StepObserverScope&) = delete;
+  StepObserverScope& operator=(const StepObserverScope&) = delete;
+
+ private:
+  Engine& engine_;
+};
 
 using Clock = std::chrono::steady_clock;
 
@@ -279,11 +296,13 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
     window_first_tokens += static_cast<int64_t>(engine.request(id).output.size());
   }
   double window_kv_tokens = 0;
-  engine.set_step_observer([&](const SchedulerOutput& out) {
+  const auto count_kv = [&](const SchedulerOutput& out) {
     for (const ScheduledSeq& s : out.scheduled) {
       if (!s.seq->finished()) window_kv_tokens += s.seq->num_computed + s.num_new_tokens;
     }
-  });
+  };
+  std::optional<StepObserverScope> observer;
+  observer.emplace(engine, count_kv);
   bool trace_begun = false;
   while (engine.has_unfinished()) {
     if (!trace_begun && trace_from >= 0 &&
@@ -304,7 +323,7 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
       tracing = false;
     }
   }
-  engine.set_step_observer(nullptr);
+  observer.reset();
   if (tracing) trace.spans = backend.end_kernel_trace();
   backend.synchronize();
   const auto t2 = Clock::now();
@@ -910,7 +929,7 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
       double kv_tokens = 0;
     };
     std::vector<StepRecord> records;
-    engine.set_step_observer([&](const SchedulerOutput& out) {
+    const StepObserverScope observer(engine, [&](const SchedulerOutput& out) {
       StepRecord rec;
       for (const ScheduledSeq& s : out.scheduled) {
         const Sequence& seq = *s.seq;
@@ -953,7 +972,6 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
         classes[c].decode_tokens += rec.rows;
       }
     }
-    engine.set_step_observer(nullptr);
     backend.synchronize();
     r.rollout_seconds += seconds_between(t0, Clock::now());
     r.host_gap += engine.stats().host_gap - host_before;
