@@ -42,6 +42,7 @@ void GpuSampler::free_buffers() noexcept {
   for (Slot& slot : slots_) {
     if (slot.host) cudaFreeHost(slot.host);
     if (slot.done) cudaEventDestroy(slot.done);
+    memory_.deallocate(slot.results);
     slot = Slot{};
   }
   prune_table_ = nullptr;
@@ -51,7 +52,6 @@ void GpuSampler::free_buffers() noexcept {
 
 void GpuSampler::ensure_capacity(size_t bytes, size_t scratch_floats) {
   if (bytes > bytes_) {
-    // Work in flight may still read the old buffer (the next step's fed tokens).
     memory_.synchronize();
     memory_.deallocate(device_);
     device_ = nullptr;
@@ -59,7 +59,6 @@ void GpuSampler::ensure_capacity(size_t bytes, size_t scratch_floats) {
     const size_t grown = std::max(bytes, size_t{64} << 10);
     device_ = memory_.allocate(grown);
     bytes_ = grown;
-    ++device_generation_;
   }
   if (scratch_floats > scratch_floats_) {
     memory_.synchronize();
@@ -140,14 +139,17 @@ SampleTicket GpuSampler::sample_async(const Tensor& logits, const std::vector<Sa
     }
   }
 
-  // One buffer: rows | penalty entries | results, each 256-byte aligned.
+  // The device buffer: rows | penalty entries, each 256-byte aligned; the pinned slot
+  // mirrors it and then holds the results, which have a device buffer of their own per
+  // slot (an outstanding ticket's tokens stay there for feed() while the next samples).
   auto aligned = [](size_t n) { return (n + 255) / 256 * 256; };
   const size_t rows_bytes = aligned(params.size() * sizeof(GpuSamplingRow));
   const size_t entries_bytes =
       aligned(std::max<size_t>(entries.size(), 1) * sizeof(GpuPenaltyEntry));
   const size_t results_bytes = aligned(params.size() * sizeof(GpuSampledToken));
   const size_t bytes = rows_bytes + entries_bytes + results_bytes;
-  ensure_capacity(bytes, static_cast<size_t>(penalised_rows) * static_cast<size_t>(V));
+  ensure_capacity(rows_bytes + entries_bytes,
+                  static_cast<size_t>(penalised_rows) * static_cast<size_t>(V));
   // The pinned slot: free of any outstanding ticket, and its last copies done.
   Slot& slot = slots_[next_slot_];
   PAGELLM_CHECK(slot.ticket == 0)
@@ -168,6 +170,16 @@ SampleTicket GpuSampler::sample_async(const Tensor& logits, const std::vector<Sa
     PAGELLM_CUDA_CHECK(cudaHostAlloc(&slot.host, grown, cudaHostAllocDefault));
     slot.bytes = grown;
   }
+  if (slot.results_bytes < results_bytes) {
+    // A feed from the slot's last ticket may still be queued: let it run first.
+    memory_.synchronize();
+    memory_.deallocate(slot.results);
+    slot.results = nullptr;
+    slot.results_bytes = 0;
+    const size_t grown = std::max(results_bytes, size_t{16} << 10);
+    slot.results = memory_.allocate(grown);
+    slot.results_bytes = grown;
+  }
   auto* host = static_cast<char*>(slot.host);
   auto* dev = static_cast<char*>(device_);
   std::memcpy(host, params.data(), params.size() * sizeof(GpuSamplingRow));
@@ -178,7 +190,7 @@ SampleTicket GpuSampler::sample_async(const Tensor& logits, const std::vector<Sa
   PAGELLM_CUDA_CHECK(cudaMemcpyAsync(dev, host, rows_bytes + entries_bytes,
                                      cudaMemcpyHostToDevice, s));
   slot.results_offset = rows_bytes + entries_bytes;
-  auto* results_dev = reinterpret_cast<GpuSampledToken*>(dev + slot.results_offset);
+  auto* results_dev = static_cast<GpuSampledToken*>(slot.results);
   launch_sample_rows(logits.ptr<float>(), static_cast<int32_t>(R), static_cast<int32_t>(V),
                      reinterpret_cast<const GpuSamplingRow*>(dev),
                      reinterpret_cast<const GpuPenaltyEntry*>(dev + rows_bytes),
@@ -189,7 +201,6 @@ SampleTicket GpuSampler::sample_async(const Tensor& logits, const std::vector<Sa
   PAGELLM_CUDA_CHECK(cudaEventRecord(slot.done, s));
   slot.rows = static_cast<int32_t>(R);
   slot.vocab = static_cast<int32_t>(V);
-  slot.device_generation = device_generation_;
   slot.ticket = next_ticket_++;
   return SampleTicket{slot.ticket, slot.rows, {}};
 }
@@ -226,9 +237,6 @@ std::vector<SampledToken> GpuSampler::wait(SampleTicket& ticket) {
 void GpuSampler::feed(const SampleTicket& ticket, const std::vector<int32_t>& src_rows,
                       Tensor& token_ids) {
   const Slot& slot = slot_of(ticket, "feed_sampled_tokens");
-  PAGELLM_CHECK(slot.device_generation == device_generation_)
-      << "cuda backend: feed_sampled_tokens: the sampler's buffer was replaced since ticket "
-      << ticket.id << " (a larger sampling call came between)";
   PAGELLM_CHECK(token_ids.dtype == DType::I32 &&
                 static_cast<int64_t>(src_rows.size()) <= token_ids.numel())
       << "cuda backend: feed_sampled_tokens: " << src_rows.size()
@@ -239,8 +247,7 @@ void GpuSampler::feed(const SampleTicket& ticket, const std::vector<int32_t>& sr
         << " rows";
   }
   if (src_rows.empty()) return;
-  const auto* results =
-      reinterpret_cast<const GpuSampledToken*>(static_cast<char*>(device_) + slot.results_offset);
+  const auto* results = static_cast<const GpuSampledToken*>(slot.results);
   launch_feed_sampled_tokens(results, src_rows.data(), static_cast<int32_t>(src_rows.size()),
                              token_ids.ptr<int32_t>(), as_stream(stream_));
 }

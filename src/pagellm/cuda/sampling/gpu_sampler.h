@@ -44,17 +44,19 @@ class GpuSampler {
             Tensor& token_ids);
 
  private:
-  /// A pinned mirror of the device buffer's layout (rows | penalties | results), and the
-  /// event after its results' copy.
+  /// One call's pinned memory (rows | penalties as uploaded, then its results), its
+  /// results on the device (kept for feed() while the next call samples), and the event
+  /// after the results' copy.
   struct Slot {
     void* host = nullptr;
     size_t bytes = 0;
+    void* results = nullptr;  // device, GpuSampledToken[rows]
+    size_t results_bytes = 0;
     CUevent_st* done = nullptr;
     uint64_t ticket = 0;  // the outstanding ticket that uses it; 0: none
     int32_t rows = 0;
     int32_t vocab = 0;
-    size_t results_offset = 0;  // of the results, in bytes, here and in device_
-    uint64_t device_generation = 0;
+    size_t results_offset = 0;  // of the results in `host`, bytes
   };
   void ensure_capacity(size_t bytes, size_t scratch_floats);
   Slot& slot_of(const SampleTicket& ticket, const char* what);
@@ -63,9 +65,8 @@ class GpuSampler {
   DeviceMemory& memory_;
   CUstream_st* stream_;
   uint64_t* prune_table_ = nullptr;      // device, kPruneTableSize entries
-  void* device_ = nullptr;               // rows | penalties | results
+  void* device_ = nullptr;               // rows | penalties
   size_t bytes_ = 0;
-  uint64_t device_generation_ = 0;       // advanced when device_ is replaced
   Slot slots_[2];
   int next_slot_ = 0;
   uint64_t next_ticket_ = 1;
