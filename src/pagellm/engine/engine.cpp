@@ -547,8 +547,7 @@ bool Engine::can_pipeline(const SchedulerOutput& out) const {
   }
   for (const ScheduledSeq& s : out.scheduled) {
     const SamplingParams& p = s.seq->params;
-    if (!s.samples || s.num_new_tokens != 1 || !s.fan_out.empty() || p.logprobs > 0 ||
-        !p.stop.empty() ||
+    if (!s.is_decode() || p.logprobs > 0 || !p.stop.empty() ||
         penalties_enabled(p.repetition_penalty, p.presence_penalty, p.frequency_penalty)) {
       return false;
     }

@@ -204,13 +204,8 @@ void ModelRunner::follow_forward(const ForwardBatch& batch, int32_t graph_bucket
 ModelRunner::StepResult ModelRunner::run(const SchedulerOutput& out, PageTable& page_table) {
   PAGELLM_CHECK(!out.scheduled.empty()) << "ModelRunner::run() needs a non-empty step";
   StepResult result;
-  ForwardBatch batch = persistent_
-                           ? build_persistent_forward_batch(out, page_table, config_.page_size)
-                           : build_forward_batch(out, page_table, config_.page_size);
-  bool pure_decode = true;
-  for (const ScheduledSeq& s : out.scheduled) {
-    pure_decode = pure_decode && s.num_new_tokens == 1 && s.samples && s.fan_out.empty();
-  }
+  ForwardBatch batch = build_batch(out, page_table);
+  const bool pure_decode = out.pure_decode();
   // Copy-on-write of pages shared after a fan-out, before the forward writes into them.
   if (!out.page_copies.empty()) {
     if (mirror_ != nullptr) mirror_->copy_kv_pages(out.page_copies);
@@ -239,6 +234,11 @@ ModelRunner::StepResult ModelRunner::run(const SchedulerOutput& out, PageTable& 
   return result;
 }
 
+ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out, PageTable& page_table) const {
+  return persistent_ ? build_persistent_forward_batch(out, page_table, config_.page_size)
+                     : build_forward_batch(out, page_table, config_.page_size);
+}
+
 ModelRunner::InFlight ModelRunner::launch(SchedulerOutput out, PageTable& page_table,
                                           const InFlight* previous) {
   PAGELLM_CHECK(!out.scheduled.empty()) << "ModelRunner::launch() needs a non-empty step";
@@ -252,13 +252,10 @@ ModelRunner::InFlight ModelRunner::launch(SchedulerOutput out, PageTable& page_t
            "the step runs with run()";
   }
   InFlight step;
-  ForwardBatch batch = persistent_
-                           ? build_persistent_forward_batch(out, page_table, config_.page_size)
-                           : build_forward_batch(out, page_table, config_.page_size);
-  bool pure_decode = true;
+  ForwardBatch batch = build_batch(out, page_table);
+  const bool pure_decode = out.pure_decode();
   Feed feed;
   for (const ScheduledSeq& s : out.scheduled) {
-    pure_decode = pure_decode && s.num_new_tokens == 1 && s.samples && s.fan_out.empty();
     if (s.ahead == 0) continue;
     // Fed tokens are the batch's first ones: every entry of a step planned ahead is fed.
     PAGELLM_CHECK(previous != nullptr && s.ahead == 1 && s.num_new_tokens == 1 &&
@@ -290,9 +287,7 @@ Tensor ModelRunner::forward_rows(const SchedulerOutput& out, PageTable& page_tab
   PAGELLM_CHECK(static_cast<int64_t>(logits_indices.size()) <= max_logits_rows())
       << "forward_rows: " << logits_indices.size() << " logits rows, more than the reserved "
       << max_logits_rows();
-  ForwardBatch batch = persistent_
-                           ? build_persistent_forward_batch(out, page_table, config_.page_size)
-                           : build_forward_batch(out, page_table, config_.page_size);
+  ForwardBatch batch = build_batch(out, page_table);
   for (int32_t i : logits_indices)
     PAGELLM_CHECK(i >= 0 && i < batch.num_tokens())
         << "forward_rows: logits index " << i << " outside the batch's " << batch.num_tokens()

@@ -163,6 +163,8 @@ class ModelRunner {
   /// Captures the decode graph of `bucket` rows: the LoRA forward (lora_slots all zeros
   /// at capture; the replays read each step's slots) when `lora`, the plain one otherwise.
   void capture_graph(int32_t bucket, bool lora);
+  /// The step's batch: with the persistent page table's changes, or dense rows.
+  ForwardBatch build_batch(const SchedulerOutput& out, PageTable& page_table) const;
   /// Input tokens fed from a step in flight: the batch's first src_rows.size() tokens are
   /// that step's samples of rows src_rows (Backend::feed_sampled_tokens).
   struct Feed {

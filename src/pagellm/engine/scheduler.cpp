@@ -24,6 +24,11 @@ int32_t SchedulerOutput::num_sampling() const {
   return n;
 }
 
+bool SchedulerOutput::pure_decode() const {
+  return std::all_of(scheduled.begin(), scheduled.end(),
+                     [](const ScheduledSeq& s) { return s.is_decode(); });
+}
+
 Scheduler::Scheduler(SchedulerConfig config, KvCacheManager& kv)
     : config_(std::move(config)), kv_(kv) {
   PAGELLM_CHECK(config_.max_num_seqs >= 1)
@@ -335,7 +340,7 @@ SchedulerOutput Scheduler::schedule_ahead(const SchedulerOutput& in_flight) {
   int32_t need = 0;
   int32_t row = 0;
   for (const ScheduledSeq& s : in_flight.scheduled) {
-    if (!s.samples || s.num_new_tokens != 1 || !s.fan_out.empty()) return {};
+    if (!s.is_decode()) return {};
     const int32_t r = row++;
     Sequence* seq = s.seq;
     if (seq->finished()) continue;  // aborted since

@@ -59,6 +59,8 @@ struct ScheduledSeq {
   /// (Backend::feed_sampled_tokens); -1 when ahead is 0.
   int32_t ahead = 0;
   int32_t fed_from = -1;
+  /// One token that samples, no fan-out: a decode (what a decode graph replays).
+  bool is_decode() const { return num_new_tokens == 1 && samples && fan_out.empty(); }
 };
 
 /// The plan of one step.
@@ -86,6 +88,8 @@ struct SchedulerOutput {
   std::vector<std::pair<int32_t, int32_t>> page_copies;
   /// Tokens on_step_done() expects: one per entry with samples == true, plus its fan_out.
   int32_t num_sampling() const;
+  /// Every entry is a decode (ScheduledSeq::is_decode).
+  bool pure_decode() const;
 };
 
 /// FIFO continuous-batching scheduler. It decides who runs and with how many tokens; it
