@@ -14,6 +14,11 @@ namespace pagellm {
 
 namespace {
 
+/// A steady-clock duration in seconds (the host-gap counters).
+double seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
 // The tokens min_tokens keeps a sample from sampling until it has min_tokens outputs:
 // whatever would end it (EOS unless ignored, its stop token ids), each once. A stop id
 // outside the vocabulary can never be sampled, so it needs no ban.
@@ -505,7 +510,6 @@ std::vector<int64_t> Engine::step() {
   }
   count_tokens(out);
   if (can_pipeline(out)) {
-    const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
     stats_.host_gap.schedule += seconds(scheduled - start);
     for (int64_t id : run_pipelined(std::move(out))) done.push_back(id);
     return done;
@@ -523,7 +527,6 @@ std::vector<int64_t> Engine::step() {
   }
   complete_step(out, result, done);
   // Host time while the device waits: before the launch, and after the tokens arrived.
-  const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   stats_.host_gap.schedule += seconds(scheduled - start);
   stats_.host_gap.launch += seconds(result.launched - scheduled);
   stats_.host_gap.finish += seconds(Clock::now() - result.sampled_at);
@@ -557,7 +560,6 @@ bool Engine::can_pipeline(const SchedulerOutput& out) const {
 
 std::vector<int64_t> Engine::run_pipelined(SchedulerOutput out) {
   using Clock = std::chrono::steady_clock;
-  const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   std::vector<int64_t> done;
   PageTable& table = kv_cache_->page_table();
   const auto launch_begin = Clock::now();
