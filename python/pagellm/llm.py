@@ -184,8 +184,9 @@ class LLM:
             (this one and pagellm-worker processes; rank r on GPU r). LoRA, weight
             updates and sleep are refused above 1.
         pipelined_decode_steps: run up to this many decode steps back to back, each
-            launched before the previous one's tokens reach the host (1: off). The tokens
-            are the same; outputs arrive up to this many tokens at a time.
+            launched before the previous one's tokens reach the host (1: off; default 8,
+            as ``pagellm generate`` and ``bench``: ``generate`` returns whole outputs, so
+            nothing waits on single tokens). The tokens are the same either way.
 
     The GIL is released while the engine runs; calls from several threads take turns (a
     lock), as the engine steps on the caller's thread: that includes the reads of engine
@@ -205,7 +206,7 @@ class LLM:
                  max_num_batched_tokens: int = 0, enforce_eager: bool = False,
                  float32_head: bool = False, enable_prefix_caching: bool = True,
                  max_loras: int = 8, max_lora_rank: int = 64,
-                 tensor_parallel_size: int = 1, pipelined_decode_steps: int = 1) -> None:
+                 tensor_parallel_size: int = 1, pipelined_decode_steps: int = 8) -> None:
         options = _engine_options(
             backend, kv_cache_gb=kv_cache_gb, max_num_seqs=max_num_seqs,
             max_model_len=max_model_len, attention_backend=attention_backend,

@@ -42,7 +42,7 @@ struct BenchArgs {
   int repeats = 5;  // weight-update: full updates per source
   LoraBenchConfig lora;    // --lora-rank, --lora-adapters
   bool lora_compare = false;  // run the workload without LoRA first and print the fraction
-  EngineSettings engine;
+  EngineSettings engine = offline_engine_settings();
 };
 
 /// A folder made under the system's temporary directory, removed with everything in it

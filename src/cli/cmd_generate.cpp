@@ -57,7 +57,7 @@ struct GenerateArgs {
   /// --lora NAME=PATH (repeatable) and --lora-name: the adapter every prompt runs with.
   std::vector<std::string> loras;
   std::string lora_name;
-  EngineSettings engine;
+  EngineSettings engine = offline_engine_settings();
 };
 
 /// --lora NAME=PATH values, checked (each folder read against config.json) before the

@@ -65,6 +65,12 @@ void add_engine_options(CLI::App* cmd, EngineSettings& s) {
                 "are the same; every prompt is prefilled in full)");
 }
 
+EngineSettings offline_engine_settings() {
+  EngineSettings s;
+  s.config.pipelined_decode_steps = 8;
+  return s;
+}
+
 EngineOptions engine_options(const EngineSettings& s) {
   EngineOptions o = s.config;  // the public part of the engine's settings
   if (s.kv_cache_gb > 0) o.kv_cache_bytes = static_cast<size_t>(s.kv_cache_gb * 1e9);

@@ -105,10 +105,16 @@ add_test(NAME cli_tokenizer_commands_bad_line
   COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/bad_input_lines.sh ${_pl} ${_dir})
 set_tests_properties(cli_tokenizer_commands_bad_line PROPERTIES FIXTURES_REQUIRED cli_model)
 # bench runs a workload through the library (engine/benchmark.h) and prints its figures.
+# Pipelined decode is bench's default (8 steps a run): the 7 decode steps are one run, the
+# first launched as usual and 6 launched ahead; --pipelined-decode-steps 1 turns it off.
 add_test(NAME cli_bench_tiny COMMAND ${_pl} bench --preset tiny --backend cpu --batch 2
   --prompt-len 4 --output-len 8)
 set_tests_properties(cli_bench_tiny PROPERTIES PASS_REGULAR_EXPRESSION
-  "pagellm bench: tiny \\(random weights\\) on cpu, batch 2, prompt 4, output 8, page 16\n  prefill +[0-9.]+ tok/s  \\([0-9.]+ s\\)\n  decode +[0-9.]+ tok/s  \\(7 steps, [0-9.]+ s, median step [0-9.]+ ms, 0 in graphs, 0 launched ahead\\)\n  host gap +[0-9.]+ us per decode step .*\n  end-to-end +[0-9.]+ tok/s  \\([0-9.]+ s\\)\n  decode step reads [0-9.]+ GB weights \\+ [0-9.]+ GB KV. achieved [0-9]+ GB/s of [0-9]+ GB/s measured copy bandwidth = [0-9.]+ % \\(limit [0-9]+ tok/s\\)\n  weights +[0-9.]+ GB, plus [0-9.]+ GB packed[^\n]*\n  prefix hit +0.0 %  \\(0 of 6 prompt tokens found cached, 0 evictions\\)")
+  "pagellm bench: tiny \\(random weights\\) on cpu, batch 2, prompt 4, output 8, page 16\n  prefill +[0-9.]+ tok/s  \\([0-9.]+ s\\)\n  decode +[0-9.]+ tok/s  \\(7 steps, [0-9.]+ s, median step [0-9.]+ ms, 0 in graphs, 6 launched ahead\\)\n  host gap +[0-9.]+ us per decode step .*\n  end-to-end +[0-9.]+ tok/s  \\([0-9.]+ s\\)\n  decode step reads [0-9.]+ GB weights \\+ [0-9.]+ GB KV. achieved [0-9]+ GB/s of [0-9]+ GB/s measured copy bandwidth = [0-9.]+ % \\(limit [0-9]+ tok/s\\)\n  weights +[0-9.]+ GB, plus [0-9.]+ GB packed[^\n]*\n  prefix hit +0.0 %  \\(0 of 6 prompt tokens found cached, 0 evictions\\)")
+add_test(NAME cli_bench_step_by_step COMMAND ${_pl} bench --preset tiny --backend cpu
+  --batch 2 --prompt-len 4 --output-len 8 --pipelined-decode-steps 1)
+set_tests_properties(cli_bench_step_by_step PROPERTIES PASS_REGULAR_EXPRESSION
+  "\\(7 steps, [0-9.]+ s, median step [0-9.]+ ms, 0 in graphs, 0 launched ahead\\)")
 # --batch-invariant runs the workload in batch-invariant mode and says so above the figures.
 add_test(NAME cli_bench_batch_invariant COMMAND ${_pl} bench --preset tiny --backend cpu
   --batch 3 --prompt-len 5 --output-len 6 --batch-invariant)

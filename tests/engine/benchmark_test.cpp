@@ -8,9 +8,11 @@
 #include <cmath>
 
 #include "pagellm/common/check.h"
+#include "pagellm/cpu/cpu_backend.h"
 #include "pagellm/engine/benchmark.h"
 #include "pagellm/model/lora.h"
 #include "pagellm/model/make_model.h"
+#include "pagellm/model/random_weights.h"
 
 namespace pagellm {
 namespace {
@@ -642,6 +644,58 @@ TEST(BenchmarkTest, PipelinedDecodeCountsEveryForwardStep) {
     EXPECT_EQ(b.step_classes[k].name, a.step_classes[k].name);
     EXPECT_EQ(b.step_classes[k].steps, a.step_classes[k].steps) << a.step_classes[k].name;
     EXPECT_EQ(b.step_classes[k].decode_tokens, a.step_classes[k].decode_tokens);
+  }
+}
+
+/// A CPU backend whose kernel trace "records" one span per sampled step: what a traced
+/// window covers, counted without a GPU.
+class StepTracingBackend : public CpuBackend {
+ public:
+  std::string begin_kernel_trace() override {
+    spans_.clear();
+    tracing_ = true;
+    return "";
+  }
+  std::vector<KernelSpan> end_kernel_trace() override {
+    tracing_ = false;
+    return std::move(spans_);
+  }
+  // Every step samples once: step by step through sample(), pipelined through the default
+  // sample_async(), which calls sample().
+  std::vector<SampledToken> sample(const Tensor& logits,
+                                   const std::vector<SamplingRow>& rows) override {
+    if (tracing_) spans_.push_back(KernelSpan{"step", 0, 0});
+    return CpuBackend::sample(logits, rows);
+  }
+
+ private:
+  bool tracing_ = false;
+  std::vector<KernelSpan> spans_;
+};
+
+// --trace-steps with pipelined decode: the runs end where the trace begins and ends (the
+// engine's run interrupt), so the trace holds exactly the steps asked for, as step by step.
+TEST(BenchmarkTest, PipelinedRunsEndAtTheTraceWindow) {
+  DecodeWorkload w = tiny_workload();
+  w.output_len = 40;
+  for (int32_t steps : {1, 8}) {
+    EngineConfig c = benchmark_engine_config(w, cpu_config());
+    c.pipelined_decode_steps = steps;
+    auto backend = std::make_unique<StepTracingBackend>();
+    const Qwen3Config mc = preset_config(w.preset);
+    auto model = std::make_unique<Qwen3Model>(*backend, mc,
+                                              random_weight_lookup(mc, w.seed, DType::BF16));
+    Engine engine(std::move(backend), std::move(model), c);
+    BenchmarkOptions options;
+    options.trace_steps = 5;
+    const BenchmarkReport r = run_benchmark(engine, w, options);
+    ASSERT_TRUE(r.trace.has_value()) << r.trace_unavailable;
+    EXPECT_EQ(r.trace->steps, 5) << "pipelined_decode_steps " << steps;
+    EXPECT_EQ(r.trace->spans.size(), 5u) << "pipelined_decode_steps " << steps;
+    if (steps > 1) {
+      EXPECT_GT(engine.stats().pipelined_steps, 0);
+    }
+    EXPECT_EQ(r.decode_steps, 39);
   }
 }
 

@@ -25,7 +25,7 @@ if(PAGELLM_PYTHON)
         -DCXX=${CMAKE_CXX_COMPILER} -DC=${CMAKE_C_COMPILER} -DGENERATOR=${CMAKE_GENERATOR}
         -DLAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER} -DPYTHON=${Python_EXECUTABLE}
         -DCLI=$<TARGET_FILE:pagellm_cli> -P ${CMAKE_CURRENT_LIST_DIR}/tsan.cmake)
-    set_tests_properties(python_threadsanitizer PROPERTIES TIMEOUT 900 RESOURCE_LOCK tsan_tree
+    set_tests_properties(python_threadsanitizer PROPERTIES TIMEOUT 1500 RESOURCE_LOCK tsan_tree
       LABELS python)
   endif()
   # The full wheel build (docs/design.md, "Python package": pip install check).

@@ -4,7 +4,10 @@
 # every library instrumented; the scripts share it, so the libraries are compiled once) and
 # builds TSAN_TARGETS in it. Sets tsan_build_s. Shared modules (the Python extension) link
 # with -fsanitize=thread too, so that they name the TSan runtime they were compiled for;
-# they load only into a process started with that runtime preloaded.
+# they load only into a process started with that runtime preloaded. -O1 -g1 for the reason
+# tests/sanitizers/asan.cmake gives: the tree is compile-bound on CI's two cores (at -O2 -g
+# it took 833 s there, most of api_threadsanitizer's 900 s timeout), and a report's stack
+# needs line tables only.
 string(TIMESTAMP _tsan_t0 "%s")
 set(_tsan_launcher "")
 if(LAUNCHER)
@@ -12,6 +15,7 @@ if(LAUNCHER)
 endif()
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE} -B ${BUILD} -G ${GENERATOR}
     -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_C_COMPILER=${C} -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1"
     -DPAGELLM_CUDA=OFF -DPAGELLM_BENCH=OFF -DPAGELLM_TSAN_TEST=OFF -DPAGELLM_INSTALL_TEST=OFF
     "-DCMAKE_CXX_FLAGS=-fsanitize=thread" "-DCMAKE_C_FLAGS=-fsanitize=thread"
     "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread" "-DCMAKE_MODULE_LINKER_FLAGS=-fsanitize=thread"

@@ -22,5 +22,5 @@ if(Python3_FOUND AND TARGET pagellm_server AND PAGELLM_TSAN_TEST
       -DCXX=${CMAKE_CXX_COMPILER} -DC=${CMAKE_C_COMPILER} -DGENERATOR=${CMAKE_GENERATOR}
       -DLAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER}
       -DPYTHON=${Python3_EXECUTABLE} -DMINUTES=1.25 -P ${CMAKE_CURRENT_LIST_DIR}/tsan.cmake)
-  set_tests_properties(server_threadsanitizer PROPERTIES TIMEOUT 900 RESOURCE_LOCK tsan_tree)
+  set_tests_properties(server_threadsanitizer PROPERTIES TIMEOUT 1500 RESOURCE_LOCK tsan_tree)
 endif()

@@ -304,15 +304,34 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
   std::optional<StepObserverScope> observer;
   observer.emplace(engine, count_kv);
   bool trace_begun = false;
+  int64_t trace_begun_at = 0;
+  // A pipelined run must end where the trace begins and ends, so that it covers exactly
+  // trace_steps forward steps: the interrupt is asked before each step a run plans ahead,
+  // and a run launches one step more than the interrupts it was refused.
+  int64_t run_first = 0;
+  int64_t run_launched = 0;
+  const auto boundary = [&]() -> int64_t {
+    if (!trace_begun && trace_from >= 0) return trace_from;
+    if (tracing) return trace_begun_at + options.trace_steps;
+    return std::numeric_limits<int64_t>::max();
+  };
+  engine.set_run_interrupt([&] {
+    if (run_first + run_launched >= boundary()) return true;
+    ++run_launched;
+    return false;
+  });
   while (engine.has_unfinished()) {
     if (!trace_begun && trace_from >= 0 &&
         static_cast<int64_t>(step_seconds.size()) >= trace_from) {
       trace_begun = true;
+      trace_begun_at = static_cast<int64_t>(step_seconds.size());
       r.trace_unavailable = backend.begin_kernel_trace();
       tracing = r.trace_unavailable.empty();
     }
     const int64_t steps_before = engine.stats().steps;
     const auto s0 = Clock::now();
+    run_first = static_cast<int64_t>(step_seconds.size());
+    run_launched = 1;
     engine.step();
     // A pipelined run of n forward steps counts as n steps of its mean duration.
     const int64_t n = std::max<int64_t>(1, engine.stats().steps - steps_before);
@@ -324,6 +343,7 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
     }
   }
   observer.reset();
+  engine.set_run_interrupt(nullptr);
   if (tracing) trace.spans = backend.end_kernel_trace();
   backend.synchronize();
   const auto t2 = Clock::now();
