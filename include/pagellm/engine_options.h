@@ -61,9 +61,10 @@ struct EngineOptions {
   /// instead of leaving it idle. 1: off (every step waits for its tokens). Tokens and
   /// log-probabilities are the same either way; what changes is that a caller sees up to
   /// this many tokens per request at once, and a request that ends (EOS, stop token)
-  /// inside a run of steps costs its row one step more. Steps of requests with penalties,
-  /// stop strings or top-k log-probabilities, steps with a prefill, new requests
-  /// waiting and tensor parallelism run unpipelined.
+  /// inside a run of steps costs its row one step more (a stop string, which the API
+  /// layer finds, up to the rest of the run: the tokens after it are not reported). Steps
+  /// of requests with penalties or top-k log-probabilities, steps with a prefill, new
+  /// requests waiting and tensor parallelism run unpipelined.
   int32_t pipelined_decode_steps = 1;
   /// Tensor parallelism (docs/design.md "Tensor parallelism"): the model split over this
   /// many ranks, one process each. The engine's process is rank 0; it starts the others

@@ -93,35 +93,23 @@ bool EngineCore::advance(Active& active, int index, CompletionOutput& out) {
   const Sequence& seq = engine_->request(s.engine_id);
   out.index = index;
   const size_t first = s.seen;
-  for (size_t k = s.seen; k < seq.output.size(); ++k) {
-    const SampledToken& t = seq.sampled[k];
-    out.token_ids.push_back(t.token);
-    out.logprobs.push_back(t.logprob);
-    if (params.processed_logprobs) out.processed_logprobs.push_back(t.processed_logprob);
-    out.weights_versions.push_back(t.weights_version);  // the version it was sampled under
-    if (params.logprobs > 0) {
-      out.top_logprobs.push_back(t.top);
-      out.logprob_ranks.push_back(t.rank);
-      if (params.processed_logprobs) out.processed_top_logprobs.push_back(t.processed_top);
-    }
-    s.cumulative_logprob += t.logprob;
-    if (s.decoder) s.text += s.decoder->push(t.token);
-  }
-  s.seen = seq.output.size();
-  if (seq.finished() && s.finish == FinishReason::kNone) {
+  const auto take_engine_finish = [&] {
     s.finish = seq.finish_reason;
     out.error = seq.error;
     if (s.decoder) s.text += s.decoder->finish();
-  }
+  };
   // Stop strings: search only where a match could end in the new text. The earliest match
   // ends the sample; the text is cut before it. Below min_tokens none may end it (vLLM):
-  // the text so far is passed over as if it held no match.
-  const bool below_min_tokens = static_cast<int64_t>(seq.output.size()) < params.min_tokens;
-  if (below_min_tokens && s.text.size() + 1 > longest_stop_) {
-    s.stop_search_from = std::max(s.stop_search_from, s.text.size() + 1 - longest_stop_);
-  }
-  if (!params.stop.empty() && !below_min_tokens && s.finish != FinishReason::kError &&
-      s.stop_search_from < s.text.size()) {
+  // the text so far is passed over as if it held no match. `count`: output tokens taken.
+  const auto check_stop = [&](size_t count) {
+    const bool below_min_tokens = static_cast<int64_t>(count) < params.min_tokens;
+    if (below_min_tokens && s.text.size() + 1 > longest_stop_) {
+      s.stop_search_from = std::max(s.stop_search_from, s.text.size() + 1 - longest_stop_);
+    }
+    if (params.stop.empty() || below_min_tokens || s.finish == FinishReason::kError ||
+        s.stop_search_from >= s.text.size()) {
+      return;
+    }
     size_t best = std::string::npos;
     for (const std::string& stop : params.stop) {
       const size_t at = s.text.find(stop, s.stop_search_from);
@@ -134,6 +122,32 @@ bool EngineCore::advance(Active& active, int index, CompletionOutput& out) {
     } else if (s.text.size() + 1 > longest_stop_) {
       s.stop_search_from = s.text.size() + 1 - longest_stop_;
     }
+  };
+  // Token by token, so that a stop string ends the sample at the token that completes it
+  // however many tokens one engine step brought (pipelined decode brings up to N): the
+  // tokens after it are not reported, as they would not have been sampled step by step.
+  const size_t available = seq.output.size();
+  while (s.seen < available && s.finish == FinishReason::kNone) {
+    const SampledToken& t = seq.sampled[s.seen];
+    out.token_ids.push_back(t.token);
+    out.logprobs.push_back(t.logprob);
+    if (params.processed_logprobs) out.processed_logprobs.push_back(t.processed_logprob);
+    out.weights_versions.push_back(t.weights_version);  // the version it was sampled under
+    if (params.logprobs > 0) {
+      out.top_logprobs.push_back(t.top);
+      out.logprob_ranks.push_back(t.rank);
+      if (params.processed_logprobs) out.processed_top_logprobs.push_back(t.processed_top);
+    }
+    s.cumulative_logprob += t.logprob;
+    if (s.decoder) s.text += s.decoder->push(t.token);
+    ++s.seen;
+    if (s.seen == available && seq.finished()) take_engine_finish();
+    check_stop(s.seen);
+  }
+  // Finished with no token to take (an error, an abort, a request with nothing to sample).
+  if (s.seen == available && seq.finished() && s.finish == FinishReason::kNone) {
+    take_engine_finish();
+    check_stop(s.seen);
   }
   // Text that a stop string could still claim is held back until it cannot.
   size_t limit = s.text.size();

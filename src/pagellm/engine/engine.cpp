@@ -550,7 +550,7 @@ bool Engine::can_pipeline(const SchedulerOutput& out) const {
   }
   for (const ScheduledSeq& s : out.scheduled) {
     const SamplingParams& p = s.seq->params;
-    if (!s.is_decode() || p.logprobs > 0 || !p.stop.empty() ||
+    if (!s.is_decode() || p.logprobs > 0 ||
         penalties_enabled(p.repetition_penalty, p.presence_penalty, p.frequency_penalty)) {
       return false;
     }

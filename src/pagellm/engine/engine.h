@@ -364,7 +364,9 @@ class Engine {
   void count_tokens(const SchedulerOutput& out);
   /// Whether a step of `out` may start a run of pipelined steps: pipelining on, a pure
   /// decode step, no request that needs its tokens on the host before the next step
-  /// (penalties, stop strings, top-k log-probabilities), no logits hook, one rank.
+  /// (penalties, top-k log-probabilities), no logits hook, one rank. Stop strings are
+  /// the API layer's: EngineCore::advance ends a sample at the token that completes one
+  /// however many tokens a step brought, so they need nothing here.
   bool can_pipeline(const SchedulerOutput& out) const;
   /// Runs `out` and the steps planned ahead of it (Scheduler::schedule_ahead), at most
   /// pipelined_decode_steps in all; returns the requests they finished.
