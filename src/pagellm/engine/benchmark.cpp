@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <optional>
@@ -23,20 +24,24 @@
 namespace pagellm {
 namespace {
 
-/// Engine::set_step_observer for a scope: removed however the scope ends, so that an
-/// error inside a benchmark leaves no observer pointing at its locals.
-class StepObserverScope {
+/// One of the engine's hooks (Engine::set_step_observer, Engine::set_run_interrupt) for a
+/// scope: removed however the scope ends, so that an error inside a benchmark leaves no
+/// hook pointing at its locals.
+template <class Hook, void (Engine::*kSet)(Hook)>
+class EngineHookScope {
  public:
-  StepObserverScope(Engine& engine, Engine::StepObserver observer) : engine_(engine) {
-    engine_.set_step_observer(std::move(observer));
+  EngineHookScope(Engine& engine, Hook hook) : engine_(engine) {
+    (engine_.*kSet)(std::move(hook));
   }
-  ~StepObserverScope() { engine_.set_step_observer(nullptr); }
-  StepObserverScope(const StepObserverScope&) = delete;
-  StepObserverScope& operator=(const StepObserverScope&) = delete;
+  ~EngineHookScope() { (engine_.*kSet)(nullptr); }
+  EngineHookScope(const EngineHookScope&) = delete;
+  EngineHookScope& operator=(const EngineHookScope&) = delete;
 
  private:
   Engine& engine_;
 };
+using StepObserverScope = EngineHookScope<Engine::StepObserver, &Engine::set_step_observer>;
+using RunInterruptScope = EngineHookScope<std::function<bool()>, &Engine::set_run_interrupt>;
 
 using Clock = std::chrono::steady_clock;
 
@@ -315,7 +320,8 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
     if (tracing) return trace_begun_at + options.trace_steps;
     return std::numeric_limits<int64_t>::max();
   };
-  engine.set_run_interrupt([&] {
+  std::optional<RunInterruptScope> interrupt;
+  interrupt.emplace(engine, [&] {
     if (run_first + run_launched >= boundary()) return true;
     ++run_launched;
     return false;
@@ -343,7 +349,7 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
     }
   }
   observer.reset();
-  engine.set_run_interrupt(nullptr);
+  interrupt.reset();
   if (tracing) trace.spans = backend.end_kernel_trace();
   backend.synchronize();
   const auto t2 = Clock::now();
