@@ -7,6 +7,13 @@
 
 namespace pagellm {
 
+/// EngineOptions::pipelined_decode_steps where the caller takes whole outputs and nothing
+/// waits on single tokens: `pagellm generate` and `bench`, and Python's `LLM` (streams,
+/// the server and `AsyncLLM`, keep 1). Measured on the H200 (docs/PERFORMANCE.md,
+/// "Pipelined decode"): it takes the host gap from 0.5-0.8 s to 0.1 s of a W2 rollout;
+/// 64 adds a few tenths of a percent more.
+inline constexpr int32_t kOfflinePipelinedDecodeSteps = 8;
+
 /// How the engine is set up (vLLM's engine arguments). Zero means "derive a default".
 struct EngineOptions {
   /// "cpu" (float32 reference) or "cuda" (when the library was built with CUDA).

@@ -12,6 +12,8 @@ class PagellmError(ValueError, RuntimeError):
 
 has_cuda: bool = False
 
+OFFLINE_PIPELINED_DECODE_STEPS: int = 8
+
 def cuda_device_count() -> int:
     """CUDA devices visible (0 without the CUDA backend)."""
 

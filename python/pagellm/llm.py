@@ -184,9 +184,10 @@ class LLM:
             (this one and pagellm-worker processes; rank r on GPU r). LoRA, weight
             updates and sleep are refused above 1.
         pipelined_decode_steps: run up to this many decode steps back to back, each
-            launched before the previous one's tokens reach the host (1: off; default 8,
-            as ``pagellm generate`` and ``bench``: ``generate`` returns whole outputs, so
-            nothing waits on single tokens). The tokens are the same either way.
+            launched before the previous one's tokens reach the host (1: off; default
+            ``_core.OFFLINE_PIPELINED_DECODE_STEPS``, 8, as ``pagellm generate`` and
+            ``bench``: ``generate`` returns whole outputs, so nothing waits on single
+            tokens). The tokens are the same either way.
 
     The GIL is released while the engine runs; calls from several threads take turns (a
     lock), as the engine steps on the caller's thread: that includes the reads of engine
@@ -206,7 +207,8 @@ class LLM:
                  max_num_batched_tokens: int = 0, enforce_eager: bool = False,
                  float32_head: bool = False, enable_prefix_caching: bool = True,
                  max_loras: int = 8, max_lora_rank: int = 64,
-                 tensor_parallel_size: int = 1, pipelined_decode_steps: int = 8) -> None:
+                 tensor_parallel_size: int = 1,
+                 pipelined_decode_steps: int = _core.OFFLINE_PIPELINED_DECODE_STEPS) -> None:
         options = _engine_options(
             backend, kv_cache_gb=kv_cache_gb, max_num_seqs=max_num_seqs,
             max_model_len=max_model_len, attention_backend=attention_backend,

@@ -67,7 +67,7 @@ void add_engine_options(CLI::App* cmd, EngineSettings& s) {
 
 EngineSettings offline_engine_settings() {
   EngineSettings s;
-  s.config.pipelined_decode_steps = 8;
+  s.config.pipelined_decode_steps = kOfflinePipelinedDecodeSteps;
   return s;
 }
 

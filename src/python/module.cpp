@@ -225,6 +225,7 @@ NB_MODULE(_core, m) {
 #else
       false;
 #endif
+  m.attr("OFFLINE_PIPELINED_DECODE_STEPS") = pagellm::kOfflinePipelinedDecodeSteps;
   m.def("cuda_device_count", &pagellm::python::cuda_device_count,
         "CUDA devices visible (0 without the CUDA backend).");
   m.def("version", [] { return std::string(PAGELLM_VERSION_STRING); });

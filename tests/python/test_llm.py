@@ -104,6 +104,20 @@ def test_pipelined_decode_gives_the_same_outputs(tiny_model):
         LLM(tiny_model, backend="cpu", kv_cache_gb=0.02, pipelined_decode_steps=0)
 
 
+def test_llm_pipelines_decode_by_default_as_the_cli_does(tiny_model):
+    # LLM.generate returns whole outputs, so by default it runs decode steps back to back
+    # as `pagellm generate` does (the core's constant), where the server and AsyncLLM keep 1.
+    import inspect
+    from pagellm import _core
+    default = inspect.signature(LLM.__init__).parameters["pipelined_decode_steps"].default
+    assert default == _core.OFFLINE_PIPELINED_DECODE_STEPS > 1
+    llm = LLM(tiny_model, backend="cpu", kv_cache_gb=0.02)
+    out = llm.generate(["a b c", "the cat"], SamplingParams(max_tokens=12, temperature=0.0),
+                       use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 12 for o in out)
+    assert llm.num_free_pages() == llm.num_usable_pages()
+
+
 def test_chat_renders_the_template(llm):
     conv = [{"role": "user", "content": "Hi there"}]
     tok = llm.get_tokenizer()
