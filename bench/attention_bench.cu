@@ -15,7 +15,8 @@
 // --prefill-shape times that one prefill shape (head_dim 128) and nothing else, which is
 // what a profiler run of one kernel wants.
 // Prefill: causal FLOPs = 4 · head_dim · num_q_heads · Σ (keys each query token sees),
-// timed the same way through every prefill kernel (wgmma and wgmma-serial, the Hopper
+// timed the same way through every prefill kernel (wgmma, whose grid order follows
+// prefill_grid_kv_major, wgmma-serial, wgmma-headmajor and wgmma-kvmajor, the Hopper
 // kernel where it applies, and v2; attention_prefill_variants.h), one row per shape,
 // printed as TFLOP/s and
 // as a fraction of the 806 TFLOP/s dense bf16 rate measured on the H200, beside
@@ -340,12 +341,15 @@ int run(int argc, char** argv) {
         "\nprefill: causal FLOPs = 4 * D * Hq * pairs; %% of %.0f TFLOP/s (H200 dense bf16); "
         "bars: FA2 ~309-342, cuDNN ~577-606 TFLOP/s\n",
         kPeakTflops);
-    std::printf("%4s %4s %4s %6s %6s %6s | %10s %8s %6s | %10s %8s %6s | %10s %8s %6s\n", "Hq",
-                "Hkv", "D", "batch", "q", "kv", "wgmma_us", "TFLOP/s", "peak", "serial_us",
-                "TFLOP/s", "peak", "v2_us", "TFLOP/s", "peak");
-    const pagellm::cuda::PrefillKernel kernels[] = {pagellm::cuda::PrefillKernel::kWgmma,
-                                                    pagellm::cuda::PrefillKernel::kWgmmaSerial,
-                                                    pagellm::cuda::PrefillKernel::kV2};
+    std::printf("%4s %4s %4s %6s %6s %6s", "Hq", "Hkv", "D", "batch", "q", "kv");
+    for (const char* name : {"wgmma", "serial", "headmaj", "kvmajor", "v2"}) {
+      std::printf(" | %7s_us %8s %6s", name, "TFLOP/s", "peak");
+    }
+    std::printf("\n");
+    const pagellm::cuda::PrefillKernel kernels[] = {
+        pagellm::cuda::PrefillKernel::kWgmma, pagellm::cuda::PrefillKernel::kWgmmaSerial,
+        pagellm::cuda::PrefillKernel::kWgmmaHeadMajor,
+        pagellm::cuda::PrefillKernel::kWgmmaKvMajor, pagellm::cuda::PrefillKernel::kV2};
     for (const Config& cf : configs) {
       const int page = 16;
       const int64_t tokens = int64_t{cf.batch} * ((cf.kv_len + page - 1) / page * page) * 2;
@@ -414,7 +418,8 @@ int run(int argc, char** argv) {
             } else {  // the Hopper kernel whatever the query length
               auto call = [&](int copy) {
                 pagellm::cuda::attn::launch_prefill_wgmma(
-                    batch.params(pool, hq, copy % batch.copies), true, stream);
+                    batch.params(pool, hq, copy % batch.copies),
+                    pagellm::cuda::kDefaultPrefillKernel, stream);
               };
               call(0);
               CHECK_CUDA(cudaStreamSynchronize(stream));

@@ -12,7 +12,14 @@
 //   persistent  one kernel per layer. Between products its CTAs pass a grid barrier.
 //               Before waiting at the barrier, each CTA has already issued the next
 //               product's first stages' weights (the x tiles follow the barrier).
-// Both split every product over the same CTAs in the same way, so their difference is what
+//   dataflow    one kernel per layer without barriers: counters in global memory say which
+//               of the previous product's row tiles are done, and each x tile waits only for
+//               the tiles that produce it, as a decode megakernel would (issue 20). o_proj's
+//               chunk of head h waits for qkv's tiles of q head h and of its KV head (the
+//               attention between them is left out), gate|up for all of o_proj (the norm
+//               needs whole rows), down's chunk c for gate|up's tile c (64 gate and 64 up
+//               columns, the SiLU product's columns 64 c .. 64 c + 63).
+// All split every product over the same CTAs in the same way, so their differences are what
 // the boundaries cost. Each runs twice: on row-major weights read as the skinny kernel reads
 // them (two 64 x 64 boxes per stage: 128 bytes from each of 128 rows), and on weights laid
 // out as one contiguous 16 KiB block per (row tile, K chunk), read with one bulk copy per
@@ -54,12 +61,39 @@ struct Product {
   int tiles, chunks;
 };
 
+constexpr int kMaxTiles = 19456 / 128;  // gate|up's row tiles, the most of any product
+constexpr int kQHeads = 32, kKvHeads = 8;  // qkv's row tiles: q heads, then k, then v
+
 struct LayerArgs {
   Product p[kProducts];
   int first, count;        // the products this launch streams
   unsigned* barrier;       // persistent: arrivals, zero at launch
   int packed;              // weights as one contiguous 16 KiB block per stage (bulk copy)
+  int dataflow;            // count > 1: counters instead of grid barriers
+  // dataflow: units done per (product, row tile) at [q * kMaxTiles + tile], then per product
+  // at [kProducts * kMaxTiles + q]; zero at launch
+  unsigned* done;
 };
+constexpr int kDoneCounters = kProducts * kMaxTiles + kProducts;
+
+/// Dataflow: whether every row tile that unit `unit` of product q reads (its x chunk) is
+/// done. Product 0's input comes from the previous launch (programmatic dependent launch).
+__device__ __forceinline__ bool inputs_done(const LayerArgs& a, int q, int unit) {
+  if (q == 0) return true;
+  const volatile unsigned* done = a.done;
+  const int chunk = unit % a.p[q].chunks;
+  if (q == 1) {  // o_proj: chunk c of the attention output is q head c / 2
+    const unsigned full = static_cast<unsigned>(a.p[0].chunks);
+    const int head = chunk / 2, kv = head / (kQHeads / kKvHeads);
+    return done[head] >= full && done[kQHeads + kv] >= full &&
+           done[kQHeads + kKvHeads + kv] >= full;
+  }
+  if (q == 2) {  // gate|up after the norm: all of o_proj
+    return done[kProducts * kMaxTiles + 1] >=
+           static_cast<unsigned>(a.p[1].tiles) * static_cast<unsigned>(a.p[1].chunks);
+  }
+  return done[2 * kMaxTiles + chunk] >= static_cast<unsigned>(a.p[2].chunks);  // down
+}
 
 
 /// Streams products [first, first + count) of `a`. Between two of them the CTAs meet at a
@@ -155,20 +189,66 @@ __global__ void __launch_bounds__(kThreads, 2) stream_kernel(const __grid_consta
     }
   };
 
+  // Dataflow: thread 0 issues x tiles in order as their inputs are done, waiting only for
+  // the one the next stage needs; a run of units of one row tile, once consumed, is added
+  // to that tile's counter and its product's.
+  auto dataflow_ready = [&](int item) {
+    int q, unit;
+    locate(item, &q, &unit);
+    return inputs_done(a, a.first + q, unit);
+  };
+  auto issue_dataflow_x = [&](int must, int upto) {  // thread 0: items < must surely
+    for (; x_issued < upto; ++x_issued) {
+      if (!dataflow_ready(x_issued)) {
+        if (x_issued >= must) break;
+        while (!dataflow_ready(x_issued)) {
+        }
+      }
+      // What a real kernel needs between seeing a counter and reading by TMA what its
+      // producers stored: acquire ordering, then the generic-to-async proxy fence.
+      asm volatile("fence.acq_rel.gpu;\n\tfence.proxy.async.global;\n" ::: "memory");
+      issue_x(x_issued);
+    }
+  };
+  auto tile_key = [&](int item) {
+    int q, unit;
+    locate(item, &q, &unit);
+    return (a.first + q) * kMaxTiles + unit / a.p[a.first + q].chunks;
+  };
+  int run = 0;
+  auto signal_run = [&](int item) {  // thread 0, after consuming `item`
+    ++run;
+    if (item + 1 < total && tile_key(item + 1) == tile_key(item)) return;
+    const int key = tile_key(item);
+    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // release what the run stored
+    atomicAdd(a.done + key, static_cast<unsigned>(run));
+    atomicAdd(a.done + kProducts * kMaxTiles + key / kMaxTiles, static_cast<unsigned>(run));
+    run = 0;
+  };
+
   if (tid == 0) {
     for (int i = 0; i < kStages && i < total; ++i) issue_w(i);
   }
   pdl_wait();
-  meet_barriers();  // products this CTA has no share of
-  issue_ready_x(kStages < total ? kStages : total);
+  if (!a.dataflow) {
+    meet_barriers();  // products this CTA has no share of
+    issue_ready_x(kStages < total ? kStages : total);
+  }
   for (int it = 0; it < total; ++it) {
     const int stage = it % kStages;
+    if (a.dataflow && tid == 0) {
+      issue_dataflow_x(it + 1, it + kStages < total ? it + kStages : total);
+    }
     mbar_wait(tma_smem_addr(&full[stage]), (it / kStages) & 1);
     __syncthreads();  // every thread is done with the stage (the skinny kernel's barrier)
     if (tid == 0 && it + kStages < total) issue_w(it + kStages);
     ++consumed;
-    meet_barriers();
-    issue_ready_x(consumed + kStages < total ? consumed + kStages : total);
+    if (a.dataflow) {
+      if (tid == 0) signal_run(it);
+    } else {
+      meet_barriers();
+      issue_ready_x(consumed + kStages < total ? consumed + kStages : total);
+    }
   }
   pdl_launch_dependents();
 #else
@@ -220,6 +300,8 @@ int main() {
   }
   unsigned* barriers = nullptr;
   CHECK_CUDA(cudaMalloc(&barriers, sizeof(unsigned) * kLayers));
+  unsigned* done = nullptr;
+  CHECK_CUDA(cudaMalloc(&done, sizeof(unsigned) * kDoneCounters * kLayers));
   CHECK_CUDA(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   kSmemBytes));
   int per_sm = 0;
@@ -240,19 +322,25 @@ int main() {
         a.first = q;
         a.count = 1;
         a.barrier = barriers;
+        a.dataflow = 0;
+        a.done = done;
         pagellm::cuda::launch_kernel(stream_kernel, dim3(ctas), dim3(kThreads), kSmemBytes, stream,
                                      1, a);
       }
     }
   };
+  int dataflow = 0;
   auto run_persistent = [&] {
     CHECK_CUDA(cudaMemsetAsync(barriers, 0, sizeof(unsigned) * kLayers, stream));
+    CHECK_CUDA(cudaMemsetAsync(done, 0, sizeof(unsigned) * kDoneCounters * kLayers, stream));
     for (int l = 0; l < kLayers; ++l) {
       LayerArgs a = layers[l];
       a.packed = packed;
       a.first = 0;
       a.count = kProducts;
       a.barrier = barriers + l;
+      a.dataflow = dataflow;
+      a.done = done + static_cast<size_t>(kDoneCounters) * l;
       pagellm::cuda::launch_kernel(stream_kernel, dim3(ctas), dim3(kThreads), kSmemBytes, stream,
                                    1, a);
     }
@@ -268,11 +356,15 @@ int main() {
                          "skinny kernel reads them):\n");
     for (int round = 0; round < 3; ++round) {
       report("separate", time_stream(run_separate, stream, 20));
+      dataflow = 0;
       report("persistent", time_stream(run_persistent, stream, 20));
+      dataflow = 1;
+      report("dataflow", time_stream(run_persistent, stream, 20));
     }
   }
   for (void* p : buffers) CHECK_CUDA(cudaFree(p));
   CHECK_CUDA(cudaFree(x));
   CHECK_CUDA(cudaFree(barriers));
+  CHECK_CUDA(cudaFree(done));
   return 0;
 }

@@ -24,12 +24,10 @@ for d in "$A" "$B"; do
   done
 done
 status=0
-if [ -x "$B/test_cuda" ]; then
-  echo "== B: LoRA, skinny and batch-invariant tests"
-  timeout 600 "$B/test_cuda" --gtest_filter='*Lora*:*LoRA*:*Skinny*:*BatchInvariant*' \
-    > "$LOG/tests_b.log" 2>&1 || status=1
-  grep -E "^\[  (PASSED|FAILED) |FAILED TEST" "$LOG/tests_b.log"
-fi
+# shellcheck source=scripts/ab_common.sh
+source "$(dirname "$0")/ab_common.sh"
+ab_gpu_tests "$B" "$LOG" "B: LoRA, skinny and batch-invariant tests" \
+  '*Lora*:*LoRA*:*Skinny*:*BatchInvariant*' || status=1
 for side in A B; do
   dir=$A
   [ "$side" = B ] && dir=$B

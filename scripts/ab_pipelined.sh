@@ -19,13 +19,10 @@ DIR=$1 LOG=$2 STEPS=${3:-"8 64"} ROUNDS=${4:-2}
 mkdir -p "$LOG"
 [ -x "$DIR/pagellm" ] || { echo "$0: $DIR/pagellm is missing or not executable" >&2; exit 2; }
 status=0
-if [ -x "$DIR/test_cuda" ]; then
-  echo "== pipelined decode and sampler GPU tests"
-  timeout 600 "$DIR/test_cuda" \
-    --gtest_filter='*Pipelined*:GpuSampler*:BatchInvariantEngine*:*Graph*' \
-    > "$LOG/tests.log" 2>&1 || status=1
-  grep -E "^\[  (PASSED|FAILED) |FAILED TEST" "$LOG/tests.log"
-fi
+# shellcheck source=scripts/ab_common.sh
+source "$(dirname "$0")/ab_common.sh"
+ab_gpu_tests "$DIR" "$LOG" "pipelined decode and sampler GPU tests" \
+  '*Pipelined*:GpuSampler*:BatchInvariantEngine*:*Graph*' || status=1
 for round in $(seq 1 "$ROUNDS"); do
   # shellcheck disable=SC2086
   for n in 1 $STEPS; do

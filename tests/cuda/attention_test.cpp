@@ -402,8 +402,9 @@ CheckResult check_output(const Problem& pr, const std::vector<uint16_t>& out, fl
 enum class Kernel { kDecode, kPrefill, kNative };
 
 constexpr DecodeKernel kDecodeKernels[] = {DecodeKernel::kTma, DecodeKernel::kCpAsync};
-constexpr PrefillKernel kPrefillKernels[] = {PrefillKernel::kWgmma, PrefillKernel::kWgmmaSerial,
-                                             PrefillKernel::kV2};
+constexpr PrefillKernel kPrefillKernels[] = {
+    PrefillKernel::kWgmma, PrefillKernel::kWgmmaSerial, PrefillKernel::kWgmmaHeadMajor,
+    PrefillKernel::kWgmmaKvMajor, PrefillKernel::kV2};
 
 /// Runs one case through every variant of one kernel, each on a freshly poisoned output,
 /// and checks each. A variant that does not apply runs the fallback (decode's TMA variant
@@ -907,6 +908,16 @@ TEST_F(PagedAttention, PrefillWgmmaQwen3Shape) {
     c.kv_lens = {1500, 2300, 40, 701};
     run_case(c, Kernel::kPrefill, rng_);
   }
+  // A declared bound whose K/V (256 MiB) outgrows any L2 sends wgmma's grid KV head by KV
+  // head (prefill_grid_kv_major), as a long prompt's chunks do.
+  Case c;
+  c.name = "prefill wgmma qwen3, kv-major grid by the rule";
+  c.num_q_heads = 32;
+  c.num_kv_heads = 8;
+  c.max_kv_len = 1 << 16;
+  c.q_lens = {900, 1, 333};
+  c.kv_lens = {1000, 77, 333};
+  run_case(c, Kernel::kPrefill, rng_);
 }
 
 TEST_F(PagedAttention, PrefillWgmmaNeedsHeadDim128PagesOf16AndSm90) {
@@ -1122,6 +1133,28 @@ TEST_F(PagedAttention, RejectsUnsupportedArguments) {
   p.workspace_bytes = 16;
   EXPECT_THROW(paged_decode_attention(p, nullptr), Error);
   PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+TEST(PagedAttentionPlan, PrefillGridGoesKvMajorOnlyPastTheL2) {
+  // Qwen3's 8 KV heads of 128: 4 KiB of K and V per token; an H100's 50 MiB L2.
+  PagedAttentionParams p;
+  p.num_q_heads = 32;
+  p.num_kv_heads = 8;
+  p.head_dim = 128;
+  const int64_t l2 = int64_t{50} << 20;
+  p.max_kv_len = 8192;  // 32 MiB: every head's keys fit, heads fastest balances best
+  EXPECT_FALSE(prefill_grid_kv_major(p, l2));
+  p.max_kv_len = 12800;  // exactly 50 MiB: still fits
+  EXPECT_FALSE(prefill_grid_kv_major(p, l2));
+  p.max_kv_len = 12801;
+  EXPECT_TRUE(prefill_grid_kv_major(p, l2));
+  p.max_kv_len = 32768;
+  EXPECT_TRUE(prefill_grid_kv_major(p, l2));
+  EXPECT_FALSE(prefill_grid_kv_major(p, 0)) << "an unknown L2 keeps the default order";
+  EXPECT_FALSE(prefill_grid_kv_major(p, int64_t{256} << 20)) << "a larger L2 holds 128 MiB";
+  p.max_kv_len = 8192;
+  p.num_kv_heads = 32;  // no GQA: four times the bytes per token
+  EXPECT_TRUE(prefill_grid_kv_major(p, l2));
 }
 
 TEST(PagedAttentionPlan, SplitsFitTheWorkspaceAndFillTheDevice) {

@@ -86,12 +86,16 @@ TEST(CudaSettings, ParsesDecodeKernel) {
 TEST(CudaSettings, ParsesPrefillKernel) {
   EXPECT_EQ(parse_env({{"PAGELLM_PREFILL_KERNEL", ""}}).prefill_kernel, kDefaultPrefillKernel);
   EXPECT_EQ(kDefaultPrefillKernel, PrefillKernel::kWgmma);
-  for (PrefillKernel k : {PrefillKernel::kWgmma, PrefillKernel::kWgmmaSerial, PrefillKernel::kV2}) {
+  for (PrefillKernel k : {PrefillKernel::kWgmma, PrefillKernel::kWgmmaSerial,
+                          PrefillKernel::kWgmmaHeadMajor, PrefillKernel::kWgmmaKvMajor,
+                          PrefillKernel::kV2}) {
     EXPECT_EQ(parse_env({{"PAGELLM_PREFILL_KERNEL", prefill_kernel_name(k)}}).prefill_kernel, k);
   }
   const std::string e = error_of({{"PAGELLM_PREFILL_KERNEL", "fa3"}});
   EXPECT_NE(e.find("PAGELLM_PREFILL_KERNEL=fa3"), std::string::npos) << e;
-  EXPECT_NE(e.find("wgmma, wgmma-serial or v2"), std::string::npos) << e;
+  EXPECT_NE(e.find("wgmma, wgmma-headmajor, wgmma-kvmajor, wgmma-serial or v2"),
+            std::string::npos)
+      << e;
 }
 
 TEST(CudaSettings, DisableSwitchesAreOnForAnythingButEmptyOrZero) {

@@ -34,6 +34,8 @@ const char* prefill_kernel_name(PrefillKernel k) {
     case PrefillKernel::kV2: return "v2";
     case PrefillKernel::kWgmma: return "wgmma";
     case PrefillKernel::kWgmmaSerial: return "wgmma-serial";
+    case PrefillKernel::kWgmmaHeadMajor: return "wgmma-headmajor";
+    case PrefillKernel::kWgmmaKvMajor: return "wgmma-kvmajor";
   }
   return "?";
 }
@@ -96,12 +98,16 @@ CudaSettings CudaSettings::parse(const std::function<const char*(const char*)>& 
       s.prefill_kernel = PrefillKernel::kWgmma;
     } else if (v == "wgmma-serial") {
       s.prefill_kernel = PrefillKernel::kWgmmaSerial;
+    } else if (v == "wgmma-headmajor") {
+      s.prefill_kernel = PrefillKernel::kWgmmaHeadMajor;
+    } else if (v == "wgmma-kvmajor") {
+      s.prefill_kernel = PrefillKernel::kWgmmaKvMajor;
     } else if (v == "v2") {
       s.prefill_kernel = PrefillKernel::kV2;
     } else {
       PAGELLM_FAIL() << "PAGELLM_PREFILL_KERNEL=" << v
-                     << " is not a prefill kernel: use wgmma, wgmma-serial or v2 (or leave it "
-                        "unset for "
+                     << " is not a prefill kernel: use wgmma, wgmma-headmajor, wgmma-kvmajor, "
+                        "wgmma-serial or v2 (or leave it unset for "
                      << prefill_kernel_name(kDefaultPrefillKernel) << ")";
     }
   }

@@ -28,7 +28,7 @@ enum class DecodeKernel { kCpAsync, kTma };
 inline constexpr DecodeKernel kDefaultDecodeKernel = DecodeKernel::kTma;
 
 /// The paged prefill kernels (attention_prefill_variants.h says how they differ).
-enum class PrefillKernel { kV2, kWgmma, kWgmmaSerial };
+enum class PrefillKernel { kV2, kWgmma, kWgmmaSerial, kWgmmaHeadMajor, kWgmmaKvMajor };
 
 /// The variant paged_prefill_attention uses when PAGELLM_PREFILL_KERNEL is unset.
 inline constexpr PrefillKernel kDefaultPrefillKernel = PrefillKernel::kWgmma;
@@ -42,7 +42,7 @@ enum class PackPolicy { kAuto, kAlways, kNever };
 const char* matmul_path_name(MatmulPath path);
 /// "cpasync" or "tma".
 const char* decode_kernel_name(DecodeKernel k);
-/// "v2", "wgmma" or "wgmma-serial".
+/// "v2", "wgmma", "wgmma-serial", "wgmma-headmajor" or "wgmma-kvmajor".
 const char* prefill_kernel_name(PrefillKernel k);
 /// "auto", "1" or "0".
 const char* pack_policy_name(PackPolicy p);
@@ -64,7 +64,8 @@ struct CudaSettings {
   PackPolicy packed_weights = PackPolicy::kAuto;
   /// PAGELLM_DECODE_KERNEL: tma (default) or cpasync.
   DecodeKernel decode_kernel = kDefaultDecodeKernel;
-  /// PAGELLM_PREFILL_KERNEL: wgmma (default; where it applies), wgmma-serial or v2.
+  /// PAGELLM_PREFILL_KERNEL: wgmma (default; where it applies), wgmma-headmajor,
+  /// wgmma-kvmajor, wgmma-serial or v2.
   PrefillKernel prefill_kernel = kDefaultPrefillKernel;
   /// False when PAGELLM_DISABLE_QKV_FUSION is anything but empty or "0" (an ablation: the
   /// qkv product and q/k-norm + RoPE + KV store run as two kernels at decode).

@@ -185,14 +185,14 @@ struct PrefillTile {
   int64_t out_row0;  // row of q/out (in units of head_dim) of (token m0, head)
 };
 
-/// Maps blockIdx.x of a prefill grid ((query tiles of bm rows, upper bound) x heads, the
+/// Maps CTA `cta` of a prefill grid ((query tiles of bm rows, upper bound) x heads, the
 /// head index fastest, so that the first wave holds every head's heaviest tile and the CTAs
 /// of one GQA group run together) to its tile; within a sequence the tiles run last-first.
 /// False for a surplus CTA. Warp-collective (every warp of the CTA gets the same answer).
-__device__ __forceinline__ bool locate_prefill_tile(const PagedAttentionParams& p, int bm, int bn,
-                                                    PrefillTile& t) {
-  const int tile_idx = static_cast<int>(blockIdx.x / p.num_q_heads);
-  t.head = static_cast<int>(blockIdx.x % p.num_q_heads);
+__device__ __forceinline__ bool locate_prefill_tile_at(const PagedAttentionParams& p, int bm,
+                                                       int bn, unsigned cta, PrefillTile& t) {
+  const int tile_idx = static_cast<int>(cta / p.num_q_heads);
+  t.head = static_cast<int>(cta % p.num_q_heads);
   int local, count;
   if (!find_query_tile(p, tile_idx, bm, t.b, local, count)) return false;
   t.seq = load_seq_info(p, t.b);
@@ -204,6 +204,11 @@ __device__ __forceinline__ bool locate_prefill_tile(const PagedAttentionParams& 
   t.n_kv_tiles = key_last >= 0 ? key_last / bn + 1 : 0;
   t.out_row0 = static_cast<int64_t>(t.seq.q_begin + t.m0) * p.num_q_heads + t.head;
   return true;
+}
+/// locate_prefill_tile_at for this CTA.
+__device__ __forceinline__ bool locate_prefill_tile(const PagedAttentionParams& p, int bm, int bn,
+                                                    PrefillTile& t) {
+  return locate_prefill_tile_at(p, bm, bn, blockIdx.x, t);
 }
 
 /// Writes zeros to `rows` rows of D bf16 (row r at out + (out_row0 + r * row_stride) * D),

@@ -436,6 +436,12 @@ bool prefill_wgmma_supported(const PagedAttentionParams& p) {
          rows < (int64_t{1} << 31) && current_device_info(nullptr) == 90;
 }
 
+bool prefill_grid_kv_major(const PagedAttentionParams& p, int64_t l2_bytes) {
+  // Both pools' bytes of the longest sequence: max_kv_len keys of every KV head, bf16.
+  const int64_t kv_bytes = int64_t{2} * p.max_kv_len * p.num_kv_heads * p.head_dim * 2;
+  return l2_bytes > 0 && kv_bytes > l2_bytes;
+}
+
 void paged_prefill_attention(const PagedAttentionParams& p, cudaStream_t stream) {
   paged_prefill_attention_with(p, CudaSettings::process().prefill_kernel, stream);
 }
@@ -445,7 +451,7 @@ void paged_prefill_attention_with(const PagedAttentionParams& p, PrefillKernel k
   attn::validate_params(p, "paged_prefill_attention");
   if (p.num_seqs == 0 || p.num_tokens == 0) return;
   if (kernel != PrefillKernel::kV2 && prefill_wgmma_supported(p)) {
-    attn::launch_prefill_wgmma(p, kernel == PrefillKernel::kWgmma, stream);
+    attn::launch_prefill_wgmma(p, kernel, stream);
     return;
   }
   using namespace attn;

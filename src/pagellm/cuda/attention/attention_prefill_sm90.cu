@@ -30,6 +30,14 @@
 //    count; empty barrier per stage: one arrival per consumer thread.
 //  - Q (this tile's 128 rows of one head, row stride Hq * D in q) is copied once by the
 //    consumers with cp.async into the same swizzled layout (rows past the sequence zero).
+//    (Loading it by TMA from the producer warpgroup's idle second warp, with or without the
+//    next wave's Q tile started towards L2, ran 2-11 % slower at 4k-32k tokens and gained
+//    <= 2 % only at 1k: H200, 2026-12-05, docs/PERFORMANCE.md.)
+//  - Grid order: one CTA per (query tile, query head), heads fastest, so that the first
+//    wave holds every head's heaviest tile (locate_prefill_tile_at). When the longest
+//    sequence's K and V outgrow the L2, the same pairs are taken KV head by KV head instead
+//    (locate_wgmma_tile, prefill_grid_kv_major): the CTAs running at once then read one or
+//    two KV heads' keys, which stay in L2, rather than every head's at once.
 //  - S = Q Kᵀ: 8 wgmma m64n128k16 (A = Q, B = K, both K-major in shared memory), f32.
 //    Online softmax in f32 in the log2 domain (scale · log2 e folded into one FMA); each
 //    row of the accumulator lives in one quad of 4 lanes, as with mma.sync.
@@ -115,13 +123,15 @@ static_assert(kWgThreads * kProducerRegs + kConsumers * kWgThreads * kConsumerRe
                   kThreads * kLaunchRegs,
               "the CTA's registers at launch hold the rebalanced warpgroups");
 
-/// Compile-time variant: K/V ring depth, whether S(it) overlaps P(it-1) V(it-1), and
-/// whether the two consumers take turns issuing their products (ping-pong).
-template <int kStages_, bool kOverlap_, bool kPingPong_>
+/// Compile-time variant: K/V ring depth, whether S(it) overlaps P(it-1) V(it-1), whether
+/// the two consumers take turns issuing their products (ping-pong), and the grid's order
+/// (kKvMajor: KV head by KV head; locate_wgmma_tile).
+template <int kStages_, bool kOverlap_, bool kPingPong_, bool kKvMajor_ = false>
 struct WgmmaShape {
   static constexpr int kStages = kStages_;
   static constexpr bool kOverlap = kOverlap_;
   static constexpr bool kPingPong = kPingPong_;
+  static constexpr bool kKvMajor = kKvMajor_;
   static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + kAlign;
   static_assert(kSmemBytes + 2 * kStages * 8 <= 227 * 1024, "fits one SM's shared memory");
   static_assert(!kOverlap || kStages >= 3,
@@ -131,6 +141,7 @@ struct WgmmaShape {
 // The overlapped loop holds two tiles (P V of one, S of the next) while the producer fills
 // a third: 3 stages (225 KB). The serial loop holds one: 2 stages (161 KB).
 using Overlapped = WgmmaShape<3, true, true>;
+using OverlappedKvMajor = WgmmaShape<3, true, true, true>;
 using Serial = WgmmaShape<2, false, false>;
 
 struct WgmmaPrefillArgs {
@@ -174,6 +185,23 @@ __device__ __forceinline__ void produce_kv(const WgmmaPrefillArgs& a, const Pref
       tma_load(v_dst + kTileHalfBytes, &a.v_map, 64, row, full);
     }
   }
+}
+
+/// CTA `cta`'s tile. The grid holds (query tile, query head) pairs, heads fastest
+/// (locate_prefill_tile_at); with S::kKvMajor the same pairs are taken KV head by KV head
+/// (slowest), then query tile, then the KV head's query heads. A permutation of the CTA
+/// indices, so every pair runs once either way.
+template <class S>
+__device__ __forceinline__ bool locate_wgmma_tile(const PagedAttentionParams& p, unsigned cta,
+                                                  PrefillTile& t) {
+  if constexpr (S::kKvMajor) {
+    const unsigned group = static_cast<unsigned>(p.num_q_heads / p.num_kv_heads);
+    const unsigned tiles = gridDim.x / static_cast<unsigned>(p.num_q_heads);
+    const unsigned per_kv = tiles * group;
+    const unsigned kv = cta / per_kv, rem = cta % per_kv;
+    cta = (rem / group) * static_cast<unsigned>(p.num_q_heads) + kv * group + rem % group;
+  }
+  return locate_prefill_tile_at(p, kBM, kBN, cta, t);
 }
 
 /// Consumer state: 16 rows per warp (g and g + 8 of the warp's m16 slice), O as the two
@@ -310,7 +338,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const PagedAttentionParams& p = a.p;
   PrefillTile t;
-  if (!locate_prefill_tile(p, kBM, kBN, t)) return;
+  if (!locate_wgmma_tile<S>(p, blockIdx.x, t)) return;
   const int tid = threadIdx.x;
   auto* out = static_cast<__nv_bfloat16*>(p.out);
   if (t.n_kv_tiles == 0) {  // no query row of this tile sees a key: zeros
@@ -617,8 +645,17 @@ void launch(const PagedAttentionParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-void launch_prefill_wgmma(const PagedAttentionParams& p, bool overlap, cudaStream_t stream) {
-  overlap ? launch<Overlapped>(p, stream) : launch<Serial>(p, stream);
+void launch_prefill_wgmma(const PagedAttentionParams& p, PrefillKernel kernel,
+                          cudaStream_t stream) {
+  switch (kernel) {
+    case PrefillKernel::kWgmmaSerial: return launch<Serial>(p, stream);
+    case PrefillKernel::kWgmmaHeadMajor: return launch<Overlapped>(p, stream);
+    case PrefillKernel::kWgmmaKvMajor: return launch<OverlappedKvMajor>(p, stream);
+    default:
+      return prefill_grid_kv_major(p, current_device_l2_bytes())
+                 ? launch<OverlappedKvMajor>(p, stream)
+                 : launch<Overlapped>(p, stream);
+  }
 }
 
 }  // namespace attn

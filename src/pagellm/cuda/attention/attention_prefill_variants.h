@@ -1,10 +1,11 @@
 // Selectable implementations of paged_prefill_attention, for tests and benchmarks.
 //
 // paged_prefill_attention (attention.h) runs the variant CudaSettings::prefill_kernel names
-// (PAGELLM_PREFILL_KERNEL: wgmma, wgmma-serial or v2; unset or empty means the default,
-// wgmma); the CUDA
-// backend runs its own settings' variant through paged_prefill_attention_with. The test runs every prefill case through both, and the benchmark times both, so that the
-// Hopper kernel can be switched off without a rebuild if it is slower or wrong somewhere.
+// (PAGELLM_PREFILL_KERNEL: wgmma, wgmma-headmajor, wgmma-kvmajor, wgmma-serial or v2; unset
+// or empty means the default, wgmma); the CUDA backend runs its own settings' variant
+// through paged_prefill_attention_with. The test runs every prefill case through every
+// variant, and the benchmark times each, so that the Hopper kernel can be switched off
+// without a rebuild if it is slower or wrong somewhere.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,11 +29,25 @@ namespace pagellm::cuda {
 ///    its 128-row tile idles: v2's 64-row tiles still took 2.0-2.7x as long there (1 to 64
 ///    tokens per sequence after 2k-32k keys, batches 1, 4 and 32; attention_bench
 ///    --chunks-only, H200, 2026-12-04).
+///    Its grid's order follows prefill_grid_kv_major.
+///  - kWgmmaHeadMajor, kWgmmaKvMajor: kWgmma with its grid's order fixed (heads fastest,
+///    or KV head by KV head), whatever prefill_grid_kv_major says: to A/B the rule.
 ///  - kWgmmaSerial: the same kernel with each tile's S, softmax and P V in turn (2-stage
 ///    ring): the simpler loop, kept to A/B the ring and the turns, and as a fallback.
 
-/// Whether kWgmma and kWgmmaSerial run `p` (the conditions above).
+/// Whether the Hopper variants (kWgmma*) run `p` (the conditions above).
 bool prefill_wgmma_supported(const PagedAttentionParams& p);
+
+/// Whether kWgmma takes its grid's (query tile, query head) pairs KV head by KV head rather
+/// than heads fastest: when the longest sequence's keys and values (max_kv_len tokens of
+/// every KV head in both pools) exceed the L2 (`l2_bytes`; 0: unknown, heads fastest).
+/// Heads fastest puts every head's heaviest tile in the first wave, so the CTAs running at
+/// once read every KV head's keys; while those fit in L2 each is read from HBM about once
+/// whatever the order, and the heads-fastest order balances the waves best. Past the L2,
+/// KV head by KV head keeps the CTAs running at once on one or two KV heads' keys, which
+/// then stay in L2. Engine prefill, Qwen3-4B, H200, 2026-12-05: +0.7 % at 16k tokens,
+/// +1.3-1.6 % at 32k and 2 x 16k, -0.6 % at 16 x 2k, 0 at 4 x 8k (docs/PERFORMANCE.md).
+bool prefill_grid_kv_major(const PagedAttentionParams& p, int64_t l2_bytes);
 
 /// paged_prefill_attention with an explicit variant (same contract, same errors); kWgmma or
 /// kWgmmaSerial on a call they do not support run kV2.
@@ -41,8 +56,9 @@ void paged_prefill_attention_with(const PagedAttentionParams& p, PrefillKernel k
 
 namespace attn {
 /// The Hopper kernel's launcher (attention_prefill_sm90.cu); p already validated and
-/// supported; `overlap` picks kWgmma over kWgmmaSerial.
-void launch_prefill_wgmma(const PagedAttentionParams& p, bool overlap, cudaStream_t stream);
+/// supported; `kernel` is one of its variants (kWgmma for anything else).
+void launch_prefill_wgmma(const PagedAttentionParams& p, PrefillKernel kernel,
+                          cudaStream_t stream);
 }  // namespace attn
 
 }  // namespace pagellm::cuda

@@ -31,6 +31,23 @@ int current_device_info(int* sms) {
   return cached_cc;
 }
 
+int64_t current_device_l2_bytes() {
+  thread_local int cached_device = -1;
+  thread_local int64_t cached_bytes = 0;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();  // as current_device_info
+    return 0;
+  }
+  if (device != cached_device) {
+    int bytes = 0;
+    PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device));
+    cached_bytes = bytes;
+    cached_device = device;
+  }
+  return cached_bytes;
+}
+
 void once_per_device(const void* key, void (*set_up)()) {
   int device = 0;
   PAGELLM_CUDA_CHECK(cudaGetDevice(&device));

@@ -4,6 +4,8 @@
 // kernel needs on each device (once_per_device).
 #pragma once
 
+#include <cstdint>
+
 namespace pagellm::cuda {
 
 /// Compute capability of the current device as major * 10 + minor (90 for an H100/H200),
@@ -11,6 +13,10 @@ namespace pagellm::cuda {
 /// error cleared so that it does not surface at the next launch. Cached per thread (each
 /// thread drives its own device: tensor-parallel ranks as threads).
 int current_device_info(int* sms);
+
+/// The current device's L2 cache size in bytes (60 MiB on an H200, 50 on an H100), cached
+/// the same way; 0 without a device.
+int64_t current_device_l2_bytes();
 
 /// Runs `set_up` the first time it is asked for `key` (the kernel it configures) on the
 /// current device in this process, under a lock; later calls for that key and device
