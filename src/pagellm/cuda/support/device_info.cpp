@@ -10,42 +10,50 @@
 
 namespace pagellm::cuda {
 
-int current_device_info(int* sms) {
-  thread_local int cached_device = -1, cached_sms = 0, cached_cc = 0;
+namespace {
+
+struct DeviceProps {
+  int device = -1;
+  int cc = 0;
+  int sms = 0;
+  int64_t l2_bytes = 0;
+};
+
+/// The current device's properties, queried once per device and cached per thread (each
+/// thread drives its own device); nullptr without a device, with the CUDA error cleared.
+const DeviceProps* current_props() {
+  thread_local DeviceProps cached;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();  // not sticky; clear it so the next launch check does not see it
-    if (sms) *sms = 0;
-    return 0;
+    return nullptr;
   }
-  if (device != cached_device) {
-    int major = 0, minor = 0;
-    PAGELLM_CUDA_CHECK(
-        cudaDeviceGetAttribute(&cached_sms, cudaDevAttrMultiProcessorCount, device));
+  if (device != cached.device) {
+    DeviceProps p;
+    int major = 0, minor = 0, l2 = 0;
+    PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&p.sms, cudaDevAttrMultiProcessorCount, device));
     PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    cached_cc = major * 10 + minor;
-    cached_device = device;
+    PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+    p.device = device;
+    p.cc = major * 10 + minor;
+    p.l2_bytes = l2;
+    cached = p;
   }
-  if (sms) *sms = cached_sms;
-  return cached_cc;
+  return &cached;
+}
+
+}  // namespace
+
+int current_device_info(int* sms) {
+  const DeviceProps* p = current_props();
+  if (sms) *sms = p ? p->sms : 0;
+  return p ? p->cc : 0;
 }
 
 int64_t current_device_l2_bytes() {
-  thread_local int cached_device = -1;
-  thread_local int64_t cached_bytes = 0;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();  // as current_device_info
-    return 0;
-  }
-  if (device != cached_device) {
-    int bytes = 0;
-    PAGELLM_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device));
-    cached_bytes = bytes;
-    cached_device = device;
-  }
-  return cached_bytes;
+  const DeviceProps* p = current_props();
+  return p ? p->l2_bytes : 0;
 }
 
 void once_per_device(const void* key, void (*set_up)()) {
