@@ -10,8 +10,8 @@
 # --output-len 2` for each SHAPE "BxL" (default: 16x2048 4x8192 1x16384 2x16384 1x32768)
 # with PAGELLM_PREFILL_KERNEL = wgmma-headmajor, wgmma-kvmajor and wgmma (the size rule,
 # prefill_grid_kv_major) in turn. The engine, not attention_bench, judges the order: the
-# benchmark's back-to-back launches over the same pools find K/V warm in L2, which the
-# engine's layers (a different pool slice each) do not. Each command's output goes to
+# benchmark's back-to-back launches over the same pools probably find K/V warm in L2,
+# which the engine's layers (another pool each) do not. Each command's output goes to
 # LOGDIR, the prefill lines to stdout. The binaries' shared libraries must be on
 # LD_LIBRARY_PATH (as scripts/gpu_suite.sh sets it).
 set -uo pipefail

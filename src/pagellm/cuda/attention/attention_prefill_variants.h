@@ -46,11 +46,11 @@ bool prefill_wgmma_supported(const PagedAttentionParams& p);
 /// whatever the order, and the heads-fastest order balances the waves best. Past the L2,
 /// KV head by KV head keeps the CTAs running at once on one or two KV heads' keys, which
 /// then stay in L2. Engine prefill, Qwen3-4B, H200, 2026-12-05: +0.7 % at 16k tokens,
-/// +1.3-1.6 % at 32k and 2 x 16k, -0.6 % at 16 x 2k, 0 at 4 x 8k (docs/PERFORMANCE.md).
+/// +1.5 % at 2 x 16k, +1.4 % at 32k, -0.6 % at 16 x 2k, 0 at 4 x 8k (docs/PERFORMANCE.md).
 bool prefill_grid_kv_major(const PagedAttentionParams& p, int64_t l2_bytes);
 
-/// paged_prefill_attention with an explicit variant (same contract, same errors); kWgmma or
-/// kWgmmaSerial on a call they do not support run kV2.
+/// paged_prefill_attention with an explicit variant (same contract, same errors); a Hopper
+/// variant (kWgmma*) on a call it does not support runs kV2.
 void paged_prefill_attention_with(const PagedAttentionParams& p, PrefillKernel kernel,
                                   cudaStream_t stream);
 
