@@ -17,8 +17,10 @@
 // Prefill: causal FLOPs = 4 · head_dim · num_q_heads · Σ (keys each query token sees),
 // timed the same way through every prefill kernel (wgmma, whose grid order follows
 // prefill_grid_kv_major, wgmma-serial, wgmma-headmajor and wgmma-kvmajor, the Hopper
-// kernel where it applies, and v2; attention_prefill_variants.h), one row per shape,
-// printed as TFLOP/s and
+// kernel where it applies, and v2; attention_prefill_variants.h), one row per shape; the
+// kernels' graphs are replayed in turn, round after round, after 300 ms of such replays
+// (time_graphs_interleaved), so that no column gets a cooler GPU than another; printed as
+// TFLOP/s and
 // as a fraction of the 806 TFLOP/s dense bf16 rate measured on the H200, beside
 // FlashAttention-2's (~309-342) and cuDNN's (~577-606) rates on this H200 at 4k-32k tokens,
 // 32 heads, D = 128. A graph of many prefill launches lets each one's ramp and tail overlap
@@ -152,15 +154,14 @@ struct Batch {
 /// Captures `launches` calls rotating over the batch's copies; returns ms per call.
 double time_calls(const Pool& pool, const Batch& batch, int num_q_heads, bool decode, int launches,
                   int reps, cudaStream_t stream, int decode_splits = 0,
-                  pagellm::cuda::DecodeKernel decode_kernel = pagellm::cuda::kDefaultDecodeKernel,
-                  pagellm::cuda::PrefillKernel prefill_kernel = pagellm::cuda::kDefaultPrefillKernel) {
+                  pagellm::cuda::DecodeKernel decode_kernel = pagellm::cuda::kDefaultDecodeKernel) {
   auto call = [&](int copy) {
     auto p = batch.params(pool, num_q_heads, copy % batch.copies);
     p.num_splits = decode_splits;
     if (decode) {
       pagellm::cuda::paged_decode_attention_with(p, decode_kernel, stream);
     } else {
-      pagellm::cuda::paged_prefill_attention_with(p, prefill_kernel, stream);
+      pagellm::cuda::paged_prefill_attention_with(p, pagellm::cuda::kDefaultPrefillKernel, stream);
     }
   };
   call(0);  // outside capture: kernel attributes, module load
@@ -366,12 +367,28 @@ int run(int argc, char** argv) {
       const bool wgmma_runs =
           pagellm::cuda::prefill_wgmma_supported(batch.params(pool, cf.hq, 0));
       std::printf("%4d %4d %4d %6d %6d %6d", cf.hq, cf.hkv, cf.d, cf.batch, cf.q_len, cf.kv_len);
+      // Each kernel's output checked on a poisoned buffer, its launches captured; then all
+      // of them timed in interleaved rounds (time_graphs_interleaved).
+      const size_t out_elems = size_t(cf.batch) * cf.q_len * cf.hq * cf.d;
+      std::vector<cudaGraphExec_t> execs;
+      std::vector<size_t> bad;
       for (const pagellm::cuda::PrefillKernel kernel : kernels) {
-        const size_t out_elems = size_t(cf.batch) * cf.q_len * cf.hq * cf.d;
+        auto call = [&](int copy) {
+          pagellm::cuda::paged_prefill_attention_with(
+              batch.params(pool, cf.hq, copy % batch.copies), kernel, stream);
+        };
         CHECK_CUDA(cudaMemset(batch.out, 0xff, out_elems * 2));
-        const double ms = time_calls(pool, batch, cf.hq, false, launches, quick ? 3 : 5, stream,
-                                     0, pagellm::cuda::kDefaultDecodeKernel, kernel);
-        const size_t bad = nonfinite(batch.out, out_elems);
+        call(0);  // outside capture: kernel attributes, module load
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        bad.push_back(nonfinite(batch.out, out_elems));
+        execs.push_back(capture_launches(call, launches, stream, cudaStreamCaptureModeGlobal));
+      }
+      const std::vector<double> graph_ms =
+          time_graphs_interleaved(execs, stream, quick ? 3 : 7, quick ? 100.0 : 300.0);
+      for (cudaGraphExec_t exec : execs) CHECK_CUDA(cudaGraphExecDestroy(exec));
+      for (size_t k = 0; k < std::size(kernels); ++k) {
+        const pagellm::cuda::PrefillKernel kernel = kernels[k];
+        const double ms = graph_ms[k] / launches;
         const double tflops = flops / (ms * 1e-3) / 1e12;
         const bool runs_v2 = kernel != pagellm::cuda::PrefillKernel::kV2 && !wgmma_runs;
         rows.push_back({std::string("prefill-") + pagellm::cuda::prefill_kernel_name(kernel) +
@@ -380,7 +397,7 @@ int run(int argc, char** argv) {
                         0.0, tflops});
         std::printf(" | %10.1f %8.1f %5.1f%%%s", ms * 1e3, tflops, 100.0 * tflops / kPeakTflops,
                     runs_v2 ? " (runs v2)" : "");
-        if (bad) {
+        if (bad[k]) {
           std::printf("  NON-FINITE OUTPUT (%s)", pagellm::cuda::prefill_kernel_name(kernel));
         }
       }

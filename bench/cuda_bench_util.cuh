@@ -92,22 +92,72 @@ double time_graph(cudaGraphExec_t exec, cudaStream_t stream, int reps) {
   return median(ms);
 }
 
-/// Median milliseconds per launch of `launch(i)`, i < launches, captured into one graph and
-/// replayed `reps` times after one warm-up replay. The caller runs anything that must not be
-/// captured (plans, kernel attributes, module loads) before.
+/// `launch(i)`, i < launches, captured into one graph, instantiated; the caller destroys
+/// the result. The caller runs anything that must not be captured (plans, kernel
+/// attributes, module loads) before.
 template <class F>
-double time_launches(F launch, int launches, cudaStream_t stream, int reps,
-                     cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal) {
+cudaGraphExec_t capture_launches(F launch, int launches, cudaStream_t stream,
+                                 cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CHECK_CUDA(cudaStreamBeginCapture(stream, mode));
   for (int i = 0; i < launches; ++i) launch(i);
   CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
   CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  return exec;
+}
+
+/// Median milliseconds per launch of `launch(i)`, i < launches, captured into one graph and
+/// replayed `reps` times after one warm-up replay. The caller runs anything that must not be
+/// captured (plans, kernel attributes, module loads) before.
+template <class F>
+double time_launches(F launch, int launches, cudaStream_t stream, int reps,
+                     cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal) {
+  cudaGraphExec_t exec = capture_launches(launch, launches, stream, mode);
   const double ms = time_graph(exec, stream, reps) / launches;
   CHECK_CUDA(cudaGraphExecDestroy(exec));
-  CHECK_CUDA(cudaGraphDestroy(graph));
   return ms;
+}
+
+/// Median milliseconds of one replay of each of `execs`, timed in rounds: each round replays
+/// every graph once, in turn, so that the GPU's drift over the run (clocks falling as it
+/// heats and draws more power) reaches every graph alike. Before the rounds, the graphs are
+/// replayed in turn for at least `warmup_ms` of wall time, so that the rounds find the GPU
+/// as a long run keeps it. Timing one graph's replays and then the next's favoured the
+/// first: on an H100 (2026-12-05) the same prefill kernel measured 5 % faster in the first
+/// column of attention_bench than in the third.
+std::vector<double> time_graphs_interleaved(const std::vector<cudaGraphExec_t>& execs,
+                                            cudaStream_t stream, int rounds,
+                                            double warmup_ms) {
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  float elapsed = 0.0f;
+  CHECK_CUDA(cudaEventRecord(start, stream));
+  do {
+    for (cudaGraphExec_t exec : execs) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    CHECK_CUDA(cudaEventRecord(stop, stream));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    CHECK_CUDA(cudaEventElapsedTime(&elapsed, start, stop));
+  } while (elapsed < warmup_ms);
+  std::vector<std::vector<double>> ms(execs.size());
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t g = 0; g < execs.size(); ++g) {
+      CHECK_CUDA(cudaEventRecord(start, stream));
+      CHECK_CUDA(cudaGraphLaunch(execs[g], stream));
+      CHECK_CUDA(cudaEventRecord(stop, stream));
+      CHECK_CUDA(cudaEventSynchronize(stop));
+      float t = 0.0f;
+      CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+      ms[g].push_back(t);
+    }
+  }
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  std::vector<double> medians;
+  for (std::vector<double>& m : ms) medians.push_back(median(std::move(m)));
+  return medians;
 }
 
 /// dst[i] = src[i] over n 16-byte vectors, four loads in flight per thread.

@@ -2,7 +2,8 @@
 // groups of 1 to 3 modules (the q/k/v, o, gate/up and down layouts, and odd widths),
 // several slots with their own ranks (1..64) and scales, some slots empty, each token row
 // naming a random slot (0: no adapter) in runs and alone, 1..300 rows (several row blocks of
-// one slot), deltas landing at a column offset inside a wider output.
+// one slot) and 1,500 (a prefill chunk: the planned path, rows grouped by slot on the
+// device), deltas landing at a column offset inside a wider output.
 //
 // Poison: the input rows of slot 0 (and of empty slots) are NaN, so a kernel that touches a
 // row it should skip writes NaN into it; the rows and columns the group must not write keep
@@ -116,7 +117,7 @@ TEST_F(LoraAddTest, GroupsMatchCpuAndLeaveOtherRowsAlone) {
                                      {96, {4096}, 128},
                                      {2560, {4096, 1024, 1024}, 0}};
   for (const Shape& sh : shapes) {
-    for (int64_t rows : {1, 7, 64, 300}) {
+    for (int64_t rows : {1, 7, 64, 300, 1500}) {
       const int num_slots = 5;
       const int64_t W = [&] {
         int64_t w = 0;
@@ -305,6 +306,46 @@ TEST_F(LoraAddTest, FusedProductsMatchProductPlusLoraAdd) {
       gpu().copy_to_host(left.data(), counters.data, 2 * sizeof(int32_t));
       EXPECT_EQ(left, zeros) << what << ": the launch must leave its counters zero";
     }
+  }
+}
+
+// Steps of 1,024 rows or more take the planned path (a plan kernel groups the rows by slot;
+// a reduce kernel sums the shrink's partials once per row), smaller ones the scanning path.
+// A row's delta is the same arithmetic on both: rows of a 6,000-row step (two windows of
+// the scratch with these shapes) equal, bit for bit, the same rows run as steps of 300.
+TEST_F(LoraAddTest, PlannedStepsGiveTheBitsOfSmallSteps) {
+  const int64_t in = 4096, rows = 6000;
+  const std::vector<int64_t> widths = {256, 128, 128};
+  const int64_t W = 512, N = W + 64;
+  const int num_slots = 7;
+  const Tables tab = make_tables(in, widths, num_slots, /*col_offset=*/32);
+  const std::vector<int32_t> row_slot = random_row_slots(rows, num_slots);
+  const std::vector<float> x = randn_bf16(static_cast<size_t>(rows * in));
+  const std::vector<float> base = randn_bf16(static_cast<size_t>(rows * N), 0.25f);
+  const auto run = [&](int64_t first, int64_t count) {
+    const auto from = [&](const std::vector<float>& v, int64_t cols) {
+      return std::vector<float>(v.begin() + first * cols, v.begin() + (first + count) * cols);
+    };
+    Tensor gx = put(gpu(), DType::BF16, {count, in}, from(x, in));
+    Tensor gout = put(gpu(), DType::BF16, {count, N}, from(base, N));
+    BatchTensors b;
+    b.lora_slots = alloc_i32(gpu(), std::vector<int32_t>(row_slot.begin() + first,
+                                                         row_slot.begin() + first + count));
+    gpu().lora_add(gx, tab.gpu, b, gout);
+    return gpu().download_f32(gout);
+  };
+  const std::vector<float> whole = run(0, rows);
+  int64_t moved = 0;
+  for (size_t i = 0; i < whole.size(); ++i) moved += whole[i] != base[i] ? 1 : 0;
+  EXPECT_GT(moved, rows * W / 4) << "the adapters must change most of their rows' outputs";
+  for (int64_t first = 0; first < rows; first += 300) {
+    const std::vector<float> part = run(first, 300);
+    int64_t differ = 0;
+    for (size_t i = 0; i < part.size(); ++i) {
+      differ += part[i] == whole[static_cast<size_t>(first * N) + i] ? 0 : 1;
+    }
+    ASSERT_EQ(differ, 0) << "rows [" << first << ", " << first + 300 << ") of a " << rows
+                         << "-row step against the same rows as a step of 300, " << seed_note();
   }
 }
 

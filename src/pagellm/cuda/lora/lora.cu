@@ -25,6 +25,13 @@
 // CTAs of slots without rows (and blocks past a slot's rank) exit after the scan, before
 // reading any factor, so a decode graph captured for max_loras slots costs little when fewer
 // adapters run, and rows without an adapter cost nothing but their entry in the scan.
+// Steps of kPlannedRows rows or more (prefill chunks) are planned instead: every CTA's scan
+// of the row slots costs O(T) and their number grows with T and the slots, so an 8,160-token
+// prefill with 8 adapters spent 38 ms a layer scanning (H100, 2026-12-05). There a one-CTA
+// plan kernel groups the rows by slot into blocks of kRows once per call (the shrink and the
+// expand read their block's slot and rows from it), and a reduce kernel sums the shrink's
+// partials in chunk order once per row, where each expand CTA summed them again for its
+// columns. The same sums in the same order: the same bits as the scanning path.
 // Measured on the H200 (docs/PERFORMANCE.md, "LoRA inside decode graphs"): 8.5-12 µs an
 // expand and 6-15 µs a shrink at W1, latency-bound; the design notes say what comes next.
 #include "pagellm/cuda/lora/lora.h"
@@ -57,6 +64,9 @@ constexpr int kExpandSmem =
     (kRows * kMaxModules * kMaxRank + kMaxRank * (kCols + 4) + kRows * (kCols + 4)) * 4;
 
 constexpr int kMaxChunks = 24;  // a row's partial sums per group (bounds the expand's reads)
+constexpr int64_t kPlannedRows = 1024;  // steps from this many rows take the planned path
+constexpr int kPlanThreads = 1024;
+constexpr int kPlanMaxSlots = 1024;     // more slots than this keep the scanning path
 
 // The inputs one shrink CTA covers: whole 256-input pieces, as few as keep the chunks at
 // most kMaxChunks. A function of `in` alone, so a row's sums never depend on the batch.
@@ -101,10 +111,123 @@ __device__ int collect_rows(const int32_t* __restrict__ row_slots, int64_t T, in
   return max(0, min(found_total - first, kRows));
 }
 
+// The planned path's row plan, in the scratch after the partial and reduced sums (ints):
+// [0] the number of blocks; then the rows grouped by slot (T entries, those of rows with a
+// live adapter); then per block its slot, its first entry in that list and its row count
+// (num_blocks_max entries each: a slot's rows make ceil(count / kRows) blocks).
+struct RowPlan {
+  int* p = nullptr;
+  int64_t T = 0;
+  int64_t num_blocks_max = 0;
+  __host__ __device__ static int64_t ints(int64_t T, int64_t num_blocks_max) {
+    return 1 + T + 3 * num_blocks_max;
+  }
+  __device__ int* rows() const { return p + 1; }
+  __device__ int* block_slot() const { return p + 1 + T; }
+  __device__ int* block_first() const { return block_slot() + num_blocks_max; }
+  __device__ int* block_rows() const { return block_first() + num_blocks_max; }
+};
+
+// Groups the rows by slot (rows of slot 0, of slots outside the table and of empty slots
+// are left out) and cuts each slot's rows into blocks of kRows. One CTA. A slot's rows land
+// in any order (atomics): each row's sums depend only on its own inputs, whichever block
+// and place it takes.
+__global__ void __launch_bounds__(kPlanThreads)
+    lora_plan_kernel(const LoraSlotRef* __restrict__ slots, int num_slots,
+                     const int32_t* __restrict__ row_slots, RowPlan plan) {
+  __shared__ int count[kPlanMaxSlots], cursor[kPlanMaxSlots], first_block[kPlanMaxSlots];
+  __shared__ bool live[kPlanMaxSlots];
+  const int tid = threadIdx.x, lane = tid % 32;
+  for (int q = tid; q < num_slots; q += kPlanThreads) {
+    count[q] = 0;
+    live[q] = q >= 1 && slots[q].a != nullptr && slots[q].rank > 0;  // tables: weights
+  }
+  pdl_wait();  // the previous call's kernels are done with the scratch
+  __syncthreads();
+  for (int64_t t = tid; t < plan.T; t += kPlanThreads) {
+    const int q = row_slots[t];
+    if (q >= 0 && q < num_slots && live[q]) atomicAdd(&count[q], 1);
+  }
+  __syncthreads();
+  if (tid < 32) {  // exclusive prefix sums of rows and blocks over the slots, 32 at a time
+    int rows_before = 0, blocks_before = 0;
+    for (int base = 0; base < num_slots; base += 32) {
+      const int q = base + lane;
+      const int c = q < num_slots ? count[q] : 0, b = (c + kRows - 1) / kRows;
+      int ic = c, ib = b;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int uc = __shfl_up_sync(0xffffffffu, ic, o), ub = __shfl_up_sync(0xffffffffu, ib, o);
+        if (lane >= o) {
+          ic += uc;
+          ib += ub;
+        }
+      }
+      if (q < num_slots) {
+        cursor[q] = rows_before + ic - c;
+        first_block[q] = blocks_before + ib - b;
+      }
+      rows_before += __shfl_sync(0xffffffffu, ic, 31);
+      blocks_before += __shfl_sync(0xffffffffu, ib, 31);
+    }
+    if (lane == 0) plan.p[0] = blocks_before;
+  }
+  __syncthreads();
+  for (int q = tid; q < num_slots; q += kPlanThreads) {
+    for (int j = 0; j * kRows < count[q]; ++j) {
+      const int b = first_block[q] + j;
+      plan.block_slot()[b] = q;
+      plan.block_first()[b] = cursor[q] + j * kRows;
+      plan.block_rows()[b] = min(kRows, count[q] - j * kRows);
+    }
+  }
+  __syncthreads();  // cursor is advanced below
+  for (int64_t t = tid; t < plan.T; t += kPlanThreads) {
+    const int q = row_slots[t];
+    if (q >= 0 && q < num_slots && live[q]) {
+      plan.rows()[atomicAdd(&cursor[q], 1)] = static_cast<int>(t);
+    }
+  }
+  pdl_launch_dependents();
+}
+
+// The planned path's block of this CTA (blockIdx.z): its slot, and its rows into rows[];
+// returns the row count, 0 past the plan's blocks. After pdl_wait (the plan is a kernel's
+// output). Every thread of the CTA calls it (it synchronises).
+__device__ int planned_rows(const RowPlan& plan, int& slot, int* rows) {
+  const int z = static_cast<int>(blockIdx.z);
+  if (z >= plan.p[0]) return 0;
+  slot = plan.block_slot()[z];
+  const int n = plan.block_rows()[z], first = plan.block_first()[z];
+  for (int i = threadIdx.x; i < n; i += blockDim.x) rows[i] = plan.rows()[first + i];
+  __syncthreads();
+  return n;
+}
+
+// The planned path's sums: sums[t][j] = Σ over chunks, in chunk order, of work[c][t][j]
+// (float32), as the scanning path's expand adds them for each row it reads.
+__global__ void __launch_bounds__(kThreads)
+    lora_reduce_kernel(const float* __restrict__ work, int64_t chunks, int64_t n,
+                       float* __restrict__ sums) {
+  pdl_wait();
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * 4;
+  if (i < n) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const float4 v = *reinterpret_cast<const float4*>(work + c * n + i);
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+    }
+    *reinterpret_cast<float4*>(sums + i) = acc;
+  }
+  pdl_launch_dependents();
+}
+
 __global__ void __launch_bounds__(kThreads)
     lora_shrink_kernel(const bf16* __restrict__ x, int64_t in, const LoraSlotRef* __restrict__ slots,
                        const int32_t* __restrict__ row_slots, int64_t T, int num_modules,
-                       float* __restrict__ work) {
+                       float* __restrict__ work, RowPlan plan) {
   using namespace nvcuda;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int rows[kRows];
@@ -114,7 +237,13 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t chunks = chunks_of(in);
   const int64_t chunk = blockIdx.x % chunks;
   const int jblock = static_cast<int>(blockIdx.x / chunks);
-  const int slot = static_cast<int>(blockIdx.y) + 1;
+  // The planned path knows its slot and rows only from the plan, after the wait.
+  int slot = static_cast<int>(blockIdx.y) + 1, planned_n = 0;
+  if (plan.p != nullptr) {
+    pdl_wait();
+    planned_n = planned_rows(plan, slot, rows);
+    if (planned_n == 0) return;
+  }
   const LoraSlotRef f = slots[slot];
   const int jmax = f.a == nullptr ? 0 : num_modules * f.rank;
   const int j0 = jblock * kJBlock;
@@ -146,7 +275,9 @@ __global__ void __launch_bounds__(kThreads)
   // Rows first (slot tables and row slots are written by copies before the step, never by
   // a kernel), so that a loaded adapter no row of the step uses reads none of its factors;
   // then the first piece of A, weights, before the wait.
-  const int n = collect_rows(row_slots, T, slot, static_cast<int>(blockIdx.z), rows);
+  const int n = plan.p != nullptr
+                    ? planned_n
+                    : collect_rows(row_slots, T, slot, static_cast<int>(blockIdx.z), rows);
   if (n == 0) {
     pdl_wait();
     return;
@@ -196,10 +327,11 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(kThreads)
-    lora_expand_kernel(int64_t in, const LoraSlotRef* __restrict__ slots,
+    lora_expand_kernel(const LoraSlotRef* __restrict__ slots,
                        const int32_t* __restrict__ row_slots, int64_t T, int num_modules,
                        int64_t w0, int64_t w1, int64_t w2, const float* __restrict__ work,
-                       bf16* __restrict__ out, int64_t ld_out, int64_t col_offset) {
+                       int64_t chunks, bf16* __restrict__ out, int64_t ld_out,
+                       int64_t col_offset, RowPlan plan) {
   using namespace nvcuda;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int rows[kRows];
@@ -208,11 +340,18 @@ __global__ void __launch_bounds__(kThreads)
   float* s = reinterpret_cast<float*>(smem);
   float* bts = s + kRows * kMaxModules * kMaxRank;
   float* d = bts + kMaxRank * (kCols + 4);
-  const int slot = static_cast<int>(blockIdx.y) + 1;
+  int slot = static_cast<int>(blockIdx.y) + 1, n = 0;
+  if (plan.p != nullptr) {
+    pdl_wait();
+    n = planned_rows(plan, slot, rows);
+    if (n == 0) return;
+  }
   const LoraSlotRef f = slots[slot];
   const int64_t width = w0 + w1 + w2;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kCols;
-  const int n = f.a == nullptr ? 0 : collect_rows(row_slots, T, slot, static_cast<int>(blockIdx.z), rows);
+  if (plan.p == nullptr) {
+    n = f.a == nullptr ? 0 : collect_rows(row_slots, T, slot, static_cast<int>(blockIdx.z), rows);
+  }
   if (n == 0) {
     pdl_wait();
     return;
@@ -230,10 +369,10 @@ __global__ void __launch_bounds__(kThreads)
         i < r && cc < tile_cols ? __bfloat162float(bt[static_cast<int64_t>(i) * width + c0 + cc]) : 0.0f;
   }
   const int m_lo = module_of(c0), m_hi = module_of(c0 + tile_cols - 1);
-  const int64_t chunks = chunks_of(in);
   const int64_t js = static_cast<int64_t>(num_modules) * kMaxRank;
   pdl_wait();
-  // Partials summed in chunk order, in float32, the same order for every row. A thread
+  // Partials summed in chunk order, in float32, the same order for every row (on the
+  // planned path the reduce kernel has summed them: one chunk). A thread
   // takes 8 consecutive ranks of one row and module (two float4 per chunk, chunks in
   // flight together); rows past n and ranks past r are zeros (the scratch there holds
   // anything).
@@ -325,8 +464,22 @@ void launch_lora_add(const LoraAddArgs& g, cudaStream_t stream) {
   if (g.rows <= 0 || g.num_slots <= 1) return;
   const int64_t width = g.width[0] + g.width[1] + g.width[2];
   if (width == 0) return;
+  const int64_t chunks = chunks_of(g.in);
+  const int64_t js = static_cast<int64_t>(g.num_modules) * kMaxRank;
   const int64_t per_row = lora_work_floats(1, g.in, g.num_modules);
-  const int64_t window = std::min<int64_t>(g.rows, g.work_floats / per_row);
+  // The planned path's scratch for T rows: the partials, the reduced sums, the row plan.
+  const int64_t slots = g.num_slots - 1;
+  const auto blocks_max = [&](int64_t T) { return (T + kRows - 1) / kRows + slots; };
+  const auto planned_floats = [&](int64_t T) {
+    return T * per_row + T * js + RowPlan::ints(T, blocks_max(T));
+  };
+  const bool planned = g.rows >= kPlannedRows && g.num_slots <= kPlanMaxSlots;
+  int64_t window = std::min<int64_t>(g.rows, g.work_floats / per_row);
+  if (planned) {
+    window = std::min<int64_t>(g.rows, (g.work_floats - RowPlan::ints(0, slots + 1)) /
+                                           (per_row + js + 2));
+    while (window > 0 && planned_floats(window) > g.work_floats) --window;
+  }
   PAGELLM_CHECK(window >= 1) << "cuda lora_add: " << g.work_floats
                              << " floats of scratch hold less than one row (" << per_row << ")";
   once_per_device(reinterpret_cast<const void*>(lora_shrink_kernel), [] {
@@ -335,20 +488,44 @@ void launch_lora_add(const LoraAddArgs& g, cudaStream_t stream) {
     PAGELLM_CUDA_CHECK(cudaFuncSetAttribute(
         lora_expand_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kExpandSmem));
   });
-  const unsigned slots = static_cast<unsigned>(g.num_slots - 1);
   for (int64_t w = 0; w < g.rows; w += window) {
     const int64_t T = std::min(window, g.rows - w);
-    const unsigned zb = static_cast<unsigned>((T + kRows - 1) / kRows);
     const bf16* x = static_cast<const bf16*>(g.x) + w * g.in;
     const int32_t* row_slots = g.row_slots + w;
     bf16* out = static_cast<bf16*>(g.out) + w * g.ld_out;
-    const dim3 shrink_grid(static_cast<unsigned>(chunks_of(g.in) * g.num_modules), slots, zb);
-    launch_kernel(lora_shrink_kernel, shrink_grid, dim3(kThreads), kShrinkSmem, stream, 1, x,
-                  g.in, g.slots, row_slots, T, g.num_modules, g.work);
-    const dim3 expand_grid(static_cast<unsigned>((width + kCols - 1) / kCols), slots, zb);
-    launch_kernel(lora_expand_kernel, expand_grid, dim3(kThreads), kExpandSmem, stream, 1, g.in, g.slots,
-                  row_slots, T, g.num_modules, g.width[0], g.width[1], g.width[2], g.work, out,
-                  g.ld_out, g.col_offset);
+    const unsigned col_tiles = static_cast<unsigned>((width + kCols - 1) / kCols);
+    const unsigned shrink_x = static_cast<unsigned>(chunks * g.num_modules);
+    if (planned) {
+      // One CTA column a block of the plan; blocks past the plan's count exit.
+      float* sums = g.work + T * per_row;
+      RowPlan plan;
+      plan.p = reinterpret_cast<int*>(sums + T * js);
+      plan.T = T;
+      plan.num_blocks_max = blocks_max(T);
+      const unsigned zb = static_cast<unsigned>(plan.num_blocks_max);
+      launch_kernel(lora_plan_kernel, dim3(1), dim3(kPlanThreads), 0, stream, 1, g.slots,
+                    static_cast<int>(g.num_slots), row_slots, plan);
+      launch_kernel(lora_shrink_kernel, dim3(shrink_x, 1, zb), dim3(kThreads), kShrinkSmem,
+                    stream, 1, x, g.in, g.slots, row_slots, T, g.num_modules, g.work, plan);
+      const int64_t n = T * js;
+      launch_kernel(lora_reduce_kernel,
+                    dim3(static_cast<unsigned>((n / 4 + kThreads - 1) / kThreads)),
+                    dim3(kThreads), 0, stream, 1, static_cast<const float*>(g.work), chunks, n,
+                    sums);
+      launch_kernel(lora_expand_kernel, dim3(col_tiles, 1, zb), dim3(kThreads), kExpandSmem,
+                    stream, 1, g.slots, row_slots, T, g.num_modules, g.width[0], g.width[1],
+                    g.width[2], static_cast<const float*>(sums), int64_t{1}, out, g.ld_out,
+                    g.col_offset, plan);
+      continue;
+    }
+    const unsigned zb = static_cast<unsigned>((T + kRows - 1) / kRows);
+    launch_kernel(lora_shrink_kernel, dim3(shrink_x, static_cast<unsigned>(slots), zb),
+                  dim3(kThreads), kShrinkSmem, stream, 1, x, g.in, g.slots, row_slots, T,
+                  g.num_modules, g.work, RowPlan{});
+    launch_kernel(lora_expand_kernel, dim3(col_tiles, static_cast<unsigned>(slots), zb),
+                  dim3(kThreads), kExpandSmem, stream, 1, g.slots, row_slots, T, g.num_modules,
+                  g.width[0], g.width[1], g.width[2], static_cast<const float*>(g.work),
+                  chunks, out, g.ld_out, g.col_offset, RowPlan{});
   }
 }
 
