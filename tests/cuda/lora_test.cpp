@@ -3,7 +3,8 @@
 // several slots with their own ranks (1..64) and scales, some slots empty, each token row
 // naming a random slot (0: no adapter) in runs and alone, 1..300 rows (several row blocks of
 // one slot) and 1,500 (a prefill chunk: the planned path, rows grouped by slot on the
-// device), deltas landing at a column offset inside a wider output.
+// device; run both as cuBLASLt products and with the shrink and expand kernels), deltas
+// landing at a column offset inside a wider output.
 //
 // Poison: the input rows of slot 0 (and of empty slots) are NaN, so a kernel that touches a
 // row it should skip writes NaN into it; the rows and columns the group must not write keep
@@ -14,14 +15,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/reference_qwen3.h"
 #include "cuda/cuda_test_util.h"
 #include "model/model_test_util.h"
+#include "pagellm/cuda/cuda_backend.h"
 #include "pagellm/engine/engine.h"
 #include "pagellm/model/lora.h"
 
@@ -33,6 +37,7 @@ using test::relative_close;
 
 class LoraAddTest : public test::CudaOpTest {
  protected:
+  cuda::CudaBackend& cuda() { return dynamic_cast<cuda::CudaBackend&>(gpu()); }
   // One group's slot tables on both backends, from the same random factors.
   struct Tables {
     LoraGroup gpu, cpu;
@@ -92,6 +97,19 @@ class LoraAddTest : public test::CudaOpTest {
     return t;
   }
 
+  // Random inputs for `rows` rows of `in` columns, NaN on the rows whose slot holds no
+  // adapter (a kernel that reads them writes NaN).
+  std::vector<float> poisoned_inputs(const Tables& tab, const std::vector<int32_t>& row_slot,
+                                     int64_t in) {
+    const int64_t rows = static_cast<int64_t>(row_slot.size());
+    std::vector<float> x = randn_bf16(static_cast<size_t>(rows * in));
+    for (int64_t t = 0; t < rows; ++t) {
+      if (tab.rank[static_cast<size_t>(row_slot[static_cast<size_t>(t)])] != 0) continue;
+      for (int64_t k = 0; k < in; ++k) x[static_cast<size_t>(t * in + k)] = NAN;
+    }
+    return x;
+  }
+
   // Row slots: runs of one slot and single rows, any of the slots (0 and the empty 2 too).
   std::vector<int32_t> random_row_slots(int64_t rows, int num_slots) {
     std::vector<int32_t> row_slot;
@@ -140,48 +158,55 @@ TEST_F(LoraAddTest, GroupsMatchCpuAndLeaveOtherRowsAlone) {
         const int len = uniform_int(0, 1) ? 1 : uniform_int(1, 80);
         for (int i = 0; i < len && static_cast<int64_t>(row_slot.size()) < rows; ++i) row_slot.push_back(q);
       }
-      std::vector<float> x = randn_bf16(static_cast<size_t>(rows * sh.in));
-      for (int64_t t = 0; t < rows; ++t) {
-        if (tab.rank[static_cast<size_t>(row_slot[static_cast<size_t>(t)])] != 0) continue;
-        for (int64_t k = 0; k < sh.in; ++k) x[static_cast<size_t>(t * sh.in + k)] = NAN;
-      }
+      const std::vector<float> x = poisoned_inputs(tab, row_slot, sh.in);
       const std::vector<float> base = randn_bf16(static_cast<size_t>(rows * N), 0.25f);
       Tensor gx = put(gpu(), DType::BF16, {rows, sh.in}, x);
       Tensor cx = put(cpu(), DType::F32, {rows, sh.in}, x);
-      Tensor gout = put(gpu(), DType::BF16, {rows, N}, base);
       Tensor cout = put(cpu(), DType::F32, {rows, N}, base);
       BatchTensors gb, cb;
       gb.lora_slots = alloc_i32(gpu(), row_slot);
       cb.lora_slots = alloc_i32(cpu(), row_slot);
-      gpu().lora_add(gx, tab.gpu, gb, gout);
       cpu().lora_add(cx, tab.cpu, cb, cout);
-      const std::vector<float> got = gpu().download_f32(gout);
       const std::vector<float> ref = cpu().download_f32(cout);
-      std::vector<float> dgot, dref, rounding;
-      int64_t changed_outside = 0, nan_rows = 0;
-      for (int64_t t = 0; t < rows; ++t) {
-        const bool active = tab.rank[static_cast<size_t>(row_slot[static_cast<size_t>(t)])] != 0;
-        for (int64_t j = 0; j < N; ++j) {
-          const size_t i = static_cast<size_t>(t * N + j);
-          const bool inside = active && j >= col_offset && j < col_offset + W;
-          if (!inside) {
-            // Untouched: the bf16 value put there, bit for bit.
-            if (!(got[i] == base[i])) ++changed_outside;
-            continue;
+      // A prefill chunk runs twice: as cuBLASLt products and with the shrink and expand
+      // kernels (PAGELLM_DISABLE_LORA_DENSE).
+      for (const bool dense : rows >= 1024 ? std::vector<bool>{true, false}
+                                            : std::vector<bool>{true}) {
+        cuda().set_lora_dense(dense);
+        Tensor gout = put(gpu(), DType::BF16, {rows, N}, base);
+        gpu().lora_add(gx, tab.gpu, gb, gout);
+        const std::vector<float> got = gpu().download_f32(gout);
+        const std::string how = what + (dense ? "" : " (kernels)");
+        std::vector<float> dgot, dref, rounding;
+        int64_t changed_outside = 0, nan_rows = 0;
+        for (int64_t t = 0; t < rows; ++t) {
+          const bool active =
+              tab.rank[static_cast<size_t>(row_slot[static_cast<size_t>(t)])] != 0;
+          for (int64_t j = 0; j < N; ++j) {
+            const size_t i = static_cast<size_t>(t * N + j);
+            const bool inside = active && j >= col_offset && j < col_offset + W;
+            if (!inside) {
+              // Untouched: the bf16 value put there, bit for bit.
+              if (!(got[i] == base[i])) ++changed_outside;
+              continue;
+            }
+            if (std::isnan(got[i])) ++nan_rows;
+            dgot.push_back(got[i] - base[i]);
+            dref.push_back(ref[i] - base[i]);
+            rounding.push_back(0.5f * bf16_ulp(got[i]));  // the output is bf16, base exact
           }
-          if (std::isnan(got[i])) ++nan_rows;
-          dgot.push_back(got[i] - base[i]);
-          dref.push_back(ref[i] - base[i]);
-          rounding.push_back(0.5f * bf16_ulp(got[i]));  // the output is bf16, base exact
+        }
+        EXPECT_EQ(changed_outside, 0) << how << ", " << seed_note();
+        EXPECT_EQ(nan_rows, 0) << how << ", " << seed_note();
+        if (!dref.empty()) {
+          EXPECT_TRUE(relative_close(dgot, dref, 2e-2, how, seed_note(), rounding));
         }
       }
-      EXPECT_EQ(changed_outside, 0) << what << ", " << seed_note();
-      EXPECT_EQ(nan_rows, 0) << what << ", " << seed_note();
-      if (!dref.empty()) {
-        EXPECT_TRUE(relative_close(dgot, dref, 2e-2, what, seed_note(), rounding));
-      }
+      cuda().set_lora_dense(true);
     }
   }
+  // The 1,500-row steps above made the dense products' scratch.
+  EXPECT_GT(cuda().lora_dense_scratch_bytes(), 0u);
 }
 
 // Backend::lora_matmul / lora_matmul_silu_mul on the cuda backend at decode sizes (the
@@ -314,6 +339,7 @@ TEST_F(LoraAddTest, FusedProductsMatchProductPlusLoraAdd) {
 // A row's delta is the same arithmetic on both: rows of a 6,000-row step (two windows of
 // the scratch with these shapes) equal, bit for bit, the same rows run as steps of 300.
 TEST_F(LoraAddTest, PlannedStepsGiveTheBitsOfSmallSteps) {
+  cuda().set_lora_dense(false);  // the kernels on both (the dense products below)
   const int64_t in = 4096, rows = 6000;
   const std::vector<int64_t> widths = {256, 128, 128};
   const int64_t W = 512, N = W + 64;
@@ -346,6 +372,91 @@ TEST_F(LoraAddTest, PlannedStepsGiveTheBitsOfSmallSteps) {
     }
     ASSERT_EQ(differ, 0) << "rows [" << first << ", " << first + 300 << ") of a " << rows
                          << "-row step against the same rows as a step of 300, " << seed_note();
+  }
+}
+
+// The dense products (prefill chunks, docs/design.md "The CUDA kernels" of "LoRA"): steps
+// of 6,000 and 9,000 rows (the latter two windows) through cuBLASLt, against the float32
+// CPU backend and the shrink and expand kernels: deltas within the bound of the small
+// steps, columns outside the group and rows without an adapter (NaN inputs) untouched bit
+// for bit; the products round the scaled shrink to bf16 where the kernels keep it float32,
+// so the two paths agree closely but not bit for bit. Groups whose slots · rank exceed 512
+// keep the kernels: bit for bit the same with the switch on or off.
+TEST_F(LoraAddTest, DenseProductsMatchCpuAndTheKernels) {
+  struct Case {
+    int64_t in;
+    std::vector<int64_t> widths;
+    int64_t extra_cols;
+    int num_slots, max_rank;
+    bool dense;  // whether (num_slots - 1) · round_up(max_rank, 8) <= 512
+    int64_t rows;
+  };
+  const std::vector<Case> cases = {{4096, {256, 128, 128}, 96, 10, 64, false, 6000},
+                                   {4096, {256, 128, 128}, 96, 9, 32, true, 6000},
+                                   {2560, {1024}, 0, 5, 64, true, 9000},
+                                   {1000, {200, 136}, 40, 3, 20, true, 6000}};
+  for (const Case& c : cases) {
+    const int64_t rows = c.rows;
+    int64_t W = 0;
+    for (int64_t w : c.widths) W += w;
+    const int64_t N = W + c.extra_cols, col_offset = c.extra_cols / 2;
+    const Tables tab = make_tables(c.in, c.widths, c.num_slots, col_offset, false, c.max_rank);
+    const std::vector<int32_t> row_slot = random_row_slots(rows, c.num_slots);
+    const std::vector<float> x = poisoned_inputs(tab, row_slot, c.in);
+    const std::vector<float> base = randn_bf16(static_cast<size_t>(rows * N), 0.25f);
+    Tensor gx = put(gpu(), DType::BF16, {rows, c.in}, x);
+    Tensor cx = put(cpu(), DType::F32, {rows, c.in}, x);
+    BatchTensors gb, cb;
+    gb.lora_slots = alloc_i32(gpu(), row_slot);
+    cb.lora_slots = alloc_i32(cpu(), row_slot);
+    Tensor cout = put(cpu(), DType::F32, {rows, N}, base);
+    cpu().lora_add(cx, tab.cpu, cb, cout);
+    const std::vector<float> ref = cpu().download_f32(cout);
+    const auto run = [&](bool dense) {
+      cuda().set_lora_dense(dense);
+      Tensor gout = put(gpu(), DType::BF16, {rows, N}, base);
+      gpu().lora_add(gx, tab.gpu, gb, gout);
+      cuda().set_lora_dense(true);
+      return gpu().download_f32(gout);
+    };
+    const size_t scratch_before = cuda().lora_dense_scratch_bytes();
+    const std::vector<float> dense = run(true);
+    EXPECT_EQ(cuda().lora_dense_scratch_bytes() > scratch_before, c.dense && scratch_before == 0)
+        << "the first dense step makes the scratch; a step that keeps the kernel does not";
+    const std::vector<float> kernel = run(false);
+    const std::string what = std::to_string(rows) + " rows, in " + std::to_string(c.in) +
+                             " width " + std::to_string(W) +
+                             " of " + std::to_string(N) + ", " + std::to_string(c.num_slots) +
+                             " slots, max rank " + std::to_string(c.max_rank);
+    std::vector<float> dgot, dref, dkernel, rounding;
+    int64_t changed_outside = 0, nan_out = 0, differ = 0;
+    for (int64_t t = 0; t < rows; ++t) {
+      const bool active = tab.rank[static_cast<size_t>(row_slot[static_cast<size_t>(t)])] != 0;
+      for (int64_t j = 0; j < N; ++j) {
+        const size_t i = static_cast<size_t>(t * N + j);
+        differ += dense[i] == kernel[i] ? 0 : 1;
+        if (!(active && j >= col_offset && j < col_offset + W)) {
+          if (!(dense[i] == base[i])) ++changed_outside;
+          continue;
+        }
+        if (std::isnan(dense[i])) ++nan_out;
+        dgot.push_back(dense[i] - base[i]);
+        dref.push_back(ref[i] - base[i]);
+        dkernel.push_back(kernel[i] - base[i]);
+        rounding.push_back(0.5f * bf16_ulp(dense[i]));
+      }
+    }
+    EXPECT_EQ(changed_outside, 0) << what << ", " << seed_note();
+    EXPECT_EQ(nan_out, 0) << what << ", " << seed_note();
+    ASSERT_FALSE(dref.empty()) << what;
+    EXPECT_TRUE(relative_close(dgot, dref, 2e-2, what, seed_note(), rounding));
+    EXPECT_TRUE(relative_close(dgot, dkernel, 2e-2, what + " against the kernels",
+                               seed_note(), rounding));
+    if (!c.dense) {
+      EXPECT_EQ(differ, 0) << what << ": the kernels either way, " << seed_note();
+    } else {
+      EXPECT_GT(differ, 0) << what << ": the products must have run (their rounding differs)";
+    }
   }
 }
 
@@ -388,9 +499,7 @@ TEST_F(LoraAddTest, RejectsShapesItCannotRun) {
 // The engine end to end: a mixed batch (two adapters on all seven modules, rows without one)
 // on the cuda backend, with decode graphs on, against the CPU backend. The prefill row of
 // every request sees the same history on both, so its logits are compared (relative L2,
-// bounded by 0.05 as the base model's float32-head test is, or 1.5 x the base model's own
-// CUDA-vs-CPU error on these weights if that is larger); and an adapter must move the
-// logits far more than that error.
+// within MixedLora::bound); and an adapter must move the logits far more than that error.
 struct LoraEngineRun {
   std::map<int64_t, std::vector<float>> first_logits;  // by request id
   int64_t graph_steps = 0;
@@ -401,17 +510,17 @@ LoraEngineRun run_lora_engine(const std::string& backend_name, const Qwen3Config
                               const testing::HostWeights& w,
                               const std::vector<std::string>& adapter_dirs,
                               const std::vector<std::string>& loras,
-                              size_t staging_chunk_bytes = 0) {
+                              size_t staging_chunk_bytes = 0, int prompt_scale = 1) {
   auto backend = create_backend(backend_name);
   auto model = std::make_unique<Qwen3Model>(*backend, c, w.lookup());
   if (staging_chunk_bytes > 0) model->set_lora_staging_chunk_bytes(staging_chunk_bytes);
   EngineConfig ec;
   ec.backend = backend_name;
   ec.page_size = 16;
-  ec.num_pages = 64;
+  ec.num_pages = 64 * prompt_scale;
   ec.max_num_seqs = 8;
-  ec.max_num_batched_tokens = 256;
-  ec.max_model_len = 256;
+  ec.max_num_batched_tokens = 256 * prompt_scale;
+  ec.max_model_len = 256 * prompt_scale;
   ec.float32_head = true;  // the head's bf16 rounding would hide the body's error
   Engine engine(std::move(backend), std::move(model), ec);
   for (size_t i = 0; i < adapter_dirs.size(); ++i) {
@@ -423,7 +532,8 @@ LoraEngineRun run_lora_engine(const std::string& backend_name, const Qwen3Config
   });
   for (size_t i = 0; i < loras.size(); ++i) {
     std::vector<int32_t> prompt;
-    for (size_t j = 0; j < 5 + 11 * (i % 3); ++j) prompt.push_back(static_cast<int32_t>((j * 37 + i * 5) % 383 + 1));
+    const size_t len = (5 + 11 * (i % 3)) * static_cast<size_t>(prompt_scale);
+    for (size_t j = 0; j < len; ++j) prompt.push_back(static_cast<int32_t>((j * 37 + i * 5) % 383 + 1));
     SamplingParams p;
     p.temperature = 0.0f;
     p.max_tokens = 8;
@@ -447,30 +557,46 @@ double logits_error(const LoraEngineRun& got, const LoraEngineRun& ref, int64_t 
   return std::sqrt(diff2 / ref2);
 }
 
+// The engine tests' model and adapters: random weights rounded to bf16 (the same numbers
+// on both backends), two adapters on all seven modules (r = 32 and r = 8), and a batch
+// mixing them with requests that have none.
+struct MixedLora {
+  Qwen3Config c = testing::small_gpu_config();
+  testing::HostWeights w;
+  testing::TempDir d0, d1;
+  std::vector<std::string> dirs;
+  std::vector<std::string> loras = {"a0", "", "a1", "a1", "", "a0"};
+  std::vector<std::string> none = std::vector<std::string>(6, "");
+  MixedLora(uint64_t seed, uint64_t adapter_seed) : w(testing::random_weights(c, seed)) {
+    for (auto& [name, values] : w.data)
+      for (float& v : values) v = bf16_to_f32(f32_to_bf16(v));
+    LoraConfig cfg = testing::all_modules_lora_config(32);
+    make_lora_adapter(d0.path(), c, cfg, adapter_seed, DType::BF16, 0.05f);
+    cfg.rank = 8;
+    make_lora_adapter(d1.path(), c, cfg, adapter_seed + 1, DType::BF16, 0.05f);
+    dirs = {d0.path(), d1.path()};
+  }
+  // The bound on an adapter run's error against the CPU backend: 0.05 (as the base
+  // model's float32-head test), or 1.5 x the base model's own CUDA-vs-CPU error if larger.
+  double bound(const LoraEngineRun& gpu_base, const LoraEngineRun& cpu_base) const {
+    double base_err = 0.0;
+    for (int64_t id = 1; id <= static_cast<int64_t>(loras.size()); ++id) {
+      base_err = std::max(base_err, logits_error(gpu_base, cpu_base, id));
+    }
+    return std::max(0.05, 1.5 * base_err);
+  }
+};
+
 TEST(CudaLora, MixedAdapterBatchTracksTheCpuBackend) {
   if (test::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
   const uint64_t seed = test::test_seed();
-  const Qwen3Config c = testing::small_gpu_config();
-  testing::HostWeights w = testing::random_weights(c, seed);
-  for (auto& [name, values] : w.data)
-    for (float& v : values) v = bf16_to_f32(f32_to_bf16(v));  // the same numbers on both
-  testing::TempDir d0, d1;
-  LoraConfig cfg = testing::all_modules_lora_config(32);
-  make_lora_adapter(d0.path(), c, cfg, seed + 1, DType::BF16, 0.05f);
-  cfg.rank = 8;
-  make_lora_adapter(d1.path(), c, cfg, seed + 2, DType::BF16, 0.05f);
-  const std::vector<std::string> dirs = {d0.path(), d1.path()};
-  const std::vector<std::string> loras = {"a0", "", "a1", "a1", "", "a0"};
+  const MixedLora m(seed, seed + 1);
+  const auto& [c, w, dirs, loras, none] = std::tie(m.c, m.w, m.dirs, m.loras, m.none);
   const LoraEngineRun cpu = run_lora_engine("cpu", c, w, dirs, loras);
   const LoraEngineRun gpu = run_lora_engine("cuda", c, w, dirs, loras);
-  const std::vector<std::string> none(loras.size(), "");
   const LoraEngineRun gpu_base = run_lora_engine("cuda", c, w, {}, none);
   const LoraEngineRun cpu_base = run_lora_engine("cpu", c, w, {}, none);
-  double base_err = 0.0;
-  for (int64_t id = 1; id <= static_cast<int64_t>(loras.size()); ++id) {
-    base_err = std::max(base_err, logits_error(gpu_base, cpu_base, id));
-  }
-  const double bound = std::max(0.05, 1.5 * base_err);
+  const double bound = m.bound(gpu_base, cpu_base);
   for (int64_t id = 1; id <= static_cast<int64_t>(loras.size()); ++id) {
     const double err = logits_error(gpu, cpu, id);
     EXPECT_LT(err, bound) << "request " << id << " (" << loras[id - 1] << "), seed " << seed;
@@ -482,6 +608,43 @@ TEST(CudaLora, MixedAdapterBatchTracksTheCpuBackend) {
   // Decode steps with adapters replay LoRA graphs, as the base model's replay its graphs.
   EXPECT_GT(gpu.graph_steps, 0);
   EXPECT_GT(gpu_base.graph_steps, 0);
+}
+
+// Prompts of 320 to 1,728 tokens, prefilled in one step of 6,144 rows: the CUDA backend's
+// LoRA on that step runs as cuBLASLt products (lora_add_dense), and with
+// PAGELLM_DISABLE_LORA_DENSE=1 as the shrink and expand kernels. Both track the CPU backend
+// within the mixed-batch test's bound, the adapters move the logits far more than that, and
+// the two CUDA paths differ (their roundings do), which shows the products ran.
+TEST(CudaLora, LongPromptsTrackTheCpuBackendOnBothPrefillPaths) {
+  if (test::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  const uint64_t seed = test::test_seed();
+  const MixedLora m(seed, seed + 5);
+  const auto& [c, w, dirs, loras, none] = std::tie(m.c, m.w, m.dirs, m.loras, m.none);
+  constexpr int kScale = 64;  // prompts of 320, 1,024 and 1,728 tokens, steps up to 16,384
+  const LoraEngineRun cpu = run_lora_engine("cpu", c, w, dirs, loras, 0, kScale);
+  const LoraEngineRun cpu_base = run_lora_engine("cpu", c, w, {}, none, 0, kScale);
+  const LoraEngineRun gpu_base = run_lora_engine("cuda", c, w, {}, none, 0, kScale);
+  const LoraEngineRun dense = run_lora_engine("cuda", c, w, dirs, loras, 0, kScale);
+  setenv("PAGELLM_DISABLE_LORA_DENSE", "1", 1);
+  const LoraEngineRun kernels = run_lora_engine("cuda", c, w, dirs, loras, 0, kScale);
+  unsetenv("PAGELLM_DISABLE_LORA_DENSE");
+  const double bound = m.bound(gpu_base, cpu_base);
+  double paths_apart = 0.0;
+  for (int64_t id = 1; id <= static_cast<int64_t>(loras.size()); ++id) {
+    for (const auto* run : {&dense, &kernels}) {
+      const double err = logits_error(*run, cpu, id);
+      EXPECT_LT(err, bound) << "request " << id << " (" << loras[id - 1] << "), "
+                            << (run == &dense ? "products" : "kernels") << ", seed " << seed;
+      if (!loras[id - 1].empty()) {
+        EXPECT_GT(logits_error(gpu_base, *run, id), 5 * err)
+            << "the adapter barely moved request " << id << "'s logits; seed " << seed;
+      }
+    }
+    if (!loras[id - 1].empty()) paths_apart += logits_error(dense, kernels, id);
+  }
+  EXPECT_GT(paths_apart, 0.0) << "the products and the kernels gave the same logits: the "
+                                 "prefill steps did not take the products; seed "
+                              << seed;
 }
 
 // set_lora's staged upload in several runs (4 KiB halves grow to the largest block, so

@@ -37,6 +37,7 @@ TEST(CudaSettings, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(s.packed_weights, PackPolicy::kAuto);
   EXPECT_EQ(s.decode_kernel, DecodeKernel::kTma);
   EXPECT_TRUE(s.qkv_fusion);
+  EXPECT_TRUE(s.lora_dense);
   EXPECT_TRUE(s.pdl);
   EXPECT_EQ(s.cudnn_library, "");
   EXPECT_EQ(s.nccl_library, "");
@@ -103,14 +104,22 @@ TEST(CudaSettings, DisableSwitchesAreOnForAnythingButEmptyOrZero) {
     const char* value;
     bool enabled;
   };
-  for (const char* var : {"PAGELLM_DISABLE_QKV_FUSION", "PAGELLM_DISABLE_PDL"}) {
+  for (const char* var : {"PAGELLM_DISABLE_QKV_FUSION", "PAGELLM_DISABLE_PDL",
+                          "PAGELLM_DISABLE_LORA_DENSE"}) {
     for (const Case& c : {Case{"", true}, Case{"0", true}, Case{"1", false},
                           Case{"true", false}, Case{"00", false}, Case{"yes", false}}) {
       const CudaSettings s = parse_env({{var, c.value}});
-      const bool enabled = std::string(var) == "PAGELLM_DISABLE_PDL" ? s.pdl : s.qkv_fusion;
-      EXPECT_EQ(enabled, c.enabled) << var << "=" << c.value;
-      // The other switch is untouched.
-      EXPECT_TRUE(std::string(var) == "PAGELLM_DISABLE_PDL" ? s.qkv_fusion : s.pdl);
+      const std::string v = var;
+      const bool* const switches[] = {&s.qkv_fusion, &s.pdl, &s.lora_dense};
+      const size_t mine =
+          v == "PAGELLM_DISABLE_QKV_FUSION" ? 0 : (v == "PAGELLM_DISABLE_PDL" ? 1 : 2);
+      EXPECT_EQ(*switches[mine], c.enabled) << var << "=" << c.value;
+      // The other switches are untouched.
+      for (size_t i = 0; i < 3; ++i) {
+        if (i != mine) {
+          EXPECT_TRUE(*switches[i]) << var << "=" << c.value << " switch " << i;
+        }
+      }
     }
   }
 }

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 
@@ -42,6 +43,12 @@ constexpr size_t kMatmulWorkspaceBytes = size_t{32} << 20;
 // sums and the fused products' shrink sums.
 constexpr int64_t kLoraWorkFloats = int64_t{16} << 20;
 
+// LoRA's dense products (CudaBackend::lora_add_dense): the deepest expand product
+// ((slots − 1) · rank: 512, 8 adapters of rank 64 or 16 of rank 32) and the most rows of a
+// window (with K = 512 and three modules, 25 MB of operand and 50 MB of s_all).
+constexpr int64_t kLoraDenseMaxK = 512;
+constexpr int64_t kLoraDenseMaxRows = 8192;
+
 // Whether a gated product's operands have the types and shapes the fused SiLU kernel takes:
 // x [M, K], w_gate_up [2 I, K] and out [M, I], all bf16.
 bool gated_operands_fit(const Tensor& x, const Tensor& w_gate_up, const Tensor& out) {
@@ -52,6 +59,8 @@ bool gated_operands_fit(const Tensor& x, const Tensor& w_gate_up, const Tensor& 
 }
 
 cudaStream_t as_stream(CUstream_st* s) { return s; }
+
+using bf16_t = uint16_t;  // a bf16 element's storage (host code steps pointers by it)
 
 void expect_dtype(const Tensor& t, DType want, const char* op, const char* what) {
   PAGELLM_CHECK(t.dtype == want) << "cuda backend: " << op << ": " << what << " must be "
@@ -109,6 +118,9 @@ void CudaBackend::release_all() noexcept {
   if (memory_) memory_->deallocate(lora_work_);
   lora_work_ = nullptr;
   lora_work_floats_ = 0;
+  if (memory_) memory_->deallocate(lora_dense_);
+  lora_dense_ = nullptr;
+  lora_dense_bytes_ = 0;
   memory_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   stream_ = nullptr;
@@ -421,6 +433,7 @@ void CudaBackend::lora_add(const Tensor& x, const LoraGroup& group, const BatchT
   PAGELLM_CHECK(batch.lora_slots.numel() == T)
       << "cuda backend: lora_add: " << batch.lora_slots.numel() << " row slots for " << T
       << " rows";
+  if (lora_add_dense(x, group, batch, out)) return;  // prefill chunks, where it applies
   // Scratch for the shrink's partial sums (lora_scratch); larger steps run in windows of
   // rows.
   float* const work = lora_scratch();
@@ -439,6 +452,83 @@ void CudaBackend::lora_add(const Tensor& x, const LoraGroup& group, const BatchT
   args.work = work;
   args.work_floats = lora_work_floats_;
   launch_lora_add(args, as_stream(stream_));
+}
+
+bool CudaBackend::lora_add_dense(const Tensor& x, const LoraGroup& group,
+                                 const BatchTensors& batch, Tensor& out) {
+  // Where it applies: prefill chunks outside capture (graphs would keep a scratch that may
+  // grow), not in batch-invariant mode (cuBLASLt's bits depend on the chunk), the products
+  // on cuBLASLt, slots · rank at most kLoraDenseMaxK.
+  const int64_t T = x.size(0), in = x.row_elems(), N = out.row_elems();
+  LoraDenseShape d;
+  d.num_slots = group.num_slots;
+  d.num_modules = group.num_modules;
+  d.in = in;
+  d.width = group.width_total();
+  d.k_slot = (group.max_rank + 7) / 8 * 8;
+  const int64_t K = d.K(), J = d.J();
+  if (!settings_.lora_dense || !lora_add_planned(T, group.num_slots) || capturing() ||
+      matmul_->batch_invariant() || matmul_->path() == MatmulPath::kSkinny ||
+      group.num_slots < 2 || K > kLoraDenseMaxK || in % 8 != 0) {
+    return false;
+  }
+  // Windows of equal size (so that none is small enough for the skinny kernel), each
+  // within kLoraDenseMaxRows and the float32 scratch's s_all [rows, J].
+  float* const s_all = lora_scratch();
+  const int64_t max_rows = std::min(kLoraDenseMaxRows, lora_work_floats_ / J);
+  const int64_t windows = (T + max_rows - 1) / max_rows;
+  const int64_t rows = (T + windows - 1) / windows;
+  const auto aligned = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t a_bytes = aligned(static_cast<size_t>(J * in) * 2);
+  const size_t w_bytes = aligned(static_cast<size_t>(d.width * K) * 2);
+  const size_t s_bytes = static_cast<size_t>(d.num_modules * rows * K) * 2;
+  char* const scratch = static_cast<char*>(lora_dense_scratch(a_bytes + w_bytes + s_bytes));
+  if (scratch == nullptr) return false;
+  void* const a_all = scratch;
+  bf16_t* const w = reinterpret_cast<bf16_t*>(scratch + a_bytes);
+  bf16_t* const s = reinterpret_cast<bf16_t*>(scratch + a_bytes + w_bytes);
+  const auto* slots = reinterpret_cast<const LoraSlotRef*>(group.slots);
+  cudaStream_t stream = as_stream(stream_);
+  launch_lora_dense_factors(slots, d, a_all, w, stream);
+  for (int64_t first = 0; first < T; first += rows) {
+    const int64_t n = std::min(rows, T - first);
+    const auto* xw = static_cast<const bf16_t*>(x.data) + first * in;
+    auto* ow = static_cast<bf16_t*>(out.data) + first * N + group.col_offset;
+    // The shrink for every slot at once, then the row's own block scaled into s.
+    matmul_->run(xw, a_all, s_all, CUDA_R_32F, n, J, in, stream);
+    launch_lora_dense_operand(slots, d, batch.lora_slots.ptr<int32_t>() + first, n, s_all, s,
+                              stream);
+    int64_t col = 0;
+    for (int m = 0; m < group.num_modules; ++m) {
+      const int64_t width = group.width[static_cast<size_t>(m)];
+      if (width > 0) {
+        PAGELLM_CHECK(matmul_->run_accumulate(s + m * n * K, w + col * K, ow + col, n, width, K,
+                                              stream, N))
+            << "cuda backend: lora_add: the expand's product [" << n << ", " << K << "] x ["
+            << width << ", " << K << "]^T did not take cuBLASLt";
+      }
+      col += width;
+    }
+  }
+  return true;
+}
+
+void* CudaBackend::lora_dense_scratch(size_t bytes) {
+  if (bytes <= lora_dense_bytes_) return lora_dense_;
+  if (lora_dense_refused_ != 0 && bytes >= lora_dense_refused_) return nullptr;
+  // Grown: the old scratch may still be read by enqueued work.
+  PAGELLM_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream_)));
+  memory_->deallocate(lora_dense_);
+  lora_dense_ = nullptr;
+  lora_dense_bytes_ = 0;
+  try {
+    lora_dense_ = memory_->allocate(bytes);
+  } catch (const Error&) {
+    lora_dense_refused_ = bytes;
+    return nullptr;
+  }
+  lora_dense_bytes_ = bytes;
+  return lora_dense_;
 }
 
 bool CudaBackend::qkv_fusable(const Tensor& x, const Tensor& w_qkv, const Tensor& q_norm,

@@ -299,6 +299,12 @@ class CudaBackend final : public Backend {
   /// Whether the products read the packed copies (default true). Tests turn it off to run
   /// the same weights through the row-major path; capture graphs after setting it.
   void set_packed_weights_enabled(bool on);
+  /// Whether prefill chunks' LoRA runs as cuBLASLt products (default: the settings'
+  /// lora_dense). Tests turn it off to compare with the shrink and expand kernels.
+  void set_lora_dense(bool on) { settings_.lora_dense = on; }
+  /// Bytes of the dense LoRA products' scratch made so far (0 before a prefill chunk with
+  /// adapters took that path).
+  size_t lora_dense_scratch_bytes() const { return lora_dense_bytes_; }
 
  private:
   bool capturing() const;
@@ -322,6 +328,17 @@ class CudaBackend final : public Backend {
   int64_t lora_work_floats_ = 0;
   /// lora_work_, made on first use (never under capture: graphs keep its address).
   float* lora_scratch();
+  /// lora_add on a prefill chunk as cuBLASLt products (launch_lora_dense_*); false,
+  /// having enqueued nothing, where that path does not apply (docs/design.md, "LoRA").
+  bool lora_add_dense(const Tensor& x, const LoraGroup& group, const BatchTensors& batch,
+                      Tensor& out);
+  void* lora_dense_ = nullptr;  // lora_add_dense's bf16 scratch: a_all, w, s
+  size_t lora_dense_bytes_ = 0;
+  size_t lora_dense_refused_ = 0;  // the smallest size an allocation failed for (0: none)
+  /// lora_add_dense's scratch of at least `bytes`, grown outside capture (the stream is
+  /// drained before the old one is freed); null when the GPU has no room for it (the
+  /// caller then keeps the expand kernel).
+  void* lora_dense_scratch(size_t bytes);
   /// The fused products' LoRA arguments for `group` on a product of T rows, or nullopt
   /// where the fused path does not apply (the caller then runs the unfused ops).
   std::optional<SkinnyLora> skinny_lora(const LoraGroup& group, const BatchTensors& batch,

@@ -70,6 +70,10 @@ struct CudaSettings {
   /// False when PAGELLM_DISABLE_QKV_FUSION is anything but empty or "0" (an ablation: the
   /// qkv product and q/k-norm + RoPE + KV store run as two kernels at decode).
   bool qkv_fusion = true;
+  /// False when PAGELLM_DISABLE_LORA_DENSE is anything but empty or "0" (an ablation:
+  /// prefill chunks' LoRA runs the shrink and expand kernels instead of cuBLASLt products;
+  /// docs/design.md, "The CUDA kernels" of "LoRA").
+  bool lora_dense = true;
   /// False when PAGELLM_DISABLE_PDL is anything but empty or "0": kernels launch without
   /// programmatic dependent launch. Process-wide (CudaSettings::process()).
   bool pdl = true;

@@ -32,6 +32,14 @@
 // expand read their block's slot and rows from it), and a reduce kernel sums the shrink's
 // partials in chunk order once per row, where each expand CTA summed them again for its
 // columns. The same sums in the same order: the same bits as the scanning path.
+// Where the caller can (CudaBackend::lora_add on cuBLASLt), a prefill chunk instead runs
+// as dense tensor-core products (launch_lora_dense_*): every slot's A stacked into one
+// matrix (one product gives each row its shrink for every slot), the row's own slot's
+// block kept, scaled and rounded to bf16 in a dense operand (zeros elsewhere), and the
+// slots' B gathered into one weight that the operand multiplies, accumulating into the
+// output. slots · rank-deep products at the tensor cores' rate, where the shrink and expand
+// kernels' CTAs of 32 rows re-read their factors: the planned prefill spent 36 % of its
+// time in the expand kernel and 10 % in the shrink (H100, 2026-12-05).
 // Measured on the H200 (docs/PERFORMANCE.md, "LoRA inside decode graphs"): 8.5-12 µs an
 // expand and 6-15 µs a shrink at W1, latency-bound; the design notes say what comes next.
 #include "pagellm/cuda/lora/lora.h"
@@ -220,6 +228,92 @@ __global__ void __launch_bounds__(kThreads)
       acc.w += v.w;
     }
     *reinterpret_cast<float4*>(sums + i) = acc;
+  }
+  pdl_launch_dependents();
+}
+
+// launch_lora_dense_factors' A: one CTA a row of a_all (j = m · K + (q − 1) · k_slot + i),
+// A_q's row m · rank_q + i copied 8 elements a thread, or zeros.
+__global__ void __launch_bounds__(kThreads)
+    lora_dense_a_kernel(const LoraSlotRef* __restrict__ slots, LoraDenseShape d,
+                        bf16* __restrict__ a_all) {
+  const int64_t j = blockIdx.x, K = d.K();
+  const int m = static_cast<int>(j / K);
+  const int64_t c = j % K;
+  const int i = static_cast<int>(c % d.k_slot);
+  const LoraSlotRef f = slots[c / d.k_slot + 1];
+  const bool live = f.a != nullptr && i < f.rank;
+  const uint4* src = live ? reinterpret_cast<const uint4*>(static_cast<const bf16*>(f.a) +
+                                                           (int64_t{m} * f.rank + i) * d.in)
+                          : nullptr;
+  uint4* dst = reinterpret_cast<uint4*>(a_all + j * d.in);
+  pdl_wait();  // the previous call's products may still read a_all
+  for (int64_t v = threadIdx.x; v < d.in / 8; v += kThreads) {
+    dst[v] = live ? src[v] : make_uint4(0, 0, 0, 0);
+  }
+  pdl_launch_dependents();
+}
+
+// launch_lora_dense_factors' B: a CTA transposes a 64 x 64 tile of w through shared
+// memory, reading 64 columns c of Bᵀ rows along n and writing 64 rows n of w along c (both
+// coalesced).
+constexpr int kTile = 64;
+__global__ void __launch_bounds__(kThreads)
+    lora_dense_b_kernel(const LoraSlotRef* __restrict__ slots, LoraDenseShape d,
+                        bf16* __restrict__ w) {
+  __shared__ bf16 tile[kTile][kTile + 2];  // [c][n]; the odd word stride keeps banks apart
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t K = d.K();
+  pdl_wait();  // the previous call's products may still read w
+  for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
+    const int cc = e / kTile, nn = e % kTile;
+    const int64_t c = c0 + cc, n = n0 + nn;
+    bf16 v = __float2bfloat16(0.0f);
+    if (c < K && n < d.width) {
+      const LoraSlotRef f = slots[c / d.k_slot + 1];
+      const int i = static_cast<int>(c % d.k_slot);
+      if (f.a != nullptr && i < f.rank) v = static_cast<const bf16*>(f.bt)[i * d.width + n];
+    }
+    tile[cc][nn] = v;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
+    const int nn = e / kTile, cc = e % kTile;
+    const int64_t c = c0 + cc, n = n0 + nn;
+    if (c < K && n < d.width) w[n * K + c] = tile[cc][nn];
+  }
+  pdl_launch_dependents();
+}
+
+// launch_lora_dense_operand: a thread writes 8 columns of one row and module.
+__global__ void __launch_bounds__(kThreads)
+    lora_dense_operand_kernel(const LoraSlotRef* __restrict__ slots, LoraDenseShape d,
+                              const int32_t* __restrict__ row_slots, int64_t T,
+                              const float* __restrict__ s_all, bf16* __restrict__ s) {
+  const int64_t K = d.K(), vecs = K / 8;
+  const int64_t v = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  pdl_wait();  // s_all is the shrink product's, and the previous products read s
+  if (v < T * d.num_modules * vecs) {
+    const int64_t m = v / (T * vecs), t = v / vecs % T, c0 = v % vecs * 8;
+    const int q = row_slots[t];
+    const int i0 = static_cast<int>(c0 % d.k_slot);
+    alignas(16) bf16 vals[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) vals[e] = __float2bfloat16(0.0f);
+    if (q >= 1 && q < d.num_slots && c0 / d.k_slot == q - 1) {
+      const LoraSlotRef f = slots[q];
+      if (f.a != nullptr && i0 < f.rank) {
+        const float4* src = reinterpret_cast<const float4*>(s_all + t * d.J() + m * K + c0);
+        const float4 lo = src[0], hi = src[1];
+        const float in8[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          if (i0 + e < f.rank) vals[e] = __float2bfloat16(f.scale * in8[e]);
+        }
+      }
+    }
+    *reinterpret_cast<uint4*>(s + (m * T + t) * K + c0) = *reinterpret_cast<const uint4*>(vals);
   }
   pdl_launch_dependents();
 }
@@ -456,6 +550,45 @@ int64_t lora_work_floats(int64_t rows, int64_t in, int32_t num_modules) {
   return rows * chunks_of(in) * num_modules * kMaxRank;
 }
 
+bool lora_add_planned(int64_t rows, int32_t num_slots) {
+  return rows >= kPlannedRows && num_slots <= kPlanMaxSlots;
+}
+
+namespace {
+void check_dense_shape(const LoraDenseShape& d) {
+  PAGELLM_CHECK(d.num_slots >= 2 && d.num_modules >= 1 && d.num_modules <= kMaxModules &&
+                d.in > 0 && d.in % 8 == 0 && d.width > 0 && d.k_slot >= 8 &&
+                d.k_slot <= kMaxRank && d.k_slot % 8 == 0)
+      << "cuda lora dense: " << d.num_slots << " slots, " << d.num_modules
+      << " modules, input " << d.in << ", width " << d.width << ", " << d.k_slot
+      << " columns a slot (want 2+ slots, 1.." << kMaxModules
+      << " modules, the input a multiple of 8, a slot's columns a multiple of 8 in 8.."
+      << kMaxRank << ")";
+}
+}  // namespace
+
+void launch_lora_dense_factors(const LoraSlotRef* slots, const LoraDenseShape& d, void* a_all,
+                               void* w, cudaStream_t stream) {
+  check_dense_shape(d);
+  launch_kernel(lora_dense_a_kernel, dim3(static_cast<unsigned>(d.J())), dim3(kThreads), 0,
+                stream, 1, slots, d, static_cast<bf16*>(a_all));
+  launch_kernel(lora_dense_b_kernel,
+                dim3(static_cast<unsigned>((d.width + kTile - 1) / kTile),
+                     static_cast<unsigned>((d.K() + kTile - 1) / kTile)),
+                dim3(kThreads), 0, stream, 1, slots, d, static_cast<bf16*>(w));
+}
+
+void launch_lora_dense_operand(const LoraSlotRef* slots, const LoraDenseShape& d,
+                               const int32_t* row_slots, int64_t rows, const float* s_all,
+                               void* s, cudaStream_t stream) {
+  check_dense_shape(d);
+  if (rows <= 0) return;
+  const int64_t vecs = rows * d.num_modules * (d.K() / 8);
+  launch_kernel(lora_dense_operand_kernel,
+                dim3(static_cast<unsigned>((vecs + kThreads - 1) / kThreads)), dim3(kThreads),
+                0, stream, 1, slots, d, row_slots, rows, s_all, static_cast<bf16*>(s));
+}
+
 void launch_lora_add(const LoraAddArgs& g, cudaStream_t stream) {
   PAGELLM_CHECK(g.in > 0 && g.in % 8 == 0)
       << "cuda lora_add: the input width " << g.in << " is not a positive multiple of 8";
@@ -473,7 +606,7 @@ void launch_lora_add(const LoraAddArgs& g, cudaStream_t stream) {
   const auto planned_floats = [&](int64_t T) {
     return T * per_row + T * js + RowPlan::ints(T, blocks_max(T));
   };
-  const bool planned = g.rows >= kPlannedRows && g.num_slots <= kPlanMaxSlots;
+  const bool planned = lora_add_planned(g.rows, g.num_slots);
   int64_t window = std::min<int64_t>(g.rows, g.work_floats / per_row);
   if (planned) {
     window = std::min<int64_t>(g.rows, (g.work_floats - RowPlan::ints(0, slots + 1)) /

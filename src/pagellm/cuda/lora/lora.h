@@ -44,6 +44,41 @@ struct LoraAddArgs {
 /// reading `in` columns: the shrink's per-chunk partial sums.
 int64_t lora_work_floats(int64_t rows, int64_t in, int32_t num_modules);
 
+/// Whether launch_lora_add plans a step of `rows` rows over `num_slots` slots (prefill
+/// chunks: 1,024 rows or more; the dense products below take such steps where they can).
+bool lora_add_planned(int64_t rows, int32_t num_slots);
+
+/// Prefill chunks' LoRA as tensor-core products (docs/design.md, "The CUDA kernels" of
+/// "LoRA"), which the caller runs (CudaBackend::lora_add, on cuBLASLt): once per call
+/// launch_lora_dense_factors; then per window of rows s_all = x · a_allᵀ (float32),
+/// launch_lora_dense_operand, and per module m out[:, its columns] += s_m · w_mᵀ.
+/// K = (num_slots − 1) · k_slot columns a module: slot q's block starts at (q − 1) · k_slot.
+struct LoraDenseShape {
+  int32_t num_slots = 0;
+  int32_t num_modules = 0;  // 1..3
+  int64_t in = 0;           // the input width (A's row length)
+  int64_t width = 0;        // Σ width of the modules (Bᵀ's row length)
+  int32_t k_slot = 0;       // a multiple of 8 in 8..64, no less than any slot's rank
+  __host__ __device__ int64_t K() const { return (num_slots - 1) * int64_t{k_slot}; }
+  /// Columns of s_all: module m's K at m · K.
+  __host__ __device__ int64_t J() const { return num_modules * K(); }
+};
+
+/// The slots' factors as two dense bf16 matrices: a_all [J, in], row m · K + (q − 1) ·
+/// k_slot + i = A_q's row m · rank_q + i; w [width, K], w[n][(q − 1) · k_slot + i] =
+/// Bᵀ_q[i][n] (module m's rows start at its column offset in Bᵀ). Rows past a slot's rank
+/// and empty slots' are zeros. Throws Error for a shape the kernels do not take.
+void launch_lora_dense_factors(const LoraSlotRef* slots, const LoraDenseShape& shape,
+                               void* a_all, void* w, cudaStream_t stream);
+
+/// The expand's operand for `rows` rows from their shrink outputs s_all [rows, J]
+/// (float32): s [modules][rows][K] bf16, where a row of live slot q holds
+/// bf16(scale_q · s_all[m · K + c]) in the columns c of its slot's block below its rank,
+/// and zeros elsewhere (a row without an adapter: zeros only, whatever s_all holds).
+void launch_lora_dense_operand(const LoraSlotRef* slots, const LoraDenseShape& shape,
+                               const int32_t* row_slots, int64_t rows, const float* s_all,
+                               void* s, cudaStream_t stream);
+
 /// Enqueues the group's shrink and expand: rows in windows that fit `work` (one window
 /// for a decode step), two kernels per window; steps of 1,024 rows or more add a plan
 /// kernel (the rows grouped by slot) and a reduce kernel (the partials summed once). Throws Error for shapes the kernels do

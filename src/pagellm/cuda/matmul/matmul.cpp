@@ -27,6 +27,13 @@ int alignment_of(const void* p) {
   return align;
 }
 
+// The same for a byte count (a row pitch).
+int alignment_of_bytes(int64_t bytes) {
+  int align = 256;
+  while (align > 1 && bytes % align != 0) align /= 2;
+  return align;
+}
+
 const char* type_name(int t) {
   switch (t) {
     case CUDA_R_16BF: return "bf16";
@@ -106,7 +113,7 @@ bool skinny_gemm_preferred(int64_t M, int64_t N, int64_t K) {
 }
 
 size_t LtMatmul::KeyHash::operator()(const Key& k) const {
-  return hash_values(k.m, k.n, k.k, k.out_type, k.align, k.in_type, k.accumulate);
+  return hash_values(k.m, k.n, k.k, k.out_type, k.align, k.in_type, k.accumulate, k.ldc);
 }
 
 LtMatmul::LtMatmul(void* workspace, size_t workspace_bytes, MatmulPath path, bool autotune)
@@ -201,7 +208,8 @@ const LtMatmul::Plan& LtMatmul::plan_for(const Key& key, const void* x, const vo
     const auto in_type = static_cast<cudaDataType_t>(key.in_type);
     PAGELLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in_type, key.k, key.n, key.k));
     PAGELLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_type, key.k, key.m, key.k));
-    PAGELLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, out_type, key.n, key.m, key.n));
+    const int64_t ldc = key.ldc > 0 ? key.ldc : key.n;
+    PAGELLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, out_type, key.n, key.m, ldc));
 
     PAGELLM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t max_ws = workspace_bytes_;
@@ -273,7 +281,8 @@ const LtMatmul::Plan& LtMatmul::plan_for(const Key& key, const void* x, const vo
       // zeroed scratch output of the same shape instead (no tuning without the memory).
       void* timed_out = out;
       if (key.accumulate) {
-        const size_t out_bytes = static_cast<size_t>(key.m) * static_cast<size_t>(key.n) *
+        const size_t out_bytes = static_cast<size_t>(key.m) *
+                                 static_cast<size_t>(key.ldc > 0 ? key.ldc : key.n) *
                                  (out_type == CUDA_R_32F ? 4 : 2);
         if (cudaMalloc(&scratch_out, out_bytes) != cudaSuccess) {
           (void)cudaGetLastError();
@@ -385,12 +394,21 @@ void LtMatmul::launch_plan(const Plan& p, const void* x, const void* w, void* ou
 }
 
 bool LtMatmul::run_accumulate(const void* x, const void* w, void* out, int64_t M, int64_t N,
-                              int64_t K, cudaStream_t stream) {
-  if (path_for(x, w, out, CUDA_R_16BF, M, N, K) == MatmulPath::kSkinny) return false;
+                              int64_t K, cudaStream_t stream, int64_t ld_out) {
+  PAGELLM_CHECK(ld_out == 0 || ld_out >= N)
+      << "matmul: an output of " << N << " columns cannot have rows " << ld_out << " apart";
+  if (ld_out == N) ld_out = 0;
+  // The skinny kernel writes whole rows: a wider output always takes cuBLASLt.
+  if (ld_out == 0 && path_for(x, w, out, CUDA_R_16BF, M, N, K) == MatmulPath::kSkinny) {
+    return false;
+  }
   check_invariant_path(M, N, K);
   if (M == 0 || N == 0 || K == 0) return true;  // nothing to add
   Key key = key_of(x, w, out, CUDA_R_16BF, M, N, K);
   key.accumulate = true;
+  key.ldc = ld_out;
+  // The rows' starts must be as aligned as the first one for the alignment to hold.
+  if (ld_out != 0) key.align = std::min(key.align, alignment_of_bytes(ld_out * 2));
   const Plan& p = plan_for(key, x, w, out, stream);
   launch_plan(p, x, w, out, 1.0f, stream);
   return true;

@@ -122,8 +122,11 @@ class LtMatmul {
   /// enqueued nothing, on the skinny path, and the caller then runs the product and the add
   /// separately. Autotuning (as run()) times the candidates on a scratch copy of the output,
   /// so out is added to exactly once. Throws Error as run() does in batch-invariant mode.
+  /// `ld_out` (0: N): elements between out's rows, at least N (LoRA's dense expand adds a
+  /// module's delta into its columns of a wider output); an output with rows wider than N
+  /// always takes cuBLASLt.
   bool run_accumulate(const void* x, const void* w, void* out, int64_t M, int64_t N, int64_t K,
-                      cudaStream_t stream);
+                      cudaStream_t stream, int64_t ld_out = 0);
 
   /// The path run() takes for these operands under the current setting (kSkinny or
   /// kCublasLt, never kAuto).
@@ -166,9 +169,10 @@ class LtMatmul {
     int align;  // min(alignment of x, w, out) in bytes, capped at 256
     int in_type = CUDA_R_16BF;  // x and w: CUDA_R_16BF (run) or CUDA_R_32F (run_f32)
     bool accumulate = false;    // beta = 1 (run_accumulate): tuned on a scratch output
+    int64_t ldc = 0;            // elements between out's rows (0: n)
     bool operator==(const Key& o) const {
       return m == o.m && n == o.n && k == o.k && out_type == o.out_type && align == o.align &&
-             in_type == o.in_type && accumulate == o.accumulate;
+             in_type == o.in_type && accumulate == o.accumulate && ldc == o.ldc;
     }
   };
   struct KeyHash {
