@@ -110,6 +110,32 @@ class LoraAddTest : public test::CudaOpTest {
     return x;
   }
 
+  // A product's operands on both backends for the row slots' rows: x [rows, in] and
+  // w [W, in] (scaled so that outputs stay near 1), the row slots, gate|up's scratch and
+  // the output's width (W, or W / 2 for a gated product).
+  struct Operands {
+    Tensor gx, cx, gw, cw, gscratch, cscratch;
+    BatchTensors gb, cb;
+    int64_t out_cols = 0;
+  };
+  Operands make_operands(int64_t in, int64_t W, bool gated, const std::vector<int32_t>& slots) {
+    const int64_t rows = static_cast<int64_t>(slots.size());
+    const std::vector<float> x = randn_bf16(static_cast<size_t>(rows * in));
+    const float w_scale = 0.25f / std::sqrt(static_cast<float>(in));
+    const std::vector<float> w = randn_bf16(static_cast<size_t>(W * in), w_scale);
+    Operands o;
+    o.gx = put(gpu(), DType::BF16, {rows, in}, x);
+    o.cx = put(cpu(), DType::F32, {rows, in}, x);
+    o.gw = put(gpu(), DType::BF16, {W, in}, w);
+    o.cw = put(cpu(), DType::F32, {W, in}, w);
+    o.gscratch = alloc(gpu(), DType::BF16, {rows, W});
+    o.cscratch = alloc(cpu(), DType::F32, {rows, W});
+    o.gb.lora_slots = alloc_i32(gpu(), slots);
+    o.cb.lora_slots = alloc_i32(cpu(), slots);
+    o.out_cols = gated ? W / 2 : W;
+    return o;
+  }
+
   // Row slots: runs of one slot and single rows, any of the slots (0 and the empty 2 too).
   std::vector<int32_t> random_row_slots(int64_t rows, int num_slots) {
     std::vector<int32_t> row_slot;
@@ -253,19 +279,11 @@ TEST_F(LoraAddTest, FusedProductsMatchProductPlusLoraAdd) {
       if (rows == 64) {
         for (int64_t t = 0; t < rows; ++t) row_slot[static_cast<size_t>(t)] = static_cast<int32_t>(t % num_slots);
       }
-      const std::vector<float> x = randn_bf16(static_cast<size_t>(rows * sh.in));
-      const std::vector<float> w =
-          randn_bf16(static_cast<size_t>(W * sh.in), 0.25f / std::sqrt(static_cast<float>(sh.in)));
-      Tensor gx = put(gpu(), DType::BF16, {rows, sh.in}, x);
-      Tensor cx = put(cpu(), DType::F32, {rows, sh.in}, x);
-      Tensor gw = put(gpu(), DType::BF16, {W, sh.in}, w);
-      Tensor cw = put(cpu(), DType::F32, {W, sh.in}, w);
-      const int64_t out_cols = sh.gated ? W / 2 : W;
-      BatchTensors gb, cb;
-      gb.lora_slots = alloc_i32(gpu(), row_slot);
-      cb.lora_slots = alloc_i32(cpu(), row_slot);
-      Tensor gscratch = alloc(gpu(), DType::BF16, {rows, W});
-      Tensor cscratch = alloc(cpu(), DType::F32, {rows, W});
+      Operands o = make_operands(sh.in, W, sh.gated, row_slot);
+      Tensor &gx = o.gx, &cx = o.cx, &gw = o.gw, &cw = o.cw;
+      Tensor &gscratch = o.gscratch, &cscratch = o.cscratch;
+      BatchTensors &gb = o.gb, &cb = o.cb;
+      const int64_t out_cols = o.out_cols;
       auto run_gpu = [&](const LoraGroup* group) {
         Tensor out = alloc(gpu(), DType::BF16, {rows, out_cols});
         poison(gpu(), out);
@@ -456,6 +474,89 @@ TEST_F(LoraAddTest, DenseProductsMatchCpuAndTheKernels) {
       EXPECT_EQ(differ, 0) << what << ": the kernels either way, " << seed_note();
     } else {
       EXPECT_GT(differ, 0) << what << ": the products must have run (their rounding differs)";
+    }
+  }
+}
+
+// Backend::lora_matmul / lora_matmul_silu_mul on prefill chunks (1,500 and 3,000 rows):
+// where the group fills the output, the CUDA backend writes the delta with the dense
+// products and then accumulates the product onto it (lora_matmul_dense); with
+// PAGELLM_DISABLE_LORA_DENSE, the product then the shrink and expand kernels. Outputs
+// poisoned (NaN) before each run: both must write every element. Against the float32 CPU
+// backend: the adapter rows' deltas (over each backend's plain product) within the bound
+// of the decode test, and the rows without an adapter within 1e-2 of the plain product.
+TEST_F(LoraAddTest, PrefillProductsTrackCpuOnBothPaths) {
+  struct Shape {
+    int64_t in;
+    std::vector<int64_t> widths;
+    bool gated;
+  };
+  const std::vector<Shape> shapes = {
+      {2560, {1024, 256, 256}, false}, {4096, {2560}, false}, {1024, {1536, 1536}, true}};
+  for (const Shape& sh : shapes) {
+    for (const int64_t rows : {1500, 3000}) {
+      const int num_slots = 9;
+      int64_t W = 0;
+      for (int64_t w : sh.widths) W += w;
+      const Tables tab = make_tables(sh.in, sh.widths, num_slots, 0, sh.gated, 32);
+      const std::string what = std::string(sh.gated ? "gated " : "") + "product in " +
+                               std::to_string(sh.in) + " width " + std::to_string(W) +
+                               " rows " + std::to_string(rows);
+      const std::vector<int32_t> row_slot = random_row_slots(rows, num_slots);
+      Operands o = make_operands(sh.in, W, sh.gated, row_slot);
+      Tensor &gx = o.gx, &cx = o.cx, &gw = o.gw, &cw = o.cw;
+      Tensor &gscratch = o.gscratch, &cscratch = o.cscratch;
+      BatchTensors &gb = o.gb, &cb = o.cb;
+      const int64_t out_cols = o.out_cols;
+      auto run = [&](Backend& b, Tensor& bx, Tensor& bw, Tensor& scratch, BatchTensors& batch,
+                     const LoraGroup* group) {
+        Tensor out = alloc(b, &b == &gpu() ? DType::BF16 : DType::F32, {rows, out_cols});
+        poison(b, out);
+        poison(b, scratch);
+        if (group == nullptr && sh.gated) {
+          b.matmul_silu_mul(bx, bw, scratch, out);
+        } else if (group == nullptr) {
+          b.matmul(bx, bw, out);
+        } else if (sh.gated) {
+          b.lora_matmul_silu_mul(bx, bw, *group, batch, scratch, out);
+        } else {
+          b.lora_matmul(bx, bw, *group, batch, out);
+        }
+        return b.download_f32(out);
+      };
+      const std::vector<float> plain = run(gpu(), gx, gw, gscratch, gb, nullptr);
+      const std::vector<float> cplain = run(cpu(), cx, cw, cscratch, cb, nullptr);
+      const std::vector<float> cref = run(cpu(), cx, cw, cscratch, cb, &tab.cpu);
+      for (const bool dense : {true, false}) {
+        cuda().set_lora_dense(dense);
+        const std::vector<float> got = run(gpu(), gx, gw, gscratch, gb, &tab.gpu);
+        cuda().set_lora_dense(true);
+        const std::string how = what + (dense ? "" : " (kernels)");
+        std::vector<float> dgot, dref, rounding, idle_got, idle_ref;
+        int64_t nans = 0;
+        for (int64_t t = 0; t < rows; ++t) {
+          const bool active =
+              tab.rank[static_cast<size_t>(row_slot[static_cast<size_t>(t)])] != 0;
+          for (int64_t j = 0; j < out_cols; ++j) {
+            const size_t i = static_cast<size_t>(t * out_cols + j);
+            if (std::isnan(got[i])) ++nans;
+            if (!active) {
+              idle_got.push_back(got[i]);
+              idle_ref.push_back(cplain[i]);
+              continue;
+            }
+            dgot.push_back(got[i] - plain[i]);
+            dref.push_back(cref[i] - cplain[i]);
+            rounding.push_back(0.5f * (bf16_ulp(got[i]) + bf16_ulp(plain[i])));
+          }
+        }
+        EXPECT_EQ(nans, 0) << how << ", " << seed_note();
+        ASSERT_FALSE(dref.empty() || idle_ref.empty()) << how;
+        EXPECT_TRUE(relative_close(dgot, dref, sh.gated ? 4e-2 : 2e-2, how, seed_note(),
+                                   rounding));
+        EXPECT_TRUE(relative_close(idle_got, idle_ref, 1e-2, how + ", rows without an adapter",
+                                   seed_note()));
+      }
     }
   }
 }

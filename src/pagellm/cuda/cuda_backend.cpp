@@ -433,7 +433,8 @@ void CudaBackend::lora_add(const Tensor& x, const LoraGroup& group, const BatchT
   PAGELLM_CHECK(batch.lora_slots.numel() == T)
       << "cuda backend: lora_add: " << batch.lora_slots.numel() << " row slots for " << T
       << " rows";
-  if (lora_add_dense(x, group, batch, out)) return;  // prefill chunks, where it applies
+  // Prefill chunks, where it applies.
+  if (lora_add_dense(x, group, batch, out, /*accumulate=*/true)) return;
   // Scratch for the shrink's partial sums (lora_scratch); larger steps run in windows of
   // rows.
   float* const work = lora_scratch();
@@ -455,7 +456,7 @@ void CudaBackend::lora_add(const Tensor& x, const LoraGroup& group, const BatchT
 }
 
 bool CudaBackend::lora_add_dense(const Tensor& x, const LoraGroup& group,
-                                 const BatchTensors& batch, Tensor& out) {
+                                 const BatchTensors& batch, Tensor& out, bool accumulate) {
   // Where it applies: prefill chunks outside capture (graphs would keep a scratch that may
   // grow), not in batch-invariant mode (cuBLASLt's bits depend on the chunk), the products
   // on cuBLASLt, slots · rank at most kLoraDenseMaxK.
@@ -501,7 +502,10 @@ bool CudaBackend::lora_add_dense(const Tensor& x, const LoraGroup& group,
     int64_t col = 0;
     for (int m = 0; m < group.num_modules; ++m) {
       const int64_t width = group.width[static_cast<size_t>(m)];
-      if (width > 0) {
+      if (width > 0 && !accumulate) {
+        matmul_->run(s + m * n * K, w + col * K, ow + col, CUDA_R_16BF, n, width, K, stream,
+                     nullptr, N);
+      } else if (width > 0) {
         PAGELLM_CHECK(matmul_->run_accumulate(s + m * n * K, w + col * K, ow + col, n, width, K,
                                               stream, N))
             << "cuda backend: lora_add: the expand's product [" << n << ", " << K << "] x ["
@@ -510,6 +514,28 @@ bool CudaBackend::lora_add_dense(const Tensor& x, const LoraGroup& group,
       col += width;
     }
   }
+  return true;
+}
+
+bool CudaBackend::lora_matmul_dense(const Tensor& x, const Tensor& w, const LoraGroup& group,
+                                    const BatchTensors& batch, Tensor& out) {
+  // The delta written first, then the base product accumulating onto it in cuBLASLt's
+  // epilogue: the output is written twice and read once, where the product then lora_add
+  // wrote it, read it and wrote it again. Only where the group's modules fill the output
+  // (every column written by the delta) and lora_add_dense applies.
+  const bool fits =
+      x.dtype == DType::BF16 && w.dtype == DType::BF16 && out.dtype == DType::BF16 &&
+      x.ndim >= 1 && w.ndim == 2 && out.ndim >= 1 && x.size(0) > 0 &&
+      out.size(0) == x.size(0) && w.size(1) == x.row_elems() && out.row_elems() == w.size(0) &&
+      x.row_elems() == group.in && group.num_modules >= 1 &&
+      group.num_modules <= LoraGroup::kMaxModules && group.col_offset == 0 &&
+      group.width_total() == out.row_elems() && batch.lora_slots.data != nullptr &&
+      batch.lora_slots.numel() == x.size(0);
+  if (!fits || !lora_add_dense(x, group, batch, out, /*accumulate=*/false)) return false;
+  PAGELLM_CHECK(matmul_->run_accumulate(x.data, w.data, out.data, x.size(0), w.size(0),
+                                        x.row_elems(), as_stream(stream_)))
+      << "cuda backend: lora_matmul: the product [" << x.size(0) << ", " << x.row_elems()
+      << "] x [" << w.size(0) << ", " << x.row_elems() << "]^T did not take cuBLASLt";
   return true;
 }
 
@@ -630,6 +656,7 @@ void CudaBackend::lora_matmul(const Tensor& x, const Tensor& w, const LoraGroup&
       return;
     }
   }
+  if (lora_matmul_dense(x, w, group, batch, out)) return;
   Backend::lora_matmul(x, w, group, batch, out);
 }
 
@@ -652,6 +679,10 @@ void CudaBackend::lora_matmul_qk_norm_rope_store_kv(const Tensor& x, const Tenso
       return;
     }
   }
+  if (lora_matmul_dense(x, w_qkv, group, batch, qkv)) {
+    qk_norm_rope_store_kv(qkv, q_norm, k_norm, eps, rope, shape, batch, q_out, kv);
+    return;
+  }
   Backend::lora_matmul_qk_norm_rope_store_kv(x, w_qkv, group, qkv, q_norm, k_norm, eps, rope,
                                              shape, batch, q_out, kv);
 }
@@ -669,6 +700,10 @@ void CudaBackend::lora_matmul_silu_mul(const Tensor& x, const Tensor& w_gate_up,
                                   matmul_->batch_invariant(), &*l);
       return;
     }
+  }
+  if (lora_matmul_dense(x, w_gate_up, group, batch, gate_up)) {
+    silu_mul(gate_up, out);
+    return;
   }
   Backend::lora_matmul_silu_mul(x, w_gate_up, group, batch, gate_up, out);
 }

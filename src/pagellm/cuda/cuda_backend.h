@@ -328,10 +328,17 @@ class CudaBackend final : public Backend {
   int64_t lora_work_floats_ = 0;
   /// lora_work_, made on first use (never under capture: graphs keep its address).
   float* lora_scratch();
-  /// lora_add on a prefill chunk as cuBLASLt products (launch_lora_dense_*); false,
-  /// having enqueued nothing, where that path does not apply (docs/design.md, "LoRA").
+  /// lora_add on a prefill chunk as cuBLASLt products (launch_lora_dense_*), adding the
+  /// delta to `out` (`accumulate`) or writing it over the group's columns (rows without
+  /// an adapter: zeros); false, having enqueued nothing, where that path does not apply
+  /// (docs/design.md, "LoRA").
   bool lora_add_dense(const Tensor& x, const LoraGroup& group, const BatchTensors& batch,
-                      Tensor& out);
+                      Tensor& out, bool accumulate);
+  /// lora_matmul on a prefill chunk whose group fills the output: the delta written by
+  /// lora_add_dense, then the product accumulated onto it; false, having enqueued
+  /// nothing, where that does not apply.
+  bool lora_matmul_dense(const Tensor& x, const Tensor& w, const LoraGroup& group,
+                         const BatchTensors& batch, Tensor& out);
   void* lora_dense_ = nullptr;  // lora_add_dense's bf16 scratch: a_all, w, s
   size_t lora_dense_bytes_ = 0;
   size_t lora_dense_refused_ = 0;  // the smallest size an allocation failed for (0: none)

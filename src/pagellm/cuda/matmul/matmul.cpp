@@ -374,15 +374,25 @@ bool LtMatmul::run_silu_mul(const void* x, const void* w_gate_up, void* out, int
 }
 
 void LtMatmul::run(const void* x, const void* w, void* out, cudaDataType_t out_type, int64_t M,
-                   int64_t N, int64_t K, cudaStream_t stream, const void* w_packed) {
+                   int64_t N, int64_t K, cudaStream_t stream, const void* w_packed,
+                   int64_t ld_out) {
+  PAGELLM_CHECK(ld_out == 0 || ld_out >= N)
+      << "matmul: an output of " << N << " columns cannot have rows " << ld_out << " apart";
+  if (ld_out == N) ld_out = 0;
   if (M == 0 || N == 0) return;
-  if (path_for(x, w, out, out_type, M, N, K) == MatmulPath::kSkinny) {
+  // The skinny kernel writes whole rows: a wider output always takes cuBLASLt.
+  if (ld_out == 0 && path_for(x, w, out, out_type, M, N, K) == MatmulPath::kSkinny) {
     launch_skinny_gemm(x, w, out, out_type == CUDA_R_32F, M, N, K, stream, 0, w_packed,
                        batch_invariant_);
     return;
   }
   check_invariant_path(M, N, K);
-  const Plan& p = plan_for(key_of(x, w, out, out_type, M, N, K), x, w, out, stream);
+  Key key = key_of(x, w, out, out_type, M, N, K);
+  key.ldc = ld_out;
+  if (ld_out != 0) {
+    key.align = std::min(key.align, alignment_of_bytes(ld_out * (out_type == CUDA_R_32F ? 4 : 2)));
+  }
+  const Plan& p = plan_for(key, x, w, out, stream);
   launch_plan(p, x, w, out, 0.0f, stream);
 }
 

@@ -97,9 +97,12 @@ class LtMatmul {
   /// `out` several times (its final contents are the chosen algorithm's). Graph-safe once
   /// the shape's plan exists. Throws Error naming the shape if cuBLASLt has no algorithm.
   /// `w_packed` (or null): w as pack_skinny_weights(w, N, K, 0) wrote it, which the skinny
-  /// kernel then streams instead of w (same bits); cuBLASLt reads w.
+  /// kernel then streams instead of w (same bits); cuBLASLt reads w. `ld_out` (0: N):
+  /// elements between out's rows, at least N; an output with wider rows always takes
+  /// cuBLASLt (LoRA's dense products write a module's columns of a wider output).
   void run(const void* x, const void* w, void* out, cudaDataType_t out_type, int64_t M,
-           int64_t N, int64_t K, cudaStream_t stream, const void* w_packed = nullptr);
+           int64_t N, int64_t K, cudaStream_t stream, const void* w_packed = nullptr,
+           int64_t ld_out = 0);
 
   /// out[M, N] = x[M, K] · w[N, K]ᵀ with x, w and out float32 and CUBLAS_COMPUTE_32F: a
   /// true float32 product (float32 multiplies and accumulation; not TF32, which would
