@@ -177,13 +177,7 @@ TEST_F(LoraAddTest, GroupsMatchCpuAndLeaveOtherRowsAlone) {
                          " of " + std::to_string(N) + " at " + std::to_string(col_offset) +
                          " rows " + std::to_string(rows) + " ranks";
       for (int r : tab.rank) what += " " + std::to_string(r);
-      // Row slots: runs of one slot and single rows, every slot (0 and the empty 2 too).
-      std::vector<int32_t> row_slot;
-      while (static_cast<int64_t>(row_slot.size()) < rows) {
-        const int32_t q = uniform_int(0, num_slots - 1);
-        const int len = uniform_int(0, 1) ? 1 : uniform_int(1, 80);
-        for (int i = 0; i < len && static_cast<int64_t>(row_slot.size()) < rows; ++i) row_slot.push_back(q);
-      }
+      const std::vector<int32_t> row_slot = random_row_slots(rows, num_slots);
       const std::vector<float> x = poisoned_inputs(tab, row_slot, sh.in);
       const std::vector<float> base = randn_bf16(static_cast<size_t>(rows * N), 0.25f);
       Tensor gx = put(gpu(), DType::BF16, {rows, sh.in}, x);

@@ -344,7 +344,7 @@ class CudaBackend final : public Backend {
   size_t lora_dense_refused_ = 0;  // the smallest size an allocation failed for (0: none)
   /// lora_add_dense's scratch of at least `bytes`, grown outside capture (the stream is
   /// drained before the old one is freed); null when the GPU has no room for it (the
-  /// caller then keeps the expand kernel).
+  /// caller then runs the shrink and expand kernels).
   void* lora_dense_scratch(size_t bytes);
   /// The fused products' LoRA arguments for `group` on a product of T rows, or nullopt
   /// where the fused path does not apply (the caller then runs the unfused ops).

@@ -81,8 +81,9 @@ void launch_lora_dense_operand(const LoraSlotRef* slots, const LoraDenseShape& s
 
 /// Enqueues the group's shrink and expand: rows in windows that fit `work` (one window
 /// for a decode step), two kernels per window; steps of 1,024 rows or more add a plan
-/// kernel (the rows grouped by slot) and a reduce kernel (the partials summed once). Throws Error for shapes the kernels do
-/// not take (in not a multiple of 8, more than 3 modules, scratch smaller than one row's).
+/// kernel (the rows grouped by slot) and a reduce kernel (the partials summed once).
+/// Throws Error for shapes the kernels do not take (in not a multiple of 8, more than 3
+/// modules, scratch smaller than one row's).
 void launch_lora_add(const LoraAddArgs& args, cudaStream_t stream);
 
 }  // namespace pagellm::cuda
