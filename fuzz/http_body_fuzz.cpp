@@ -12,6 +12,10 @@
 // byte's high bits) must give every engine rank in 1..world_size - 1, a 128-byte NCCL id or a tcp
 // address, and broadcast tensors with names and sizes >= 0. The server's other bodies
 // (/pause, /update_weights's path, /sleep) are single fields read through the same parser.
+// For the OpenAI routes the selector's bit 2 starts the server with the chat output parsers
+// (--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser hermes), the made-up
+// output's text is the body itself, and the chat output parser, fed that text whole and cut
+// at a point taken from the selector byte, must say the same pieces both ways.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -43,6 +47,31 @@ void check_error(const pagellm::server::HttpError& e) {
   if (j.is_discarded() || !j["error"]["message"].is_string()) fail("the error body is not JSON");
 }
 
+/// A stream's pieces joined are the whole text's: the text fed whole, then cut in two.
+void check_chat_parser(const std::string& text, size_t cut, bool reasoning, bool tools,
+                       bool opened) {
+  using pagellm::server::ChatOutputParser;
+  using pagellm::server::ChatPieces;
+  ChatOutputParser whole(reasoning, tools, opened, "c");
+  ChatPieces a = whole.feed(text);
+  a.append(whole.finish());
+  ChatOutputParser cut_up(reasoning, tools, opened, "c");
+  cut = text.empty() ? 0 : cut % (text.size() + 1);
+  ChatPieces b = cut_up.feed(text.substr(0, cut));
+  b.append(cut_up.feed(text.substr(cut)));
+  b.append(cut_up.finish());
+  if (a.reasoning != b.reasoning || a.content != b.content) fail("a cut text parsed otherwise");
+  if (a.tool_calls.size() != b.tool_calls.size()) fail("a cut text made other tool calls");
+  for (size_t i = 0; i < a.tool_calls.size(); ++i) {
+    if (a.tool_calls[i].name != b.tool_calls[i].name ||
+        a.tool_calls[i].arguments != b.tool_calls[i].arguments ||
+        a.tool_calls[i].index != static_cast<int>(i)) {
+      fail("a cut text made another tool call");
+    }
+  }
+  if (whole.tool_calls() != static_cast<int>(a.tool_calls.size())) fail("calls miscounted");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -50,7 +79,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace pagellm::server;
   const int route = data[0] % 4;
   const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
-  const ProtocolContext ctx{"tiny", 256};
+  ProtocolContext ctx{"tiny", 256};
+  if (route != 3 && (data[0] & 4) != 0) {
+    ctx.reasoning_parser = "qwen3";
+    ctx.tool_call_parser = "hermes";
+    ctx.enable_auto_tool_choice = true;
+  }
+  if (route < 2) {
+    check_chat_parser(body, static_cast<size_t>(data[0]) * 7919u, (data[0] & 8) != 0,
+                      (data[0] & 16) != 0, (data[0] & 32) != 0);
+  }
   try {
     if (route == 3) {  // the weight-group control bodies
       const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
@@ -99,17 +137,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (pagellm::RequestOutput& o : outputs) {
       o.prompt_token_ids = {1, 2};
       pagellm::CompletionOutput c;
-      c.text = "\xff\xfe";  // invalid UTF-8 must still format
+      c.text = body + "\xff\xfe";  // invalid UTF-8 must still format
       c.token_ids = {3};
       c.logprobs = {-0.5f};
       c.top_logprobs = {{{3, -0.5f}}};
       c.finish_reason = pagellm::FinishReason::kLength;
       o.outputs.push_back(c);
     }
-    (void)format_response(r, {"id", 0, "tiny"}, outputs, decode).dump(
+    std::vector<pagellm::ScoreOutput> scores;
+    if (r.prompt_score_top_k()) {
+      pagellm::ScoreOutput s;
+      s.token_ids = {1, 2};
+      s.logprobs = {-0.25f};
+      s.ranks = {1};
+      s.top_logprobs = {{{2, -0.25f}}};
+      scores.assign(outputs.size(), s);
+    }
+    (void)format_response(r, {"id", 0, "tiny"}, outputs, decode, scores).dump(
         -1, ' ', false, nlohmann::json::error_handler_t::replace);
+    ChunkExtras extras;
+    if (!scores.empty()) extras.prompt_score = &scores[0];
     (void)sse_event(format_chunk(r, {"id", 0, "tiny"}, 0, outputs[0].outputs[0], {1, 2}, true,
-                                 "p", decode));
+                                 "p", decode, extras));
   } catch (const HttpError& e) {
     check_error(e);
   }

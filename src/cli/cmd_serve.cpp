@@ -139,6 +139,15 @@ void register_serve_command(CLI::App& app) {
   cmd->add_option("--lora", sa->loras,
                   "NAME=PATH: a PEFT LoRA adapter folder to load at start, served as model NAME "
                   "(repeatable; POST /v1/load_lora_adapter loads more)");
+  cmd->add_option("--reasoning-parser", sa->server.reasoning_parser,
+                  "qwen3: chat responses carry the model's <think> text as reasoning_content, "
+                  "apart from the content");
+  cmd->add_option("--tool-call-parser", sa->server.tool_call_parser,
+                  "hermes: the <tool_call> blocks Qwen3 writes become tool_calls (with "
+                  "--enable-auto-tool-choice)");
+  cmd->add_flag("--enable-auto-tool-choice", sa->server.enable_auto_tool_choice,
+                "chat requests that give tools get their tool calls parsed (tool_choice "
+                "\"auto\")");
   add_engine_options(cmd, sa->engine);
   cmd->callback([sa] { run_serve(*sa); });
 }

@@ -6,7 +6,9 @@ if(Python3_FOUND AND TARGET pagellm_server)
   add_test(NAME server_openai
     COMMAND ${Python3_EXECUTABLE} -m pytest -q -p no:cacheprovider
       ${CMAKE_CURRENT_LIST_DIR}/test_openai_server.py ${CMAKE_CURRENT_LIST_DIR}/test_client.py
-      ${CMAKE_CURRENT_LIST_DIR}/test_lora_server.py ${CMAKE_CURRENT_LIST_DIR}/test_weight_broadcast.py)
+      ${CMAKE_CURRENT_LIST_DIR}/test_lora_server.py
+      ${CMAKE_CURRENT_LIST_DIR}/test_weight_broadcast.py
+      ${CMAKE_CURRENT_LIST_DIR}/test_scoring_and_parsers.py)
   set_tests_properties(server_openai PROPERTIES TIMEOUT 300
     ENVIRONMENT "PAGELLM_BIN=$<TARGET_FILE:pagellm_cli>;PAGELLM_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
 endif()

@@ -11,7 +11,7 @@ namespace {
 
 using nlohmann::json;
 
-const ProtocolContext kCtx{"tiny", 256, {}};
+const ProtocolContext kCtx{"tiny", 256, {}, "", "", false};
 
 HttpError error_of(const std::function<void()>& fn) {
   try {
@@ -86,7 +86,8 @@ TEST(ServerProtocol, BadFieldsAreNamed) {
       {R"({"prompt": "x", "stream": "yes"})", "stream"},
       {R"({"prompt": "x", "stream_options": {"include_usage": true}})", "stream_options"},
       {R"({"prompt": "x", "logit_bias": {"1": 2}})", "logit_bias"},
-      {R"({"prompt": "x", "echo": true, "logprobs": 1})", "echo"},
+      {R"({"prompt": "x", "prompt_logprobs": 21})", "prompt_logprobs"},
+      {R"({"prompt": "x", "prompt_logprobs": -1})", "prompt_logprobs"},
       {R"({"prompt": []})", "prompt"},
       {R"({"prompt": [1, "a"]})", "prompt"},
       {R"({"prompt": {"a": 1}})", "prompt"},
@@ -247,6 +248,194 @@ TEST(ServerProtocol, CompletionResponseShape) {
   r.logprobs.reset();
   const json echoed = format_response(r, {"cmpl-1", 5, "tiny"}, {sample_output()}, fake_decode());
   EXPECT_EQ(echoed["choices"][0]["text"], "PA");
+}
+
+/// The score of sample_output()'s prompt {1, 2} with top 2: token 2 at -0.25, rank 1.
+ScoreOutput prompt_score() {
+  ScoreOutput s;
+  s.token_ids = {1, 2};
+  s.logprobs = {-0.25f};
+  s.ranks = {1};
+  s.top_logprobs = {{{2, -0.25f}, {9, -2.0f}}};
+  return s;
+}
+
+TEST(ServerProtocol, EchoWithLogprobsPutsThePromptsLogprobsFirst) {
+  // lm-evaluation-harness's loglikelihood request: echo, logprobs 1, the prompt as ids.
+  OpenAiRequest r = parse_completion_request(
+      R"({"prompt": [[1, 2]], "echo": true, "logprobs": 1, "max_tokens": 1})", kCtx);
+  EXPECT_EQ(r.prompt_score_top_k(), std::optional<int>(1));
+  const json j = format_response(r, {"cmpl-1", 5, "tiny"}, {sample_output()}, fake_decode(),
+                                 {prompt_score()});
+  const json& c = j["choices"][0];
+  EXPECT_EQ(c["text"], "PA");
+  const json& lp = c["logprobs"];
+  EXPECT_EQ(lp["tokens"], json({"<1>", "<2>", "<11>"}));
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());  // nothing precedes the first token
+  EXPECT_EQ(lp["token_logprobs"][1], -0.25f);
+  EXPECT_EQ(lp["token_logprobs"][2], -0.5f);
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_EQ(lp["top_logprobs"][1], json({{"<2>", -0.25f}, {"<9>", -2.0f}}));
+  EXPECT_EQ(lp["top_logprobs"][2]["<7>"], -1.0f);
+  // Offsets: the prompt's tokens from 0, the completion's after the prompt's text.
+  EXPECT_EQ(lp["text_offset"], json({0, 3, 1}));
+  EXPECT_FALSE(c.contains("prompt_logprobs"));
+  // A one-token prompt: its only token has null logprobs.
+  ScoreOutput none;
+  none.token_ids = {1};
+  RequestOutput one = sample_output();
+  one.prompt_token_ids = {1};
+  const json single = format_response(r, {"cmpl-1", 5, "tiny"}, {one}, fake_decode(), {none});
+  EXPECT_EQ(single["choices"][0]["logprobs"]["tokens"], json({"<1>", "<11>"}));
+  EXPECT_TRUE(single["choices"][0]["logprobs"]["token_logprobs"][0].is_null());
+  // Streamed: the prompt's logprobs ride on each choice's first chunk only.
+  r.stream = true;
+  CompletionOutput delta = sample_output().outputs[1];
+  const ScoreOutput score = prompt_score();
+  ChunkExtras extras;
+  extras.prompt_score = &score;
+  const json first =
+      format_chunk(r, {"cmpl-1", 5, "tiny"}, 0, delta, {1, 2}, true, "P", fake_decode(), extras);
+  EXPECT_EQ(first["choices"][0]["logprobs"]["tokens"], json({"<1>", "<2>", "<11>"}));
+  const json later =
+      format_chunk(r, {"cmpl-1", 5, "tiny"}, 0, delta, {1, 2}, false, "P", fake_decode(), extras);
+  EXPECT_EQ(later["choices"][0]["logprobs"]["tokens"], json({"<11>"}));
+  EXPECT_EQ(later["choices"][0]["text"], "A");
+  // Echo without logprobs scores nothing.
+  EXPECT_FALSE(parse_completion_request(R"({"prompt": "x", "echo": true})", kCtx)
+                   .prompt_score_top_k()
+                   .has_value());
+}
+
+TEST(ServerProtocol, PromptLogprobsInVllmsShape) {
+  const OpenAiRequest r =
+      parse_completion_request(R"({"prompt": "P", "prompt_logprobs": 1, "n": 2})", kCtx);
+  EXPECT_EQ(r.prompt_logprobs, std::optional<int>(1));
+  EXPECT_EQ(r.prompt_score_top_k(), std::optional<int>(1));
+  const json j = format_response(r, {"cmpl-1", 5, "tiny"}, {sample_output()}, fake_decode(),
+                                 {prompt_score()});
+  for (const json& c : j["choices"]) {
+    const json& pl = c["prompt_logprobs"];
+    ASSERT_EQ(pl.size(), 2u);
+    EXPECT_TRUE(pl[0].is_null());
+    // The token itself, and the top 1 (here the same token).
+    EXPECT_EQ(pl[1], json({{"2", {{"logprob", -0.25f}, {"rank", 1}, {"decoded_token", "<2>"}}}}));
+    EXPECT_TRUE(c["logprobs"].is_null());
+  }
+  EXPECT_EQ(error_of([] {
+              parse_chat_request(
+                  R"({"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 1})",
+                  kCtx);
+            }).param,
+            "prompt_logprobs");
+}
+
+TEST(ServerProtocol, ToolChoiceAndParsersFollowTheServersFlags) {
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f"}}])";
+  const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
+  ProtocolContext parsing = kCtx;
+  parsing.reasoning_parser = "qwen3";
+  parsing.tool_call_parser = "hermes";
+  parsing.enable_auto_tool_choice = true;
+  // With the flags: tools parse unless tool_choice is "none"; reasoning always.
+  OpenAiRequest r = parse_chat_request("{" + msgs + ", " + tools + "}", parsing);
+  EXPECT_TRUE(r.parse_tool_calls);
+  EXPECT_TRUE(r.parse_reasoning);
+  EXPECT_FALSE(parse_chat_request("{" + msgs + "}", parsing).parse_tool_calls);
+  EXPECT_FALSE(
+      parse_chat_request("{" + msgs + ", " + tools + R"(, "tool_choice": "none"})", parsing)
+          .parse_tool_calls);
+  EXPECT_TRUE(
+      parse_chat_request("{" + msgs + ", " + tools + R"(, "tool_choice": "auto"})", parsing)
+          .parse_tool_calls);
+  // Without them: the text as generated; an explicit "auto" is refused, as vLLM does.
+  r = parse_chat_request("{" + msgs + ", " + tools + "}", kCtx);
+  EXPECT_FALSE(r.parse_tool_calls);
+  EXPECT_FALSE(r.parse_reasoning);
+  const auto chat_error = [](const std::string& body, const ProtocolContext& ctx) {
+    return error_of([&] { parse_chat_request(body, ctx); });
+  };
+  for (const ProtocolContext* ctx : std::vector<const ProtocolContext*>{&kCtx, &parsing}) {
+    EXPECT_EQ(chat_error("{" + msgs + ", " + tools + R"(, "tool_choice": "required"})", *ctx)
+                  .param,
+              "tool_choice");
+    EXPECT_EQ(chat_error("{" + msgs + ", " + tools +
+                             R"(, "tool_choice": {"type": "function", "function": {"name": "f"}}})",
+                         *ctx)
+                  .param,
+              "tool_choice");
+    EXPECT_EQ(chat_error("{" + msgs + ", " + tools + R"(, "tool_choice": 3})", *ctx).param,
+              "tool_choice");
+    EXPECT_EQ(chat_error("{" + msgs + R"(, "tool_choice": "none"})", *ctx).param, "tool_choice");
+  }
+  const HttpError e =
+      chat_error("{" + msgs + ", " + tools + R"(, "tool_choice": "auto"})", kCtx);
+  EXPECT_EQ(e.param, "tool_choice");
+  EXPECT_NE(std::string(e.what()).find("--enable-auto-tool-choice"), std::string::npos);
+}
+
+TEST(ServerProtocol, ParsedChatResponseAndChunks) {
+  ProtocolContext parsing = kCtx;
+  parsing.reasoning_parser = "qwen3";
+  parsing.tool_call_parser = "hermes";
+  parsing.enable_auto_tool_choice = true;
+  OpenAiRequest r = parse_chat_request(
+      R"({"messages": [{"role": "user", "content": "x"}],
+          "tools": [{"type": "function", "function": {"name": "f"}}]})",
+      parsing);
+  RequestOutput out = sample_output();
+  out.prompt = "<|im_start|>assistant\n";
+  out.outputs.resize(1);
+  out.outputs[0].index = 0;
+  out.outputs[0].finish_reason = FinishReason::kStopToken;
+  out.outputs[0].text =
+      "<think>\nhm\n</think>\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n"
+      "</tool_call>";
+  r.params.n = 1;
+  const ResponseMeta meta{"chatcmpl-7", 5, "tiny"};
+  const json j = format_response(r, meta, {out}, fake_decode());
+  const json& c = j["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
+  const json& m = c["message"];
+  EXPECT_EQ(m["role"], "assistant");
+  EXPECT_TRUE(m["content"].is_null());
+  EXPECT_EQ(m["reasoning_content"], "hm");
+  ASSERT_EQ(m["tool_calls"].size(), 1u);
+  EXPECT_EQ(m["tool_calls"][0]["id"], tool_call_id_prefix(meta, 0) + "0");
+  EXPECT_EQ(m["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(m["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ(m["tool_calls"][0]["function"]["arguments"], R"({"a":1})");
+  // No tool call: a stop stays "stop", and plain content has no tool_calls.
+  out.outputs[0].text = "<think>\nhm\n</think>\n\nfine";
+  const json plain = format_response(r, meta, {out}, fake_decode());
+  EXPECT_EQ(plain["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(plain["choices"][0]["message"]["content"], "fine");
+  EXPECT_FALSE(plain["choices"][0]["message"].contains("tool_calls"));
+  // A stream's deltas say only what they add; calls carry their index.
+  r.stream = true;
+  ChatPieces pieces;
+  pieces.reasoning = "hm";
+  ChunkExtras extras;
+  extras.pieces = &pieces;
+  CompletionOutput delta = out.outputs[0];
+  delta.finish_reason = FinishReason::kNone;
+  const json first = format_chunk(r, meta, 0, delta, {1, 2}, true, "", fake_decode(), extras);
+  EXPECT_EQ(first["choices"][0]["delta"],
+            json({{"role", "assistant"}, {"reasoning_content", "hm"}}));
+  pieces = ChatPieces{};
+  pieces.tool_calls.push_back({0, "id-0", "f", "{}"});
+  extras.called_tools = true;
+  delta.finish_reason = FinishReason::kStopToken;
+  const json last = format_chunk(r, meta, 0, delta, {1, 2}, false, "", fake_decode(), extras);
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(last["choices"][0]["delta"]["tool_calls"][0]["index"], 0);
+  EXPECT_EQ(last["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"], "{}");
+  EXPECT_FALSE(last["choices"][0]["delta"].contains("content"));
+  // A length finish is not turned into tool_calls.
+  delta.finish_reason = FinishReason::kLength;
+  EXPECT_EQ(format_chunk(r, meta, 0, delta, {1, 2}, false, "", fake_decode(), extras)
+                ["choices"][0]["finish_reason"],
+            "length");
 }
 
 TEST(ServerProtocol, ChatChunksAndUsage) {

@@ -1,5 +1,6 @@
 #include "pagellm/server/protocol.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -193,7 +194,42 @@ void read_common(const json& j, const ProtocolContext& ctx, OpenAiRequest& r) {
   if (auto v = get_bool(j, "return_token_ids")) r.return_token_ids = *v;
 }
 
+/// tool_choice: "auto" (the default with tools) parses tool calls when the server was
+/// started to (otherwise an explicit "auto" is refused, as vLLM refuses it); "none" leaves
+/// the text as generated; "required" and named functions would need guided decoding.
+void read_tool_choice(const json& j, const ProtocolContext& ctx, bool has_tools,
+                      OpenAiRequest& r) {
+  const bool server_parses = ctx.tool_call_parser == "hermes" && ctx.enable_auto_tool_choice;
+  bool parse = has_tools && server_parses;
+  if (const json* v = field(j, "tool_choice")) {
+    if (!has_tools) bad_field("tool_choice", "is only allowed when tools are given");
+    const std::string choice = v->is_string() ? v->get<std::string>() : "";
+    if (choice == "none") {
+      parse = false;
+    } else if (choice == "auto") {
+      if (!server_parses) {
+        bad_field("tool_choice", "\"auto\" needs the server started with "
+                                 "--enable-auto-tool-choice --tool-call-parser hermes");
+      }
+    } else if (choice == "required" || v->is_object()) {
+      bad_field("tool_choice", "\"required\" and a named function are not supported (they "
+                               "need guided decoding); use \"auto\" or \"none\"");
+    } else {
+      bad_field("tool_choice", "must be \"auto\", \"none\", \"required\" or an object, got " +
+                                   shown(*v));
+    }
+  }
+  r.parse_tool_calls = parse;
+}
+
 }  // namespace
+
+std::optional<int> OpenAiRequest::prompt_score_top_k() const {
+  std::optional<int> k;
+  if (echo && logprobs) k = *logprobs;
+  if (prompt_logprobs) k = std::max(k.value_or(0), *prompt_logprobs);
+  return k;
+}
 
 std::string error_body(const HttpError& e) {
   json err = {{"message", e.what()},
@@ -235,10 +271,10 @@ OpenAiRequest parse_completion_request(const std::string& body, const ProtocolCo
     r.logprobs = static_cast<int>(*v);
     r.params.logprobs = static_cast<int>(*v);
   }
-  if (auto v = get_bool(j, "echo")) r.echo = *v;
-  if (r.echo && r.logprobs) {
-    bad_field("echo", "with logprobs is not supported (prompt log-probabilities are not computed); use one or the other");
+  if (auto v = get_int(j, "prompt_logprobs", 0, SamplingParams::kMaxLogprobs)) {
+    r.prompt_logprobs = static_cast<int>(*v);
   }
+  if (auto v = get_bool(j, "echo")) r.echo = *v;
   return r;
 }
 
@@ -265,11 +301,17 @@ OpenAiRequest parse_chat_request(const std::string& body, const ProtocolContext&
     if (!v->is_object()) bad_field("chat_template_kwargs", "must be an object, got " + shown(*v));
     kwargs = *v;
   }
+  if (field(j, "prompt_logprobs")) {
+    bad_field("prompt_logprobs", "is supported on /v1/completions only");
+  }
   std::string messages_json = messages->dump();
-  if (const json* tools = field(j, "tools")) {
+  const json* tools = field(j, "tools");
+  if (tools) {
     if (!tools->is_array()) bad_field("tools", "must be a list, got " + shown(*tools));
     messages_json = json{{"messages", *messages}, {"tools", *tools}}.dump();
   }
+  read_tool_choice(j, ctx, tools != nullptr, r);
+  r.parse_reasoning = ctx.reasoning_parser == "qwen3";
   r.prompts.push_back(Prompt::from_messages_json(messages_json, kwargs.empty() ? "" : kwargs.dump()));
   // Unset: until the context is full (the engine ends the sample at max_model_len).
   r.params.max_tokens = ctx.max_model_len > 0 ? ctx.max_model_len : 16;
@@ -539,26 +581,67 @@ json bytes_of(const std::string& s) {
 }
 
 /// Completions' legacy logprobs object for the tokens of `o`; offset: the text length
-/// before them (for text_offset).
-json completion_logprobs(const CompletionOutput& o, int k, size_t offset, const DecodeFn& decode) {
+/// before them (for text_offset). With `prompt` (echo with logprobs), the prompt's tokens
+/// come first, from offset 0: the first with null logprobs (nothing precedes it).
+json completion_logprobs(const CompletionOutput& o, int k, size_t offset, const DecodeFn& decode,
+                         const std::vector<int32_t>& prompt_ids, const ScoreOutput* prompt) {
   json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  auto top_object = [&](const std::vector<TokenLogprob>& alts) {
+    json top = json::object();
+    for (const TokenLogprob& alt : alts) top[token_text(alt.token_id, decode)] = alt.logprob;
+    return top;
+  };
+  if (prompt) {
+    size_t at = 0;
+    for (size_t t = 0; t < prompt_ids.size(); ++t) {
+      const std::string text = token_text(prompt_ids[t], decode);
+      tokens.push_back(text);
+      offsets.push_back(at);
+      at += text.size();
+      const bool scored = t > 0 && t - 1 < prompt->logprobs.size();
+      lps.push_back(scored ? json(prompt->logprobs[t - 1]) : json(nullptr));
+      tops.push_back(scored && k > 0 && t - 1 < prompt->top_logprobs.size()
+                         ? top_object(prompt->top_logprobs[t - 1])
+                         : json(nullptr));
+    }
+  }
   for (size_t t = 0; t < o.token_ids.size(); ++t) {
     const std::string text = token_text(o.token_ids[t], decode);
     tokens.push_back(text);
     lps.push_back(t < o.logprobs.size() ? o.logprobs[t] : 0.0f);
     offsets.push_back(offset);
     offset += text.size();
-    if (k > 0 && t < o.top_logprobs.size()) {
-      json top = json::object();
-      for (const TokenLogprob& alt : o.top_logprobs[t]) {
-        top[token_text(alt.token_id, decode)] = alt.logprob;
-      }
-      tops.push_back(std::move(top));
-    } else {
-      tops.push_back(nullptr);
-    }
+    tops.push_back(k > 0 && t < o.top_logprobs.size() ? top_object(o.top_logprobs[t])
+                                                      : json(nullptr));
   }
-  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  return {{"tokens", tokens},
+          {"token_logprobs", lps},
+          {"top_logprobs", tops},
+          {"text_offset", offsets}};
+}
+
+/// vLLM's prompt_logprobs: null for the first token, then per token {"<id>": {"logprob",
+/// "rank", "decoded_token"}} for the token itself and the k most likely at its position.
+json vllm_prompt_logprobs(const std::vector<int32_t>& ids, const ScoreOutput& s, int k,
+                          const DecodeFn& decode) {
+  json out = json::array({nullptr});
+  for (size_t t = 1; t < ids.size() && t - 1 < s.logprobs.size(); ++t) {
+    json entry = json::object();
+    if (k > 0 && t - 1 < s.top_logprobs.size()) {
+      const std::vector<TokenLogprob>& alts = s.top_logprobs[t - 1];
+      for (size_t i = 0; i < alts.size() && i < static_cast<size_t>(k); ++i) {
+        entry[std::to_string(alts[i].token_id)] = {
+            {"logprob", alts[i].logprob},
+            {"rank", static_cast<int>(i) + 1},
+            {"decoded_token", token_text(alts[i].token_id, decode)}};
+      }
+    }
+    entry[std::to_string(ids[t])] = {{"logprob", s.logprobs[t - 1]},
+                                     {"rank", t - 1 < s.ranks.size() ? s.ranks[t - 1] : 0},
+                                     {"decoded_token", token_text(ids[t], decode)}};
+    out.push_back(std::move(entry));
+  }
+  return out;
 }
 
 json chat_logprobs(const CompletionOutput& o, int k, const DecodeFn& decode) {
@@ -580,23 +663,66 @@ json chat_logprobs(const CompletionOutput& o, int k, const DecodeFn& decode) {
   return {{"content", content}};
 }
 
+json tool_calls_json(const std::vector<ToolCall>& calls, bool stream) {
+  json out = json::array();
+  for (const ToolCall& c : calls) {
+    json call = {{"id", c.id},
+                 {"type", "function"},
+                 {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
+    if (stream) call["index"] = c.index;
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
+/// A chat choice's message (or a stream's delta) from its parsed pieces. A whole message
+/// has content null when it holds only reasoning or tool calls, and reasoning_content
+/// whenever the request parses reasoning; a delta says only what it adds.
+json parsed_message(const OpenAiRequest& r, const ChatPieces& p, bool first) {
+  json m = json::object();
+  if (!r.stream) {
+    const bool other = !p.reasoning.empty() || !p.tool_calls.empty();
+    m["content"] = p.content.empty() && other ? json(nullptr) : json(p.content);
+    if (r.parse_reasoning) {
+      m["reasoning_content"] = p.reasoning.empty() ? json(nullptr) : json(p.reasoning);
+    }
+    if (!p.tool_calls.empty()) m["tool_calls"] = tool_calls_json(p.tool_calls, false);
+    return m;
+  }
+  if (!p.reasoning.empty()) m["reasoning_content"] = p.reasoning;
+  if (!p.content.empty() || (first && p.empty())) m["content"] = p.content;
+  if (!p.tool_calls.empty()) m["tool_calls"] = tool_calls_json(p.tool_calls, true);
+  return m;
+}
+
 json choice_json(const OpenAiRequest& r, int index, const CompletionOutput& o,
                  const std::vector<int32_t>& prompt_ids, const std::string& prompt_text,
-                 bool streamed_first, const DecodeFn& decode) {
+                 bool streamed_first, const DecodeFn& decode, const ChunkExtras& extras) {
   json c = {{"index", index}, {"finish_reason", finish_json(o)}};
+  if (extras.called_tools && o.finished() && c["finish_reason"] == "stop") {
+    c["finish_reason"] = "tool_calls";
+  }
+  const bool first = !r.stream || streamed_first;
   if (r.chat) {
-    json message = {{"content", o.text}};
-    if (!r.stream || streamed_first) message["role"] = "assistant";
+    json message = extras.pieces ? parsed_message(r, *extras.pieces, first)
+                                 : json{{"content", o.text}};
+    if (first) message["role"] = "assistant";
     c[r.stream ? "delta" : "message"] = message;
     c["logprobs"] = r.logprobs ? chat_logprobs(o, *r.logprobs, decode) : json(nullptr);
   } else {
-    const std::string before = (r.echo && (!r.stream || streamed_first)) ? prompt_text : "";
+    const std::string before = (r.echo && first) ? prompt_text : "";
+    const ScoreOutput* prompt = r.echo && first ? extras.prompt_score : nullptr;
     c["text"] = before + o.text;
-    c["logprobs"] = r.logprobs ? completion_logprobs(o, *r.logprobs, before.size(), decode)
+    c["logprobs"] = r.logprobs ? completion_logprobs(o, *r.logprobs, before.size(), decode,
+                                                     prompt_ids, prompt)
                                : json(nullptr);
+    if (r.prompt_logprobs && first && extras.prompt_score) {
+      c["prompt_logprobs"] =
+          vllm_prompt_logprobs(prompt_ids, *extras.prompt_score, *r.prompt_logprobs, decode);
+    }
   }
   if (r.return_token_ids) {
-    if (!r.stream || streamed_first) c["prompt_token_ids"] = prompt_ids;
+    if (first) c["prompt_token_ids"] = prompt_ids;
     c["token_ids"] = o.token_ids;
   }
   if (r.stream && o.finished() && !r.chat) c["stop_reason"] = nullptr;
@@ -611,8 +737,13 @@ json envelope(const OpenAiRequest& r, const ResponseMeta& meta, bool chunk) {
 
 }  // namespace
 
+std::string tool_call_id_prefix(const ResponseMeta& meta, int choice_index) {
+  return "call-" + meta.id + "-" + std::to_string(choice_index) + "-";
+}
+
 json format_response(const OpenAiRequest& r, const ResponseMeta& meta,
-                     const std::vector<RequestOutput>& outputs, const DecodeFn& decode) {
+                     const std::vector<RequestOutput>& outputs, const DecodeFn& decode,
+                     const std::vector<ScoreOutput>& prompt_scores) {
   json out = envelope(r, meta, false);
   json choices = json::array();
   int64_t prompt_tokens = 0, completion_tokens = 0;
@@ -624,7 +755,20 @@ json format_response(const OpenAiRequest& r, const ResponseMeta& meta,
     for (const CompletionOutput& o : ro.outputs) {
       completion_tokens += static_cast<int64_t>(o.token_ids.size());
       const int index = static_cast<int>(p) * r.params.n + o.index;
-      choices.push_back(choice_json(r, index, o, ro.prompt_token_ids, prompt_text, false, decode));
+      ChunkExtras extras;
+      if (p < prompt_scores.size()) extras.prompt_score = &prompt_scores[p];
+      ChatPieces pieces;
+      if (r.chat && (r.parse_reasoning || r.parse_tool_calls)) {
+        ChatOutputParser parser(r.parse_reasoning, r.parse_tool_calls,
+                                prompt_opens_thinking(ro.prompt),
+                                tool_call_id_prefix(meta, index));
+        pieces = parser.feed(o.text);
+        pieces.append(parser.finish());
+        extras.pieces = &pieces;
+        extras.called_tools = parser.tool_calls() > 0;
+      }
+      choices.push_back(
+          choice_json(r, index, o, ro.prompt_token_ids, prompt_text, false, decode, extras));
     }
   }
   // Choices in index order (samples of a request may arrive in any order).
@@ -637,10 +781,11 @@ json format_response(const OpenAiRequest& r, const ResponseMeta& meta,
 
 json format_chunk(const OpenAiRequest& r, const ResponseMeta& meta, int choice_index,
                   const CompletionOutput& delta, const std::vector<int32_t>& prompt_token_ids,
-                  bool first, const std::string& prompt_text, const DecodeFn& decode) {
+                  bool first, const std::string& prompt_text, const DecodeFn& decode,
+                  const ChunkExtras& extras) {
   json out = envelope(r, meta, true);
-  out["choices"] = json::array(
-      {choice_json(r, choice_index, delta, prompt_token_ids, prompt_text, first, decode)});
+  out["choices"] = json::array({choice_json(r, choice_index, delta, prompt_token_ids,
+                                            prompt_text, first, decode, extras)});
   if (r.include_usage) out["usage"] = nullptr;
   return out;
 }

@@ -16,6 +16,7 @@
 #include "pagellm/outputs.h"
 #include "pagellm/prompt.h"
 #include "pagellm/sampling_params.h"
+#include "pagellm/server/chat_output.h"
 #include "pagellm/weight_broadcast.h"
 #include "pagellm/weight_update.h"
 
@@ -46,6 +47,12 @@ struct ProtocolContext {
   int32_t max_model_len = 0;
   /// True when a LoRA adapter of this name is loaded; unset: none are.
   std::function<bool(const std::string&)> has_adapter;
+  /// Chat output parsing (vLLM's flags): "qwen3" takes the reasoning out of the content
+  /// ("" leaves the text as generated); "hermes" with enable_auto_tool_choice turns
+  /// <tool_call> blocks of requests that give tools into tool_calls.
+  std::string reasoning_parser;
+  std::string tool_call_parser;
+  bool enable_auto_tool_choice = false;
 };
 
 /// A parsed OpenAI request (completions or chat): one engine request per prompt, all with
@@ -66,6 +73,16 @@ struct OpenAiRequest {
   std::optional<int> logprobs;
   /// The LoRA adapter the request's "model" named; "" for the base model.
   std::string lora;
+  /// vLLM's prompt_logprobs (completions): each prompt token's log-probability and, k > 0,
+  /// the k most likely tokens at its position, in each choice's "prompt_logprobs".
+  std::optional<int> prompt_logprobs;
+  /// Chat: split the reasoning out of the content / parse tool calls (ChatOutputParser).
+  bool parse_reasoning = false;
+  bool parse_tool_calls = false;
+
+  /// The top-k the prompts must be scored with (the larger of echo-with-logprobs' and
+  /// prompt_logprobs'); nullopt: the response says nothing of the prompt's log-probabilities.
+  std::optional<int> prompt_score_top_k() const;
 };
 
 /// Parses a POST /v1/completions body. Throws HttpError 400 naming the bad field (or 404
@@ -138,9 +155,26 @@ struct ResponseMeta {
 nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
 
 /// The whole (non-streamed) response: outputs[i] is prompt i's merged RequestOutput.
+/// prompt_scores: with request.prompt_score_top_k(), prompt i's score (prompt length 1;
+/// a one-token prompt's has no logprobs); empty otherwise.
 nlohmann::json format_response(const OpenAiRequest& request, const ResponseMeta& meta,
                                const std::vector<RequestOutput>& outputs,
-                               const DecodeFn& decode);
+                               const DecodeFn& decode,
+                               const std::vector<ScoreOutput>& prompt_scores = {});
+
+/// Tool call ids: id_prefix(meta, choice) + the call's index.
+std::string tool_call_id_prefix(const ResponseMeta& meta, int choice_index);
+
+/// What a streamed chunk carries beyond the engine's delta.
+struct ChunkExtras {
+  /// The prompt's score (first chunk, with request.prompt_score_top_k()).
+  const ScoreOutput* prompt_score = nullptr;
+  /// The delta's text parsed (request.parse_reasoning or parse_tool_calls): the chunk says
+  /// these pieces instead of delta.text.
+  const ChatPieces* pieces = nullptr;
+  /// The choice has made tool calls: a "stop" finish is said as "tool_calls".
+  bool called_tools = false;
+};
 
 /// The SSE chunk for one sample's delta. choice_index = prompt * n + sample; first: this is
 /// the choice's first chunk (chat sends the assistant role in it; completions with echo
@@ -149,7 +183,8 @@ nlohmann::json format_response(const OpenAiRequest& request, const ResponseMeta&
 nlohmann::json format_chunk(const OpenAiRequest& request, const ResponseMeta& meta,
                             int choice_index, const CompletionOutput& delta,
                             const std::vector<int32_t>& prompt_token_ids, bool first,
-                            const std::string& prompt_text, const DecodeFn& decode);
+                            const std::string& prompt_text, const DecodeFn& decode,
+                            const ChunkExtras& extras = {});
 
 /// The last chunk with stream_options.include_usage: empty choices, the usage.
 nlohmann::json format_usage_chunk(const OpenAiRequest& request, const ResponseMeta& meta,

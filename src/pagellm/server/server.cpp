@@ -294,10 +294,27 @@ struct Server::Impl {
           }
         }
       }
-      reply_json(res, format_response(r, meta, outputs, decoder()));
+      std::vector<ScoreOutput> scores;
+      if (const std::optional<int> k = r.prompt_score_top_k()) {
+        for (const RequestOutput& o : outputs) {
+          scores.push_back(score_prompt(o.prompt_token_ids, *k, r.lora));
+        }
+      }
+      reply_json(res, format_response(r, meta, outputs, decoder(), scores));
       return;
     }
     stream_openai(res, std::make_shared<OpenAiRequest>(std::move(r)), meta, inflight);
+  }
+
+  /// A prompt's log-probabilities (echo with logprobs, prompt_logprobs): the scoring path
+  /// over its tokens, every token after the first; a one-token prompt has none.
+  ScoreOutput score_prompt(const std::vector<int32_t>& ids, int top_k, const std::string& lora) {
+    if (ids.size() < 2) {
+      ScoreOutput none;
+      none.token_ids = ids;
+      return none;
+    }
+    return engine.score({ids}, {1}, top_k, lora).at(0);
   }
 
   void stream_openai(httplib::Response& res, std::shared_ptr<OpenAiRequest> r, ResponseMeta meta,
@@ -306,16 +323,22 @@ struct Server::Impl {
       std::map<int, bool> started;                 // choice index -> first chunk sent
       std::vector<std::vector<int32_t>> prompt_ids;
       std::vector<std::string> prompt_text;
+      std::vector<ScoreOutput> prompt_scores;      // with r->prompt_score_top_k()
+      std::map<int, ChatOutputParser> parsers;     // choice index -> its text's parser
       int64_t prompt_tokens = 0, completion_tokens = 0;
     };
     auto state = std::make_shared<State>();
     state->prompt_ids.resize(r->prompts.size());
     state->prompt_text.resize(r->prompts.size());
+    state->prompt_scores.resize(r->prompts.size());
+    const bool parse = r->chat && (r->parse_reasoning || r->parse_tool_calls);
+    const bool per_token = r->logprobs.has_value() || r->return_token_ids;
     DecodeFn decode = decoder();
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, r, meta, inflight, state, decode](size_t, httplib::DataSink& sink) {
+        [this, r, meta, inflight, state, decode, parse, per_token](size_t,
+                                                                   httplib::DataSink& sink) {
           bool gone = false;
           std::deque<Inflight::Item> items = next_items(*inflight, sink, gone);
           if (gone) return false;
@@ -329,14 +352,46 @@ struct Server::Impl {
               state->prompt_text[p] = item.delta.prompt.empty()
                                           ? decode(item.delta.prompt_token_ids, true)
                                           : item.delta.prompt;
+              if (const std::optional<int> k = r->prompt_score_top_k()) {
+                try {
+                  state->prompt_scores[p] = score_prompt(state->prompt_ids[p], *k, r->lora);
+                } catch (const Error& e) {
+                  // The headers are sent: the error goes in the stream, which ends.
+                  abort_all(*inflight);
+                  const std::string end = "data: " + error_body(engine_error(e)) +
+                                          "\n\ndata: [DONE]\n\n";
+                  sink.write(end.data(), end.size());
+                  sink.done();
+                  return true;
+                }
+              }
             }
             for (const CompletionOutput& o : item.delta.outputs) {
               state->completion_tokens += static_cast<int64_t>(o.token_ids.size());
               const int index = item.prompt * r->params.n + o.index;
               bool& started = state->started[index];
+              ChunkExtras extras;
+              if (r->prompt_score_top_k()) extras.prompt_score = &state->prompt_scores[p];
+              ChatPieces pieces;
+              if (parse) {
+                auto it = state->parsers
+                              .try_emplace(index, r->parse_reasoning, r->parse_tool_calls,
+                                           prompt_opens_thinking(state->prompt_text[p]),
+                                           tool_call_id_prefix(meta, index))
+                              .first;
+                pieces = it->second.feed(o.text);
+                if (o.finished()) pieces.append(it->second.finish());
+                extras.pieces = &pieces;
+                extras.called_tools = it->second.tool_calls() > 0;
+                // Text held back by the parser: a chunk only if it has tokens to report.
+                if (started && pieces.empty() && !o.finished() &&
+                    !(per_token && !o.token_ids.empty())) {
+                  continue;
+                }
+              }
               if (started && o.token_ids.empty() && o.text.empty() && !o.finished()) continue;
               out += sse_event(format_chunk(*r, meta, index, o, state->prompt_ids[p], !started,
-                                            state->prompt_text[p], decode));
+                                            state->prompt_text[p], decode, extras));
               started = true;
             }
           }
@@ -674,12 +729,23 @@ Server::Server(AsyncEngine& engine, ServerOptions options, std::string model_dir
       << s.options.http_thread_max_connections;
   PAGELLM_CHECK(s.options.max_queued_requests >= 0)
       << "--max-queued-requests must be >= 0 (0: no limit), got " << s.options.max_queued_requests;
+  PAGELLM_CHECK(s.options.reasoning_parser.empty() || s.options.reasoning_parser == "qwen3")
+      << "--reasoning-parser: only \"qwen3\" is known, got \"" << s.options.reasoning_parser
+      << "\"";
+  PAGELLM_CHECK(s.options.tool_call_parser.empty() || s.options.tool_call_parser == "hermes")
+      << "--tool-call-parser: only \"hermes\" (Qwen3's <tool_call> format) is known, got \""
+      << s.options.tool_call_parser << "\"";
+  PAGELLM_CHECK(!s.options.enable_auto_tool_choice || !s.options.tool_call_parser.empty())
+      << "--enable-auto-tool-choice needs --tool-call-parser hermes";
   s.ctx.model_name = s.options.model_name.empty()
                          ? std::filesystem::path(s.model_dir).lexically_normal().filename().string()
                          : s.options.model_name;
   if (s.ctx.model_name.empty()) s.ctx.model_name = s.model_dir;
   s.ctx.max_model_len = engine.max_model_len();
   s.ctx.has_adapter = [&s](const std::string& name) { return s.has_adapter(name); };
+  s.ctx.reasoning_parser = s.options.reasoning_parser;
+  s.ctx.tool_call_parser = s.options.tool_call_parser;
+  s.ctx.enable_auto_tool_choice = s.options.enable_auto_tool_choice;
   s.refresh_adapters();
   s.install_routes();
 }

@@ -36,6 +36,12 @@ struct ServerOptions {
   /// place), so that per-thread allocator caches do not grow for the server's whole life.
   /// 0: no limit.
   int64_t http_thread_max_connections = 100;
+  /// Chat output parsing, as vLLM's flags of the same names: "qwen3" splits the reasoning
+  /// into reasoning_content; "hermes" with enable_auto_tool_choice turns the <tool_call>
+  /// blocks of requests that give tools into tool_calls. Empty: the text as generated.
+  std::string reasoning_parser;
+  std::string tool_call_parser;
+  bool enable_auto_tool_choice = false;
 };
 
 /// The HTTP server. Handlers run on cpp-httplib's worker threads; engine work runs on the
