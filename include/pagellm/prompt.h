@@ -18,16 +18,20 @@ struct ChatMessage {
 ///   - text: encoded with the model's tokenizer (special tokens written in the text count
 ///     as special tokens, as in vLLM);
 ///   - token ids: used as given (each must be inside the model's vocabulary);
-///   - chat: rendered with the model's chat template (add_generation_prompt on), then
-///     encoded; chat_template_kwargs are extra template variables, e.g.
-///     {"enable_thinking": false}.
+///   - chat: rendered with the model's chat template, then encoded; the assistant's turn is
+///     opened (add_generation_prompt) unless the object form of messages_json says
+///     "add_generation_prompt": false or "continue_final_message": true (the final message
+///     left open for the model to continue; or the name of its field to continue, as
+///     "reasoning_content"), as transformers' apply_chat_template takes them;
+///     chat_template_kwargs are extra template variables, e.g. {"enable_thinking": false}.
 struct Prompt {
   enum class Kind { kText, kTokenIds, kChat };
   Kind kind = Kind::kText;
   std::string text;
   std::vector<int32_t> token_ids;
   /// Chat messages as a JSON text: an array of message objects, or an object
-  /// {"messages": [...], "tools": [...], <template variables>...} (ChatRequest's shapes).
+  /// {"messages": [...], "tools": [...], "add_generation_prompt": bool,
+  /// "continue_final_message": bool or field, <template variables>...} (ChatRequest's).
   std::string messages_json;
   /// Extra chat template variables as a JSON object text ("" for none).
   std::string chat_template_kwargs_json;

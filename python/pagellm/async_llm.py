@@ -95,11 +95,16 @@ class AsyncLLM:
                    sampling_params: Optional[SamplingParams] = None,
                    request_id: Optional[str] = None,
                    chat_template_kwargs: Optional[Mapping[str, Any]] = None,
-                   lora_request: Optional[LoRARequest] = None
+                   lora_request: Optional[LoRARequest] = None, *,
+                   add_generation_prompt: Optional[bool] = None,
+                   continue_final_message: Union[bool, str] = False,
+                   tools: Optional[Sequence[Mapping[str, Any]]] = None
                    ) -> AsyncIterator[RequestOutput]:
-        """``generate`` for one conversation through the chat template."""
-        async for out in self._stream(_chat_prompt(messages, chat_template_kwargs),
-                                      sampling_params, request_id, None, lora_request):
+        """``generate`` for one conversation through the chat template (``LLM.chat``'s
+        template arguments)."""
+        prompt = _chat_prompt(messages, chat_template_kwargs, tools, add_generation_prompt,
+                              continue_final_message)
+        async for out in self._stream(prompt, sampling_params, request_id, None, lora_request):
             yield out
 
     async def _stream(self, prompt: "_core.Prompt", sampling_params: Optional[SamplingParams],

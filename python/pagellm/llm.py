@@ -70,24 +70,40 @@ class Tokenizer(TextCodec):
     chat template, computed by the C++ core."""
 
     def apply_chat_template(self, messages: Conversation, tokenize: bool = False,
-                            add_generation_prompt: bool = True,
+                            add_generation_prompt: Optional[bool] = None,
+                            continue_final_message: Union[bool, str] = False,
+                            tools: Optional[Sequence[Mapping[str, Any]]] = None,
                             **chat_template_kwargs: Any) -> Union[str, List[int]]:
         """The prompt the chat template renders for ``messages`` (text, or its ids with
-        ``tokenize=True``). Extra keyword arguments are template variables (for example
-        ``enable_thinking=False``). Only ``add_generation_prompt=True`` is supported: it is
-        what generation needs; False raises ValueError."""
-        if not add_generation_prompt:
-            raise ValueError("apply_chat_template: add_generation_prompt must be True "
-                             "(the core always renders the assistant's turn opening)")
-        prompt = _chat_prompt(messages, chat_template_kwargs)
+        ``tokenize=True``), as transformers' ``apply_chat_template`` renders it. The
+        assistant's turn is opened unless ``add_generation_prompt=False`` or
+        ``continue_final_message`` (True: the final message's content left open for the
+        model to continue; a string: that field, e.g. ``"reasoning_content"``); both at once
+        raise. ``tools``: JSON schemas the template describes to the model. Extra keyword
+        arguments are template variables (for example ``enable_thinking=False``)."""
+        prompt = _chat_prompt(messages, chat_template_kwargs, tools, add_generation_prompt,
+                              continue_final_message)
         if tokenize:
             return list(self._core.prompt_token_ids(prompt))
         return self._core.apply_chat_template(prompt)
 
 
-def _chat_prompt(messages: Conversation, kwargs: Optional[Mapping[str, Any]]) -> "_core.Prompt":
+def _chat_prompt(messages: Conversation, kwargs: Optional[Mapping[str, Any]],
+                 tools: Optional[Sequence[Mapping[str, Any]]] = None,
+                 add_generation_prompt: Optional[bool] = None,
+                 continue_final_message: Union[bool, str] = False) -> "_core.Prompt":
+    """The core's chat prompt: the messages, or (with tools or turn arguments) the object
+    form {"messages", "tools", "add_generation_prompt", "continue_final_message"}; None for
+    add_generation_prompt opens the assistant's turn unless the final message continues."""
+    request: Dict[str, Any] = {"messages": list(messages)}
+    if tools is not None:
+        request["tools"] = list(tools)
+    if add_generation_prompt is not None:
+        request["add_generation_prompt"] = bool(add_generation_prompt)
+    if continue_final_message:
+        request["continue_final_message"] = continue_final_message
     try:
-        messages_json = json.dumps(list(messages))
+        messages_json = json.dumps(request if len(request) > 1 else request["messages"])
         kwargs_json = json.dumps(dict(kwargs)) if kwargs else ""
     except (TypeError, ValueError) as e:
         raise ValueError(f"chat messages must be JSON-serialisable dicts: {e}") from None
@@ -250,16 +266,21 @@ class LLM:
              sampling_params: Union[None, SamplingParams, Sequence[SamplingParams]] = None,
              use_tqdm: Union[bool, Callable[..., Any]] = True,
              chat_template_kwargs: Optional[Mapping[str, Any]] = None,
-             lora_request: LoRARequestArg = None) -> List[RequestOutput]:
+             lora_request: LoRARequestArg = None, *,
+             add_generation_prompt: Optional[bool] = None,
+             continue_final_message: Union[bool, str] = False,
+             tools: Optional[Sequence[Mapping[str, Any]]] = None) -> List[RequestOutput]:
         """Generates for one conversation (a list of message dicts) or a list of them,
-        through the model's chat template (assistant turn opened). ``chat_template_kwargs``:
-        extra template variables, e.g. ``{"enable_thinking": False}``. ``lora_request``: as
-        in generate."""
+        through the model's chat template. ``chat_template_kwargs``: extra template
+        variables, e.g. ``{"enable_thinking": False}``. ``lora_request``: as in generate.
+        ``tools``, ``add_generation_prompt`` and ``continue_final_message`` (to continue a
+        partial final message): as in ``Tokenizer.apply_chat_template``, vLLM's names."""
         if len(messages) > 0 and isinstance(messages[0], Mapping):
             conversations = [messages]
         else:
             conversations = list(messages)  # type: ignore[arg-type]
-        core_prompts = [_chat_prompt(c, chat_template_kwargs) for c in conversations]
+        core_prompts = [_chat_prompt(c, chat_template_kwargs, tools, add_generation_prompt,
+                                     continue_final_message) for c in conversations]
         return self._run(core_prompts, sampling_params, use_tqdm, None, lora_request)
 
     def _run(self, core_prompts: List["_core.Prompt"],

@@ -102,6 +102,40 @@ TEST(Llm, ChatPromptGoesThroughTheTemplate) {
   expect_consistent(llm, out[0], greedy(4));
 }
 
+TEST(Llm, ChatPromptsCanLeaveTheFinalMessageOpen) {
+  LLM& llm = shared_llm();
+  const std::string history = R"([{"role": "user", "content": "Hello"},
+                                  {"role": "assistant", "content": "The answer is"}])";
+  const std::string closed = llm.apply_chat_template(Prompt::from_messages_json(history));
+  // The final assistant message continued: the render stops where its content ends.
+  const std::string open = llm.apply_chat_template(Prompt::from_messages_json(
+      R"({"messages": )" + history + R"(, "continue_final_message": true})"));
+  EXPECT_EQ(open.substr(open.size() - 13), "The answer is");
+  EXPECT_EQ(closed.compare(0, open.size(), open), 0) << "the open render is not a prefix";
+  EXPECT_GT(closed.size(), open.size());
+  // No assistant turn opened: the closed history alone.
+  const std::string none = llm.apply_chat_template(Prompt::from_messages_json(
+      R"({"messages": )" + history + R"(, "add_generation_prompt": false})"));
+  EXPECT_EQ(closed.substr(0, none.size()), none);
+  EXPECT_EQ(closed.substr(none.size()), "<|im_start|>assistant\n");
+  // Both at once is refused, naming them.
+  try {
+    llm.apply_chat_template(Prompt::from_messages_json(
+        R"({"messages": )" + history +
+        R"(, "continue_final_message": true, "add_generation_prompt": true})"));
+    ADD_FAILURE() << "continue_final_message with add_generation_prompt was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not compatible"), std::string::npos) << e.what();
+  }
+  // A generation continues the message: its prompt is the open render.
+  SamplingParams p = greedy(3);
+  const auto out = llm.generate({Prompt::from_messages_json(
+                                    R"({"messages": )" + history +
+                                    R"(, "continue_final_message": true})")},
+                                p);
+  EXPECT_EQ(out[0].prompt_token_ids, llm.encode(open));
+}
+
 TEST(Llm, SampleJOfNEqualsASingleRequestWithSeedPlusJ) {
   LLM& llm = shared_llm();
   SamplingParams p;

@@ -135,6 +135,37 @@ def test_chat_renders_the_template(llm):
     assert len(two) == 2 and two[0].prompt_token_ids == tok.encode(no_think)
 
 
+def test_chat_template_arguments(llm):
+    """vLLM's and transformers' chat arguments: the final message continued, no turn
+    opened, tools rendered; a continued chat generates from the open render."""
+    tok = llm.get_tokenizer()
+    conv = [{"role": "user", "content": "Hi there"},
+            {"role": "assistant", "content": "Well, the answer is"}]
+    closed = tok.apply_chat_template(conv)
+    assert closed.endswith("<|im_start|>assistant\n")
+    history = tok.apply_chat_template(conv, add_generation_prompt=False)
+    assert closed == history + "<|im_start|>assistant\n"
+    open_ = tok.apply_chat_template(conv, continue_final_message=True)
+    assert open_.endswith("Well, the answer is") and history.startswith(open_)
+    assert open_ == tok.apply_chat_template(conv, add_generation_prompt=False,
+                                            continue_final_message=True)
+    with pytest.raises(PagellmError, match="not compatible"):
+        tok.apply_chat_template(conv, add_generation_prompt=True, continue_final_message=True)
+    with pytest.raises(PagellmError, match="no \"reasoning\""):
+        tok.apply_chat_template(conv, continue_final_message="reasoning")
+    tools = [{"type": "function", "function": {"name": "lookup_the_weather",
+                                               "parameters": {"type": "object"}}}]
+    with_tools = tok.apply_chat_template(conv[:1], tools=tools)
+    assert "lookup_the_weather" in with_tools and "lookup_the_weather" not in closed
+    params = SamplingParams(max_tokens=4, temperature=0)
+    out = llm.chat(conv, params, use_tqdm=False, continue_final_message=True)
+    assert out[0].prompt_token_ids == tok.encode(open_)
+    gen = llm.generate(open_, params, use_tqdm=False)
+    assert out[0].outputs[0].token_ids == gen[0].outputs[0].token_ids
+    assert llm.chat(conv[:1], params, use_tqdm=False, tools=tools)[0].prompt_token_ids == \
+        tok.encode(with_tools)
+
+
 def test_tokenizer_round_trip(llm):
     tok = llm.get_tokenizer()
     text = "Hello, world! <|im_end|> ünïcode"

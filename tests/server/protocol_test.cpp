@@ -374,6 +374,40 @@ TEST(ServerProtocol, ToolChoiceAndParsersFollowTheServersFlags) {
   EXPECT_NE(std::string(e.what()).find("--enable-auto-tool-choice"), std::string::npos);
 }
 
+TEST(ServerProtocol, ChatTemplateArgumentsKeepTheClientsOrder) {
+  // Tools reach the template in the order the client wrote their keys (tojson writes them
+  // into the prompt), and the turn fields go with them.
+  const OpenAiRequest r = parse_chat_request(
+      R"({"messages": [{"role": "user", "content": "x"}],
+          "tools": [{"type": "function", "function": {"name": "f", "description": "d",
+                     "parameters": {"type": "object", "properties": {}}}}],
+          "continue_final_message": true, "add_generation_prompt": false})",
+      kCtx);
+  const nlohmann::ordered_json m = nlohmann::ordered_json::parse(r.prompts[0].messages_json);
+  EXPECT_EQ(m["tools"][0].dump(),
+            R"({"type":"function","function":{"name":"f","description":"d","parameters":)"
+            R"({"type":"object","properties":{}}}})");
+  EXPECT_EQ(m["messages"][0].dump(), R"({"role":"user","content":"x"})");
+  EXPECT_EQ(m["continue_final_message"], true);
+  EXPECT_EQ(m["add_generation_prompt"], false);
+  // Without tools or turn fields: the messages alone (an array).
+  const OpenAiRequest plain =
+      parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}]})", kCtx);
+  EXPECT_EQ(plain.prompts[0].messages_json, R"([{"role":"user","content":"x"}])");
+  const HttpError both = error_of([] {
+    parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}],
+                           "continue_final_message": true, "add_generation_prompt": true})",
+                       kCtx);
+  });
+  EXPECT_EQ(both.param, "continue_final_message");
+  EXPECT_EQ(error_of([] {
+              parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}],
+                                     "continue_final_message": "yes"})",
+                                 kCtx);
+            }).param,
+            "continue_final_message");
+}
+
 TEST(ServerProtocol, ParsedChatResponseAndChunks) {
   ProtocolContext parsing = kCtx;
   parsing.reasoning_parser = "qwen3";

@@ -2,7 +2,9 @@
 asks for log-likelihoods, and vLLM's prompt_logprobs) and its chat output parsers
 (--reasoning-parser qwen3, --enable-auto-tool-choice --tool-call-parser hermes), through the
 real openai client. The parsers' rules are unit-tested in chat_output_test.cpp; here, that
-the server runs them, streamed and whole alike, and refuses what it cannot do."""
+the server runs them, streamed and whole alike, and refuses what it cannot do. Also the
+chat template's arguments vLLM's chat requests take (continue_final_message,
+add_generation_prompt)."""
 import json
 import subprocess
 
@@ -210,6 +212,38 @@ def test_parsed_chat_follows_the_rules_streamed_and_whole(server, parsing):
             client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS,
                                            tool_choice=choice, max_tokens=2)
         assert "tool_choice" in str(e.value) and "guided decoding" in str(e.value)
+
+
+def test_chat_continues_the_final_message(client):
+    conv = MESSAGES + [{"role": "assistant", "content": "It is sunny and"}]
+    ids = {}
+    for name, extra in (("closed", {"add_generation_prompt": False}),
+                        ("open", {"continue_final_message": True}),
+                        ("open_too", {"continue_final_message": True,
+                                      "add_generation_prompt": False}),
+                        ("next_turn", {})):
+        r = client.chat.completions.create(model=MODEL, messages=conv, max_tokens=2,
+                                           temperature=0,
+                                           extra_body={"return_token_ids": True, **extra})
+        ids[name] = r.choices[0].model_extra["prompt_token_ids"]
+    # The open prompt is the closed one without the final message's end.
+    assert ids["open"] == ids["open_too"]
+    assert len(ids["open"]) < len(ids["closed"]) and ids["closed"][:len(ids["open"])] == ids["open"]
+    # The default opens a new assistant turn after the closed history.
+    assert ids["next_turn"][:len(ids["closed"])] == ids["closed"]
+    assert len(ids["next_turn"]) > len(ids["closed"])
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=conv, max_tokens=2, extra_body={
+            "continue_final_message": True, "add_generation_prompt": True})
+    assert "continue_final_message" in str(e.value)
+    # A final message without content to continue: the template's error, as a 400.
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=MODEL, max_tokens=2, extra_body={"continue_final_message": True},
+            messages=MESSAGES + [{"role": "assistant", "content": None, "tool_calls": [call]}])
+    assert "has no \"content\" to continue" in str(e.value)
 
 
 @pytest.mark.parametrize("flags,message", [

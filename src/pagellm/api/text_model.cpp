@@ -91,7 +91,11 @@ std::string TextModel::render_chat(const Prompt& prompt) const {
         << kwargs.dump();
     for (const auto& [key, value] : kwargs.items()) request.variables[key] = value;
   }
-  request.add_generation_prompt = true;
+  // The assistant's turn is opened unless the request says otherwise, or continues its
+  // final message instead.
+  if (!messages.is_object() || !messages.contains("add_generation_prompt")) {
+    request.add_generation_prompt = request.continue_final_message.empty();
+  }
   return tok.chat_template().render(request);
 }
 

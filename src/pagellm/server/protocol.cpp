@@ -304,12 +304,27 @@ OpenAiRequest parse_chat_request(const std::string& body, const ProtocolContext&
   if (field(j, "prompt_logprobs")) {
     bad_field("prompt_logprobs", "is supported on /v1/completions only");
   }
-  std::string messages_json = messages->dump();
+  // The template's arguments beside the messages (ChatRequest's object form). Messages and
+  // tools keep the client's key order (ordered_json; `json` sorts keys): the template
+  // writes tools with tojson, so the order is part of the prompt, as in vLLM.
+  const nlohmann::ordered_json in_order = nlohmann::ordered_json::parse(body);
+  nlohmann::ordered_json request = {{"messages", in_order["messages"]}};
   const json* tools = field(j, "tools");
   if (tools) {
     if (!tools->is_array()) bad_field("tools", "must be a list, got " + shown(*tools));
-    messages_json = json{{"messages", *messages}, {"tools", *tools}}.dump();
+    request["tools"] = in_order["tools"];
   }
+  const std::optional<bool> open_turn = get_bool(j, "add_generation_prompt");
+  const std::optional<bool> continue_final = get_bool(j, "continue_final_message");
+  if (continue_final.value_or(false) && open_turn.value_or(false)) {
+    bad_field("continue_final_message", "and add_generation_prompt cannot both be true: one "
+                                        "continues the final message, the other opens a new "
+                                        "assistant message");
+  }
+  if (open_turn) request["add_generation_prompt"] = *open_turn;
+  if (continue_final) request["continue_final_message"] = *continue_final;
+  const std::string messages_json =
+      request.size() == 1 ? request["messages"].dump() : request.dump();
   read_tool_choice(j, ctx, tools != nullptr, r);
   r.parse_reasoning = ctx.reasoning_parser == "qwen3";
   r.prompts.push_back(Prompt::from_messages_json(messages_json, kwargs.empty() ? "" : kwargs.dump()));

@@ -10,8 +10,11 @@
 //     any other request variable (enable_thinking, ...), which override special tokens;
 //   - the Jinja environment has trim_blocks and lstrip_blocks on, loop controls, and the
 //     globals raise_exception, strftime_now, namespace, dict and range; tojson is
-//     Python's json.dumps with ensure_ascii=False.
-// continue_final_message is not supported.
+//     Python's json.dumps with ensure_ascii=False;
+//   - continue_final_message (transformers 5's way): a tag is appended to the final
+//     message's field (its content, or the field named; every copy of the reasoning when
+//     that is the field; the last text block of a list content), the chat rendered, and the
+//     text cut where the tag stands, so that the final message stays open.
 #pragma once
 
 #include <memory>
@@ -31,11 +34,15 @@ struct ChatRequest {
   nlohmann::ordered_json tools;      // null: no tools
   nlohmann::ordered_json documents;  // null: no documents
   bool add_generation_prompt = false;
+  /// The final message's field to leave open ("content" for continue_final_message: true),
+  /// "" for none. Not with add_generation_prompt.
+  std::string continue_final_message;
   /// Other template variables, e.g. {"enable_thinking": false}. An object.
   nlohmann::ordered_json variables = nlohmann::ordered_json::object();
 
   /// Reads either a JSON array of messages, or an object {"messages": [...], "tools": [...],
-  /// "documents": [...], "add_generation_prompt": true, <other variables>...}.
+  /// "documents": [...], "add_generation_prompt": true, "continue_final_message": true or
+  /// a field name, <other variables>...}.
   /// Throws Error describing the accepted shapes on anything else.
   static ChatRequest from_json(const nlohmann::ordered_json& request);
 };

@@ -520,6 +520,45 @@ def chat_corpus():
         elif thinking == 2:
             request["enable_thinking"] = False
         requests.append(request)
+    return requests + continue_corpus()
+
+
+def continue_corpus():
+    """Requests with continue_final_message (transformers' rules: the final message left
+    open; true continues its content, a string names the field): assistant and user
+    messages, reasoning, whitespace the template trims, and the errors (with
+    add_generation_prompt, no such field, an empty conversation, list content)."""
+    rng = random.Random(SEED + 3)
+    requests = []
+    for i in range(24):
+        messages = [{"role": "user", "content": _user_text(rng)}]
+        last = {"role": "assistant", "content": rng.choice([_user_text(rng), "The answer is",
+                                                            "Trailing space ", "\nLeading", ""])}
+        kind = i % 8
+        if kind == 1:
+            last["reasoning_content"] = _english_sentence(rng)
+        elif kind == 2:
+            last["content"] = f"<think>\n{_english_sentence(rng)}\n</think>\n\n{last['content']}"
+        elif kind == 3:
+            last = {"role": "user", "content": _user_text(rng)}
+        if kind != 3:
+            messages.append(last)
+        request = {"messages": messages, "continue_final_message": True}
+        if kind == 4:
+            request["continue_final_message"] = "reasoning_content"
+            messages[-1]["reasoning_content"] = _english_sentence(rng)
+        elif kind == 5:
+            request["add_generation_prompt"] = True  # refused: the two do not go together
+        elif kind == 6:
+            request["continue_final_message"] = "no_such_field"
+        elif kind == 7 and i == 7:
+            request["messages"] = []
+        elif kind == 7:
+            messages[-1]["content"] = [{"type": "text", "text": "block text"}]
+        thinking = rng.randrange(3)
+        if thinking:
+            request["enable_thinking"] = thinking == 1
+        requests.append(request)
     return requests
 
 

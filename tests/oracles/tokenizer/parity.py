@@ -202,7 +202,8 @@ def decode_suite(model_dir, id_sequences, labels, report):
 
 
 def chat_kwargs(request):
-    kwargs = {k: v for k, v in request.items() if k not in ("messages", "tools", "documents", "add_generation_prompt", "error")}
+    kwargs = {k: v for k, v in request.items() if k not in ("messages", "tools", "documents", "add_generation_prompt",
+                                                            "continue_final_message", "error")}
     return kwargs
 
 
@@ -212,6 +213,7 @@ def render_hf(auto, request, chat_template=None, tokenize=False):
         out = auto.apply_chat_template(copy.deepcopy(request["messages"]), tools=copy.deepcopy(request.get("tools")),
                                        documents=request.get("documents"), chat_template=chat_template,
                                        add_generation_prompt=request.get("add_generation_prompt", False),
+                                       continue_final_message=request.get("continue_final_message", False),
                                        tokenize=tokenize, **copy.deepcopy(kwargs))
     except Exception as e:  # noqa: BLE001 - any template error counts as "error"
         return None, f"{type(e).__name__}: {e}"
