@@ -2,7 +2,8 @@
 // sound.
 //
 // Input: one selector byte (0: POST /v1/completions, 1: POST /v1/chat/completions, 2: POST
-// /generate, 3: POST /init_weights_group or /update_weights {"broadcast"}; taken modulo 4)
+// /generate (and /tokenize, /detokenize), 3: POST /init_weights_group or /update_weights
+// {"broadcast"}; taken modulo 4)
 // and the body (any bytes). Each parser either throws HttpError
 // with a status of 400 or 404 and an error object that is valid JSON, or returns a request
 // whose prompts are non-empty and whose sampling parameters hold what the engine's own
@@ -116,6 +117,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       return 0;
     }
     if (route == 2) {
+      // The tokenizer routes' bodies too: a prompt of some kind, ids >= 0, or a 400.
+      for (int which = 0; which < 2; ++which) {
+        try {
+          if (which == 0) {
+            const pagellm::Prompt p = parse_tokenize_request(body);
+            if (p.kind == pagellm::Prompt::Kind::kTokenIds) fail("/tokenize took token ids");
+          } else {
+            for (int32_t id : parse_detokenize_request(body)) {
+              if (id < 0) fail("/detokenize took a negative id");
+            }
+          }
+        } catch (const HttpError& e) {
+          check_error(e);
+        }
+      }
       const GenerateRequest g = parse_generate_request(body);
       check_params(g.params);
       pagellm::RequestOutput out;

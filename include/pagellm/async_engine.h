@@ -151,6 +151,11 @@ class AsyncEngine {
   /// Tokenizer access, safe from any thread (throws without a tokenizer).
   std::vector<int32_t> encode(const std::string& text) const;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
+  /// The text a chat Prompt renders to, and the ids any Prompt is encoded to, as
+  /// LLM::apply_chat_template and LLM::prompt_token_ids; safe from any thread. Throw
+  /// pagellm::Error for a bad prompt (or text without a tokenizer).
+  std::string apply_chat_template(const Prompt& chat_prompt) const;
+  std::vector<int32_t> prompt_token_ids(const Prompt& prompt) const;
 
   /// Scores given token sequences without sampling (LLM::score has the contract): runs on
   /// the loop thread between two steps and blocks the caller until it is done; running
@@ -182,6 +187,8 @@ class AsyncEngine {
   /// The longest prompt + output a request may have (EngineOptions::max_model_len, or the
   /// model's when that was 0).
   int32_t max_model_len() const;
+  /// The model's vocabulary size: token ids run from 0 to vocab_size() - 1.
+  int64_t vocab_size() const;
 
   /// LoRA adapters (LLM::load_lora_adapter has the contract), run by the loop thread
   /// between steps (blocks until done). A replace in place applies to the running

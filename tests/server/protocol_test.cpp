@@ -408,6 +408,34 @@ TEST(ServerProtocol, ChatTemplateArgumentsKeepTheClientsOrder) {
             "continue_final_message");
 }
 
+TEST(ServerProtocol, TokenizeAndDetokenizeBodies) {
+  const Prompt text = parse_tokenize_request(R"({"prompt": "hi", "add_special_tokens": true})");
+  EXPECT_EQ(text.kind, Prompt::Kind::kText);
+  EXPECT_EQ(text.text, "hi");
+  // A chat: the same prompt /v1/chat/completions would build.
+  const std::string chat = R"({"messages": [{"role": "user", "content": "x"}],
+                               "tools": [{"type": "function", "function": {"name": "f"}}],
+                               "add_generation_prompt": false,
+                               "chat_template_kwargs": {"enable_thinking": false}})";
+  const Prompt tokenized = parse_tokenize_request(chat);
+  const OpenAiRequest completion = parse_chat_request(chat, kCtx);
+  EXPECT_EQ(tokenized.kind, Prompt::Kind::kChat);
+  EXPECT_EQ(tokenized.messages_json, completion.prompts[0].messages_json);
+  EXPECT_EQ(tokenized.chat_template_kwargs_json, completion.prompts[0].chat_template_kwargs_json);
+  const auto tokenize_error = [](const std::string& body) {
+    return error_of([&] { parse_tokenize_request(body); });
+  };
+  EXPECT_EQ(tokenize_error(R"({})").param, "messages");
+  EXPECT_EQ(tokenize_error(R"({"prompt": "a", "messages": []})").param, "prompt");
+  EXPECT_EQ(tokenize_error(R"({"prompt": [1, 2]})").param, "prompt");
+  EXPECT_EQ(tokenize_error(R"({"messages": [{"content": "x"}]})").param, "messages");
+  EXPECT_EQ(tokenize_error(R"({"prompt": "a", "return_token_strs": true})").param,
+            "return_token_strs");
+  EXPECT_EQ(parse_detokenize_request(R"({"tokens": [3, 4]})"), (std::vector<int32_t>{3, 4}));
+  EXPECT_EQ(error_of([] { parse_detokenize_request(R"({"tokens": [-1]})"); }).param, "tokens");
+  EXPECT_EQ(error_of([] { parse_detokenize_request(R"({})"); }).param, "tokens");
+}
+
 TEST(ServerProtocol, ParsedChatResponseAndChunks) {
   ProtocolContext parsing = kCtx;
   parsing.reasoning_parser = "qwen3";

@@ -246,6 +246,34 @@ def test_chat_continues_the_final_message(client):
     assert "has no \"content\" to continue" in str(e.value)
 
 
+def test_tokenize_gives_the_ids_the_engine_runs(server, client):
+    status, t = server.call("POST", "/tokenize", {"prompt": "The paged KV cache"})
+    assert status == 200, t
+    r = client.completions.create(model=MODEL, prompt="The paged KV cache", max_tokens=1,
+                                  extra_body={"return_token_ids": True})
+    assert t["tokens"] == r.choices[0].prompt_token_ids
+    assert t["count"] == len(t["tokens"]) and t["max_model_len"] == 1024
+    for extra in ({}, {"continue_final_message": True}, {"add_generation_prompt": False},
+                  {"chat_template_kwargs": {"enable_thinking": False}}):
+        conv = MESSAGES + [{"role": "assistant", "content": "Sunny"}]
+        status, t = server.call("POST", "/tokenize", {"messages": conv, "tools": TOOLS, **extra})
+        assert status == 200, t
+        chat = client.chat.completions.create(model=MODEL, messages=conv, tools=TOOLS,
+                                              max_tokens=1,
+                                              extra_body={"return_token_ids": True, **extra})
+        assert t["tokens"] == chat.choices[0].model_extra["prompt_token_ids"], extra
+    status, d = server.call("POST", "/detokenize", {"tokens": t["tokens"]})
+    assert status == 200 and d["prompt"].startswith("<|im_start|>") and "Sunny" in d["prompt"]
+    status, t2 = server.call("POST", "/tokenize", {"prompt": d["prompt"]})
+    assert t2["tokens"] == t["tokens"]  # the text of ids encodes back to them
+    for path, body, param in (("/tokenize", {"prompt": 3}, "prompt"),
+                              ("/tokenize", {}, "messages"),
+                              ("/detokenize", {"tokens": ["a"]}, "tokens"),
+                              ("/detokenize", {"tokens": [5, 1024]}, "tokens")):
+        status, e = server.call("POST", path, body)
+        assert status == 400 and e["error"]["param"] == param, e
+
+
 @pytest.mark.parametrize("flags,message", [
     (["--reasoning-parser", "deepseek_r1"], "--reasoning-parser: only \"qwen3\""),
     (["--tool-call-parser", "mistral"], "--tool-call-parser: only \"hermes\""),

@@ -328,6 +328,14 @@ std::string AsyncEngine::decode(const std::vector<int32_t>& ids, bool skip_speci
   return impl_->text->decode(ids, skip_special_tokens);
 }
 
+std::string AsyncEngine::apply_chat_template(const Prompt& chat_prompt) const {
+  return impl_->text->render_chat(chat_prompt);
+}
+
+std::vector<int32_t> AsyncEngine::prompt_token_ids(const Prompt& prompt) const {
+  return impl_->text->encode_prompt(prompt).ids;
+}
+
 int64_t AsyncEngine::check_invariants_and_count_free_pages() {
   auto inspect = [core = impl_->core.get()] {
     core->engine().check_invariants();
@@ -364,6 +372,7 @@ std::vector<ScoreOutput> AsyncEngine::score(const std::vector<std::vector<int32_
 int64_t AsyncEngine::num_usable_pages() const { return impl_->usable_pages; }
 
 int32_t AsyncEngine::max_model_len() const { return impl_->limits.max_model_len; }
+int64_t AsyncEngine::vocab_size() const { return impl_->limits.vocab_size; }
 
 EngineLoad AsyncEngine::load() const {
   const Impl& impl = *impl_;

@@ -278,11 +278,13 @@ OpenAiRequest parse_completion_request(const std::string& body, const ProtocolCo
   return r;
 }
 
-OpenAiRequest parse_chat_request(const std::string& body, const ProtocolContext& ctx) {
-  const json j = parse_object(body);
-  OpenAiRequest r;
-  r.chat = true;
-  read_common(j, ctx, r);
+namespace {
+
+/// A chat body's prompt: its messages through the chat template with the template's
+/// arguments (tools, add_generation_prompt, continue_final_message, chat_template_kwargs).
+/// Messages and tools keep the client's key order (ordered_json; `json` sorts keys): the
+/// template writes tools with tojson, so the order is part of the prompt, as in vLLM.
+Prompt read_chat_prompt(const json& j, const std::string& body) {
   const json* messages = field(j, "messages");
   if (!messages || !messages->is_array() || messages->empty()) {
     bad_field("messages", "is required: a non-empty list of {\"role\", \"content\"} objects");
@@ -301,16 +303,9 @@ OpenAiRequest parse_chat_request(const std::string& body, const ProtocolContext&
     if (!v->is_object()) bad_field("chat_template_kwargs", "must be an object, got " + shown(*v));
     kwargs = *v;
   }
-  if (field(j, "prompt_logprobs")) {
-    bad_field("prompt_logprobs", "is supported on /v1/completions only");
-  }
-  // The template's arguments beside the messages (ChatRequest's object form). Messages and
-  // tools keep the client's key order (ordered_json; `json` sorts keys): the template
-  // writes tools with tojson, so the order is part of the prompt, as in vLLM.
   const nlohmann::ordered_json in_order = nlohmann::ordered_json::parse(body);
   nlohmann::ordered_json request = {{"messages", in_order["messages"]}};
-  const json* tools = field(j, "tools");
-  if (tools) {
+  if (const json* tools = field(j, "tools")) {
     if (!tools->is_array()) bad_field("tools", "must be a list, got " + shown(*tools));
     request["tools"] = in_order["tools"];
   }
@@ -325,9 +320,22 @@ OpenAiRequest parse_chat_request(const std::string& body, const ProtocolContext&
   if (continue_final) request["continue_final_message"] = *continue_final;
   const std::string messages_json =
       request.size() == 1 ? request["messages"].dump() : request.dump();
-  read_tool_choice(j, ctx, tools != nullptr, r);
+  return Prompt::from_messages_json(messages_json, kwargs.empty() ? "" : kwargs.dump());
+}
+
+}  // namespace
+
+OpenAiRequest parse_chat_request(const std::string& body, const ProtocolContext& ctx) {
+  const json j = parse_object(body);
+  OpenAiRequest r;
+  r.chat = true;
+  read_common(j, ctx, r);
+  if (field(j, "prompt_logprobs")) {
+    bad_field("prompt_logprobs", "is supported on /v1/completions only");
+  }
+  r.prompts.push_back(read_chat_prompt(j, body));
+  read_tool_choice(j, ctx, field(j, "tools") != nullptr, r);
   r.parse_reasoning = ctx.reasoning_parser == "qwen3";
-  r.prompts.push_back(Prompt::from_messages_json(messages_json, kwargs.empty() ? "" : kwargs.dump()));
   // Unset: until the context is full (the engine ends the sample at max_model_len).
   r.params.max_tokens = ctx.max_model_len > 0 ? ctx.max_model_len : 16;
   read_sampling(j, r.params, {"max_completion_tokens", "max_tokens"});
@@ -339,6 +347,33 @@ OpenAiRequest parse_chat_request(const std::string& body, const ProtocolContext&
     r.params.logprobs = *r.logprobs;
   }
   return r;
+}
+
+Prompt parse_tokenize_request(const std::string& body) {
+  const json j = parse_object(body);
+  const json* prompt = field(j, "prompt");
+  const json* messages = field(j, "messages");
+  if ((prompt != nullptr) == (messages != nullptr)) {
+    bad_field(prompt ? "prompt" : "messages",
+              "give exactly one of \"prompt\" (a string) and \"messages\" (a chat)");
+  }
+  // add_special_tokens: Qwen3's tokenizer adds none either way.
+  (void)get_bool(j, "add_special_tokens");
+  if (auto strs = get_bool(j, "return_token_strs"); strs.value_or(false)) {
+    bad_field("return_token_strs", "is not supported; /detokenize gives a token's text");
+  }
+  if (prompt) {
+    if (!prompt->is_string()) bad_field("prompt", "must be a string, got " + shown(*prompt));
+    return Prompt::from_text(prompt->get<std::string>());
+  }
+  return read_chat_prompt(j, body);
+}
+
+std::vector<int32_t> parse_detokenize_request(const std::string& body) {
+  const json j = parse_object(body);
+  const json* tokens = field(j, "tokens");
+  if (!tokens) bad_field("tokens", "is required: a list of token ids");
+  return token_list(*tokens, "tokens");
 }
 
 GenerateRequest parse_generate_request(const std::string& body) {

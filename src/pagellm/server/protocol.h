@@ -91,6 +91,13 @@ OpenAiRequest parse_completion_request(const std::string& body, const ProtocolCo
 /// Parses a POST /v1/chat/completions body (messages rendered later by the chat template).
 OpenAiRequest parse_chat_request(const std::string& body, const ProtocolContext& ctx);
 
+/// A POST /tokenize body (vLLM's): {"prompt": text} or a chat's {"messages", "tools",
+/// "add_generation_prompt", "continue_final_message", "chat_template_kwargs"} as
+/// /v1/chat/completions takes them; returns the prompt to encode.
+Prompt parse_tokenize_request(const std::string& body);
+/// A POST /detokenize body, {"tokens": [ids]}; returns the ids.
+std::vector<int32_t> parse_detokenize_request(const std::string& body);
+
 /// A parsed POST /generate body: token ids in, the engine's own outputs back.
 struct GenerateRequest {
   std::vector<int32_t> prompt_token_ids;

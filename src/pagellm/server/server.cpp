@@ -598,8 +598,9 @@ struct Server::Impl {
         fail(res, HttpError(404,
                             "no route " + req.method + " " + req.path +
                                 "; the routes are GET /v1/models, POST /v1/completions, POST "
-                                "/v1/chat/completions, POST /generate, POST "
-                                "/v1/load_lora_adapter, /v1/unload_lora_adapter, GET /health, GET /metrics and "
+                                "/v1/chat/completions, POST /generate, POST /tokenize, "
+                                "/detokenize, /v1/load_lora_adapter, /v1/unload_lora_adapter, "
+                                "GET /health, GET /metrics and "
                                 "POST /pause, /resume, /update_weights, /init_weights_group, "
                                 "/destroy_weights_group, /reset_prefix_cache, /sleep, "
                                 "/wake_up",
@@ -646,6 +647,31 @@ struct Server::Impl {
     });
     http.Post("/generate", [this](const httplib::Request& req, httplib::Response& res) {
       guarded(res, [&] { generate(req, res); });
+    });
+    // vLLM's tokenizer routes: the ids the engine would run for a prompt or a chat, and the
+    // text of ids. Neither touches the engine loop.
+    http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(res, [&] {
+        const std::vector<int32_t> ids = engine.prompt_token_ids(parse_tokenize_request(req.body));
+        reply_json(res, {{"count", ids.size()},
+                         {"max_model_len", ctx.max_model_len},
+                         {"tokens", ids}});
+      });
+    });
+    http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(res, [&] {
+        const std::vector<int32_t> ids = parse_detokenize_request(req.body);
+        for (size_t i = 0; i < ids.size(); ++i) {
+          if (ids[i] >= engine.vocab_size()) {
+            throw HttpError(400,
+                            "tokens: element " + std::to_string(i) + " (" +
+                                std::to_string(ids[i]) + ") is not below the vocabulary size " +
+                                std::to_string(engine.vocab_size()),
+                            "tokens");
+          }
+        }
+        reply_json(res, {{"prompt", engine.decode(ids, false)}});
+      });
     });
     http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       reply_json(res, health());
