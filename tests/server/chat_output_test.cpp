@@ -64,6 +64,9 @@ TEST(ChatOutput, ReasoningIsSplitFromTheContent) {
   const ChatPieces cut = whole("<think>\nhalf a tho");
   EXPECT_EQ(cut.reasoning, "half a tho");
   EXPECT_EQ(cut.content, "");
+  // Newlines it ended on are not next to a </think>: they stay.
+  EXPECT_EQ(whole("<think>\nhalf a line\n\n").reasoning, "half a line\n\n");
+  EXPECT_EQ(in_pieces("<think>\nhalf a line\n\n", {15, 16}).reasoning, "half a line\n\n");
   // A prompt that left <think> open: the output starts inside the reasoning.
   const ChatPieces opened = whole("reasoned\n</think>\n\nsaid", {true, true, true});
   EXPECT_EQ(opened.reasoning, "reasoned");
@@ -152,6 +155,94 @@ TEST(ChatOutput, PiecesFedOneByOneSayWhatTheWholeTextSays) {
         expect_same(in_pieces(text, cuts, o), expected, text + " random cuts");
       }
     }
+  }
+}
+
+/// The rules again, on the whole text at once (find and cut, no state machine): the oracle
+/// for random texts. Mirrors reference_parse in test_scoring_and_parsers.py.
+ChatPieces reference(std::string text, bool tools) {
+  const std::string ws = " \t\r\n";
+  auto lstrip = [](const std::string& s, const std::string& chars) {
+    const size_t i = s.find_first_not_of(chars);
+    return i == std::string::npos ? std::string() : s.substr(i);
+  };
+  auto rstrip = [](const std::string& s, const std::string& chars) {
+    const size_t i = s.find_last_not_of(chars);
+    return i == std::string::npos ? std::string() : s.substr(0, i + 1);
+  };
+  ChatPieces out;
+  if (text.rfind("<think>", 0) == 0) {
+    const std::string body = text.substr(7);
+    const size_t close = body.find("</think>");
+    if (close == std::string::npos) {
+      out.reasoning = lstrip(body, "\n");
+      text.clear();
+    } else {
+      out.reasoning = rstrip(lstrip(body.substr(0, close), "\n"), "\n");
+      text = lstrip(body.substr(close + 8), "\n");
+    }
+  }
+  if (!tools) {
+    out.content = text;
+    return out;
+  }
+  size_t pos = 0;
+  bool after_block = false;
+  for (;;) {
+    const size_t start = text.find("<tool_call>", pos);
+    std::string segment = text.substr(pos, start == std::string::npos ? std::string::npos
+                                                                        : start - pos);
+    if (after_block) segment = lstrip(segment, ws);
+    if (start == std::string::npos) {
+      out.content += out.tool_calls.empty() ? segment : rstrip(segment, ws);
+      return out;
+    }
+    out.content += rstrip(segment, ws);
+    const size_t end = text.find("</tool_call>", start);
+    if (end == std::string::npos) {
+      out.content += text.substr(start);
+      return out;
+    }
+    const std::string body = text.substr(start + 11, end - start - 11);
+    const auto call = nlohmann::ordered_json::parse(body, nullptr, false);
+    const bool named = call.is_object() && call.contains("name") && call["name"].is_string();
+    const bool args_ok = named && (!call.contains("arguments") || call["arguments"].is_object() ||
+                                   call["arguments"].is_string());
+    if (args_ok) {
+      const int index = static_cast<int>(out.tool_calls.size());
+      std::string args = "{}";
+      if (call.contains("arguments")) {
+        args = call["arguments"].is_string() ? call["arguments"].get<std::string>()
+                                             : call["arguments"].dump();
+      }
+      out.tool_calls.push_back({index, "id-" + std::to_string(index),
+                                call["name"].get<std::string>(), args});
+    } else {
+      out.content += text.substr(start, end + 12 - start);
+    }
+    pos = end + 12;
+    after_block = true;
+  }
+}
+
+TEST(ChatOutput, RandomTextsFollowTheRulesAsWrittenAgain) {
+  const std::vector<std::string> parts = {
+      "<think>", "</think>", "<tool_call>", "</tool_call>", "\n", " ", "\t", "a", "b c", "<",
+      "<thi", "</tool", R"({"name": "f", "arguments": {"x": 1}})", R"({"name": "g"})",
+      R"({"name": 3})", R"({"name": "h", "arguments": "{}"})",
+      R"({"name": "k", "arguments": [1]})", "x\n\n", "\n\n"};
+  std::mt19937 rng(7);
+  for (int i = 0; i < 20000; ++i) {
+    std::string text;
+    const int n = static_cast<int>(rng() % 13);
+    for (int k = 0; k < n; ++k) text += parts[rng() % parts.size()];
+    const bool tools = rng() % 10 < 7;
+    Options o{true, tools, false};
+    const ChatPieces expected = reference(text, tools);
+    expect_same(whole(text, o), expected, text);
+    const size_t cut = text.empty() ? 0 : rng() % (text.size() + 1);
+    expect_same(in_pieces(text, {cut}, o), expected, text + " cut");
+    if (HasFailure()) break;
   }
 }
 

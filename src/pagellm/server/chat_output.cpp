@@ -104,7 +104,12 @@ void ChatOutputParser::run(ChatPieces& out, bool end) {
         continue;
       }
       case State::kReasoning: {
-        if (!strip_leading()) return;
+        if (!strip_leading()) {
+          // The output ended while thinking: newlines held for a </think> are its own.
+          if (end) out.reasoning += held_ws_;
+          if (end) held_ws_.clear();
+          return;
+        }
         const size_t close = pending_.find(kThinkClose);
         if (close != std::string::npos) {
           // Newlines before </think> are dropped with the newlines held before them.
