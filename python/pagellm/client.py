@@ -131,6 +131,19 @@ class PagellmClient:
         """POST /v1/completions; returns the OpenAI response as a dict."""
         return self._call("POST", "/v1/completions", {"prompt": prompt, **params})
 
+    def tokenize(self, prompt: Optional[str] = None, messages: Optional[List[dict]] = None,
+                 **params: Any) -> List[int]:
+        """POST /tokenize: the token ids the server runs for a prompt text, or for a chat
+        (``messages`` with params tools, add_generation_prompt, continue_final_message,
+        chat_template_kwargs), e.g. to build a multi-turn rollout's ids on the trainer's
+        side exactly as the server's chat template makes them."""
+        body: dict = {"prompt": prompt} if messages is None else {"messages": messages}
+        return self._call("POST", "/tokenize", {**body, **params})["tokens"]
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """POST /detokenize: the text of token ids (special tokens kept)."""
+        return self._call("POST", "/detokenize", {"tokens": [int(t) for t in token_ids]})["prompt"]
+
     # ---- control ----------------------------------------------------------------------
     def models(self) -> dict:
         """GET /v1/models: the served model (with its max_model_len and

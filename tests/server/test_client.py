@@ -1,5 +1,6 @@
 """python/pagellm/client.py against a running `pagellm serve`: generate (single, batched,
-streamed; equal to the OpenAI route for the same seed), chat, the control calls, errors as
+streamed; equal to the OpenAI route for the same seed), chat, tokenize and detokenize, the
+control calls, errors as
 PagellmError naming the field, and an early-closed stream that frees its pages."""
 import importlib.util
 import os
@@ -40,6 +41,17 @@ def test_generate_single_batched_and_streamed(client):
     openai_style = client.complete([3, 4, 5], max_tokens=6, temperature=0.8, seed=5,
                                    return_token_ids=True)
     assert openai_style["choices"][0]["token_ids"] == out["token_ids"]
+
+
+def test_tokenize_and_detokenize(client):
+    conv = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}]
+    ids = client.tokenize(messages=conv, continue_final_message=True)
+    r = client.chat(conv, max_tokens=1, continue_final_message=True, return_token_ids=True)
+    assert r["choices"][0]["prompt_token_ids"] == ids
+    text = client.detokenize(ids)
+    assert text.endswith("Hel") and client.tokenize(text) == ids
+    with pytest.raises(PagellmError, match="tokens"):
+        client.detokenize([10 ** 6])
 
 
 def test_chat_and_control(client, served):
