@@ -1,7 +1,7 @@
 """python/pagellm/client.py against a running `pagellm serve`: generate (single, batched,
 streamed; equal to the OpenAI route for the same seed), chat, tokenize and detokenize, the
-control calls, errors as
-PagellmError naming the field, and an early-closed stream that frees its pages."""
+control calls, errors as PagellmError naming the field, and an early-closed stream that
+frees its pages."""
 import importlib.util
 import os
 
