@@ -84,6 +84,19 @@ def test_echo_with_logprobs_gives_each_prompt_tokens_logprob(client):
     assert first.token_logprobs[1:len(prompt)] == lp.token_logprobs[1:len(prompt)]
     streamed = [x for c in chunks for x in c.choices[0].logprobs.token_logprobs]
     assert len(streamed) == len(prompt) + 3
+    # Many prompts in one request (lm-eval batches them) are scored together, a one-token
+    # prompt among them: each as when alone.
+    many = client.completions.create(model=MODEL, prompt=[prompt, [5], prompt[:3]], echo=True,
+                                     logprobs=1, max_tokens=1, temperature=0)
+    assert many.choices[0].logprobs.token_logprobs[1:len(prompt)] == pytest.approx(
+        lp.token_logprobs[1:len(prompt)], abs=1e-5)
+    one = many.choices[1].logprobs
+    assert one.tokens[:1] == lp.tokens[:1] and one.token_logprobs[0] is None
+    assert len(one.tokens) == 2
+    alone = client.completions.create(model=MODEL, prompt=[prompt[:3]], echo=True, logprobs=1,
+                                      max_tokens=1, temperature=0).choices[0].logprobs
+    assert many.choices[2].logprobs.token_logprobs[1:3] == pytest.approx(
+        alone.token_logprobs[1:3], abs=1e-5)
 
 
 def test_prompt_logprobs_in_vllms_shape(client):

@@ -296,9 +296,9 @@ struct Server::Impl {
       }
       std::vector<ScoreOutput> scores;
       if (const std::optional<int> k = r.prompt_score_top_k()) {
-        for (const RequestOutput& o : outputs) {
-          scores.push_back(score_prompt(o.prompt_token_ids, *k, r.lora));
-        }
+        std::vector<std::vector<int32_t>> ids;
+        for (const RequestOutput& o : outputs) ids.push_back(o.prompt_token_ids);
+        scores = score_prompts(ids, *k, r.lora);
       }
       reply_json(res, format_response(r, meta, outputs, decoder(), scores));
       return;
@@ -306,15 +306,26 @@ struct Server::Impl {
     stream_openai(res, std::make_shared<OpenAiRequest>(std::move(r)), meta, inflight);
   }
 
-  /// A prompt's log-probabilities (echo with logprobs, prompt_logprobs): the scoring path
-  /// over its tokens, every token after the first; a one-token prompt has none.
-  ScoreOutput score_prompt(const std::vector<int32_t>& ids, int top_k, const std::string& lora) {
-    if (ids.size() < 2) {
-      ScoreOutput none;
-      none.token_ids = ids;
-      return none;
+  /// Prompts' log-probabilities (echo with logprobs, prompt_logprobs): the scoring path over
+  /// each one's tokens, every token after the first, all in one call (one batched prefill
+  /// for a request of many prompts, as lm-evaluation-harness sends); a one-token prompt has
+  /// none.
+  std::vector<ScoreOutput> score_prompts(const std::vector<std::vector<int32_t>>& prompts,
+                                         int top_k, const std::string& lora) {
+    std::vector<ScoreOutput> out(prompts.size());
+    std::vector<std::vector<int32_t>> scored;
+    std::vector<size_t> where;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      out[i].token_ids = prompts[i];
+      if (prompts[i].size() < 2) continue;
+      scored.push_back(prompts[i]);
+      where.push_back(i);
     }
-    return engine.score({ids}, {1}, top_k, lora).at(0);
+    if (scored.empty()) return out;
+    std::vector<ScoreOutput> results =
+        engine.score(scored, std::vector<int32_t>(scored.size(), 1), top_k, lora);
+    for (size_t j = 0; j < results.size(); ++j) out[where[j]] = std::move(results[j]);
+    return out;
   }
 
   void stream_openai(httplib::Response& res, std::shared_ptr<OpenAiRequest> r, ResponseMeta meta,
@@ -354,7 +365,7 @@ struct Server::Impl {
                                           : item.delta.prompt;
               if (const std::optional<int> k = r->prompt_score_top_k()) {
                 try {
-                  state->prompt_scores[p] = score_prompt(state->prompt_ids[p], *k, r->lora);
+                  state->prompt_scores[p] = score_prompts({state->prompt_ids[p]}, *k, r->lora)[0];
                 } catch (const Error& e) {
                   // The headers are sent: the error goes in the stream, which ends.
                   abort_all(*inflight);
