@@ -75,6 +75,15 @@ void ChatOutputParser::say(std::string& field, const std::string& text, const ch
   held_ws_ = text.substr(last + 1);
 }
 
+/// At the end of the output: the whitespace held for a tag that never came (when
+/// `keep_held`) and the text still pending go to `field`.
+void ChatOutputParser::settle_at_end(std::string& field, bool keep_held) {
+  if (keep_held) field += held_ws_;
+  field += pending_;
+  held_ws_.clear();
+  pending_.clear();
+}
+
 /// Drops the characters of strip_ at the start of pending_; true when some text is left
 /// (the field has started, so nothing more is stripped).
 bool ChatOutputParser::strip_leading() {
@@ -106,8 +115,7 @@ void ChatOutputParser::run(ChatPieces& out, bool end) {
       case State::kReasoning: {
         if (!strip_leading()) {
           // The output ended while thinking: newlines held for a </think> are its own.
-          if (end) out.reasoning += held_ws_;
-          if (end) held_ws_.clear();
+          if (end) settle_at_end(out.reasoning, /*keep_held=*/true);
           return;
         }
         const size_t close = pending_.find(kThinkClose);
@@ -121,9 +129,7 @@ void ChatOutputParser::run(ChatPieces& out, bool end) {
           continue;
         }
         if (end) {  // the output ended while thinking: all of it is reasoning
-          out.reasoning += held_ws_ + pending_;
-          held_ws_.clear();
-          pending_.clear();
+          settle_at_end(out.reasoning, /*keep_held=*/true);
           return;
         }
         const size_t keep = tag_start_at_end(pending_, kThinkClose);
@@ -132,9 +138,9 @@ void ChatOutputParser::run(ChatPieces& out, bool end) {
         return;
       }
       case State::kContent: {
+        // Trailing whitespace stays with plain content, and goes with tool calls.
         if (!strip_leading()) {
-          if (end && calls_ == 0) out.content += held_ws_;
-          if (end) held_ws_.clear();
+          if (end) settle_at_end(out.content, /*keep_held=*/calls_ == 0);
           return;
         }
         if (!tools_) {
@@ -155,11 +161,7 @@ void ChatOutputParser::run(ChatPieces& out, bool end) {
         const size_t keep = end ? 0 : tag_start_at_end(pending_, kCallOpen);
         say(out.content, pending_.substr(0, pending_.size() - keep), kWhitespace);
         pending_.erase(0, pending_.size() - keep);
-        if (end) {
-          // Trailing whitespace stays with plain content, and goes with tool calls.
-          if (calls_ == 0) out.content += held_ws_;
-          held_ws_.clear();
-        }
+        if (end) settle_at_end(out.content, /*keep_held=*/calls_ == 0);
         return;
       }
       case State::kToolCall: {

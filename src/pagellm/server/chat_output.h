@@ -61,6 +61,7 @@ class ChatOutputParser {
   void run(ChatPieces& out, bool end);
   bool strip_leading();
   void say(std::string& field, const std::string& text, const char* chars);
+  void settle_at_end(std::string& field, bool keep_held);
   void close_tool_call(ChatPieces& out);
 
   bool tools_;
