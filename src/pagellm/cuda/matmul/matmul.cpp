@@ -19,20 +19,14 @@ constexpr int kTuneReps = 10;
 // rarely overturns the heuristic's ranking, which keeps the choice stable between runs.
 constexpr float kTuneMargin = 0.02f;
 
-// Largest power of two dividing the address, capped at 256 (cuBLASLt's default assumption).
-int alignment_of(const void* p) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+// Largest power of two dividing a byte offset (an address, a row pitch), capped at 256
+// (cuBLASLt's default assumption).
+int alignment_of(uintptr_t bytes) {
   int align = 256;
-  while (align > 1 && (a % static_cast<uintptr_t>(align)) != 0) align /= 2;
+  while (align > 1 && (bytes % static_cast<uintptr_t>(align)) != 0) align /= 2;
   return align;
 }
-
-// The same for a byte count (a row pitch).
-int alignment_of_bytes(int64_t bytes) {
-  int align = 256;
-  while (align > 1 && bytes % align != 0) align /= 2;
-  return align;
-}
+int alignment_of(const void* p) { return alignment_of(reinterpret_cast<uintptr_t>(p)); }
 
 const char* type_name(int t) {
   switch (t) {
@@ -141,9 +135,19 @@ void LtMatmul::destroy(Plan& p) {
 }
 
 LtMatmul::Key LtMatmul::key_of(const void* x, const void* w, const void* out,
-                               cudaDataType_t out_type, int64_t M, int64_t N, int64_t K) {
-  const int align = std::min({alignment_of(x), alignment_of(w), alignment_of(out)});
-  return Key{M, N, K, static_cast<int>(out_type), align};
+                               cudaDataType_t out_type, int64_t M, int64_t N, int64_t K,
+                               int64_t ld_out) {
+  PAGELLM_CHECK(ld_out == 0 || ld_out >= N)
+      << "matmul: an output of " << N << " columns cannot have rows " << ld_out << " apart";
+  Key key{M, N, K, static_cast<int>(out_type),
+          std::min({alignment_of(x), alignment_of(w), alignment_of(out)})};
+  if (ld_out != 0 && ld_out != N) {
+    // Every row must start as aligned as the first for the alignment to hold.
+    key.ldc = ld_out;
+    const int64_t elem = out_type == CUDA_R_32F ? 4 : 2;
+    key.align = std::min(key.align, alignment_of(static_cast<uintptr_t>(ld_out * elem)));
+  }
+  return key;
 }
 
 float LtMatmul::time_algo(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* x,
@@ -281,8 +285,7 @@ const LtMatmul::Plan& LtMatmul::plan_for(const Key& key, const void* x, const vo
       // zeroed scratch output of the same shape instead (no tuning without the memory).
       void* timed_out = out;
       if (key.accumulate) {
-        const size_t out_bytes = static_cast<size_t>(key.m) *
-                                 static_cast<size_t>(key.ldc > 0 ? key.ldc : key.n) *
+        const size_t out_bytes = static_cast<size_t>(key.m) * static_cast<size_t>(ldc) *
                                  (out_type == CUDA_R_32F ? 4 : 2);
         if (cudaMalloc(&scratch_out, out_bytes) != cudaSuccess) {
           (void)cudaGetLastError();
@@ -376,22 +379,15 @@ bool LtMatmul::run_silu_mul(const void* x, const void* w_gate_up, void* out, int
 void LtMatmul::run(const void* x, const void* w, void* out, cudaDataType_t out_type, int64_t M,
                    int64_t N, int64_t K, cudaStream_t stream, const void* w_packed,
                    int64_t ld_out) {
-  PAGELLM_CHECK(ld_out == 0 || ld_out >= N)
-      << "matmul: an output of " << N << " columns cannot have rows " << ld_out << " apart";
-  if (ld_out == N) ld_out = 0;
+  const Key key = key_of(x, w, out, out_type, M, N, K, ld_out);
   if (M == 0 || N == 0) return;
   // The skinny kernel writes whole rows: a wider output always takes cuBLASLt.
-  if (ld_out == 0 && path_for(x, w, out, out_type, M, N, K) == MatmulPath::kSkinny) {
+  if (key.ldc == 0 && path_for(x, w, out, out_type, M, N, K) == MatmulPath::kSkinny) {
     launch_skinny_gemm(x, w, out, out_type == CUDA_R_32F, M, N, K, stream, 0, w_packed,
                        batch_invariant_);
     return;
   }
   check_invariant_path(M, N, K);
-  Key key = key_of(x, w, out, out_type, M, N, K);
-  key.ldc = ld_out;
-  if (ld_out != 0) {
-    key.align = std::min(key.align, alignment_of_bytes(ld_out * (out_type == CUDA_R_32F ? 4 : 2)));
-  }
   const Plan& p = plan_for(key, x, w, out, stream);
   launch_plan(p, x, w, out, 0.0f, stream);
 }
@@ -405,20 +401,14 @@ void LtMatmul::launch_plan(const Plan& p, const void* x, const void* w, void* ou
 
 bool LtMatmul::run_accumulate(const void* x, const void* w, void* out, int64_t M, int64_t N,
                               int64_t K, cudaStream_t stream, int64_t ld_out) {
-  PAGELLM_CHECK(ld_out == 0 || ld_out >= N)
-      << "matmul: an output of " << N << " columns cannot have rows " << ld_out << " apart";
-  if (ld_out == N) ld_out = 0;
+  Key key = key_of(x, w, out, CUDA_R_16BF, M, N, K, ld_out);
+  key.accumulate = true;
   // The skinny kernel writes whole rows: a wider output always takes cuBLASLt.
-  if (ld_out == 0 && path_for(x, w, out, CUDA_R_16BF, M, N, K) == MatmulPath::kSkinny) {
+  if (key.ldc == 0 && path_for(x, w, out, CUDA_R_16BF, M, N, K) == MatmulPath::kSkinny) {
     return false;
   }
   check_invariant_path(M, N, K);
   if (M == 0 || N == 0 || K == 0) return true;  // nothing to add
-  Key key = key_of(x, w, out, CUDA_R_16BF, M, N, K);
-  key.accumulate = true;
-  key.ldc = ld_out;
-  // The rows' starts must be as aligned as the first one for the alignment to hold.
-  if (ld_out != 0) key.align = std::min(key.align, alignment_of_bytes(ld_out * 2));
   const Plan& p = plan_for(key, x, w, out, stream);
   launch_plan(p, x, w, out, 1.0f, stream);
   return true;

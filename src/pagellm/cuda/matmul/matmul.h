@@ -188,8 +188,10 @@ class LtMatmul {
     MatmulPlanInfo info;
   };
 
+  // The plan key; `ld_out` (0 or N: rows N apart) wider than N sets ldc and counts in the
+  // alignment. Throws Error for ld_out under N.
   static Key key_of(const void* x, const void* w, const void* out, cudaDataType_t out_type,
-                    int64_t M, int64_t N, int64_t K);
+                    int64_t M, int64_t N, int64_t K, int64_t ld_out = 0);
   const Plan& plan_for(const Key& key, const void* x, const void* w, void* out,
                        cudaStream_t stream);
   // Median µs of `reps` launches of `algo` (out = beta · out + x · wᵀ), each after an L2
