@@ -249,7 +249,10 @@ TEST_F(LoraAddTest, FusedProductsMatchProductPlusLoraAdd) {
                                      {2560, {4096, 1024, 1024}, false},
                                      {4096, {2560}, false},
                                      {1024, {512, 512}, true},
-                                     {2560, {1536, 1536}, true}};
+                                     {2560, {1536, 1536}, true},
+                                     // Qwen3-4B's gate|up: 152 row tiles, no split at 32
+                                     // rows (one-warpgroup LoRA tiles over all of K).
+                                     {2560, {9728, 9728}, true}};
   Tensor counters = alloc(gpu(), DType::I32, {2});
   const std::vector<int32_t> zeros = {0, 0};
   gpu().upload(counters, 0, zeros.data(), DType::I32, 2);
