@@ -20,7 +20,8 @@
 # pagellm wheel, then runs scripts/lora_peft_check.py: pagellm's LoRA (CLI --lora logits and
 # a mixed-adapter LLM.generate batch) against transformers + PEFT in float32 on a random
 # Qwen3-0.6B with two random r = 32 adapters (LORA_PRESET), and the W1 LoRA benchmarks: one
-# r = 32 adapter and 8 adapters, each as a fraction of W1 without LoRA (--lora-compare).
+# r = 32 adapter and 8 adapters, each as a fraction of W1 without LoRA (--lora-compare;
+# LORA_BENCH=0 leaves them out).
 # "broadcast" runs scripts/weight_broadcast_bench.py on random Qwen3-4B (BROADCAST_PRESETS):
 # the whole model broadcast from a torch trainer to `pagellm serve`, timed, log-probabilities
 # checked; over NCCL (server on GPU 1, trainer on GPU 0) with two GPUs, else over "tcp".
@@ -149,7 +150,8 @@ if has lora; then
     --workdir /tmp/pagellm-lora-check 2>&1 | tee "$LOG/lora_peft_$preset.log" | tail -30
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   step "LoRA: W1 with one r = 32 adapter, then with 8 (each against W1 without LoRA)"
-  for n in 1 8; do
+  [ "${LORA_BENCH:-1}" = 0 ] && echo "skipped (LORA_BENCH=0)"
+  for n in $([ "${LORA_BENCH:-1}" = 0 ] || echo 1 8); do
     "$B/bin/pagellm" bench --lora-rank 32 --lora-adapters "$n" --lora-compare \
       --json-out "$LOG/bench_lora.jsonl" 2>&1 | grep -v building | tee -a "$LOG/bench_lora.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

@@ -28,11 +28,18 @@ struct EngineOptions {
   /// Most requests (samples) running at once.
   int32_t max_num_seqs = 256;
   /// Most tokens in one step (chunked prefill's budget); at least max_num_seqs. 0: the
-  /// backend's preferred chunk (Backend::preferred_batched_tokens: 8,192 on the cuda
-  /// backend, where larger products run closer to the tensor-core rate; 2,048 on cpu),
-  /// raised to max_num_seqs. Larger chunks prefill faster; smaller ones stall running
-  /// decodes for less time per step (docs/design.md, "The engine step").
+  /// backend's preferred chunk for `offline` (Backend::preferred_batched_tokens: on the
+  /// cuda backend 8,192, where larger products run closer to the tensor-core rate, and
+  /// 16,384 offline on a device of 70 GiB or more, except in steps that begin with more
+  /// than 64 sequences decoding; 2,048 on cpu), raised to max_num_seqs.
+  /// Larger chunks prefill faster; smaller ones stall running decodes for less time per
+  /// step (docs/design.md, "The engine step").
   int32_t max_num_batched_tokens = 0;
+  /// The caller takes whole outputs and nothing waits on single tokens (`pagellm generate`,
+  /// `bench` and `score`, Python's `LLM`; vLLM's offline usage context): the defaults that
+  /// trade one for the other take throughput (today max_num_batched_tokens 0). false (the
+  /// server, `AsyncLLM`): they take the latency of the running requests' next tokens.
+  bool offline = false;
   /// Longest prompt + output. 0: the model's max_position_embeddings; above it is an error.
   int32_t max_model_len = 0;
   /// Decode steps replay captured graphs (backends that have them).

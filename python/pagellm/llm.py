@@ -193,6 +193,9 @@ class LLM:
             deterministic per-request seeds.
         page_size, num_pages, max_num_batched_tokens, enforce_eager (no graphs),
         float32_head, enable_prefix_caching: the engine's options (EngineOptions).
+            ``LLM`` is offline (``EngineOptions.offline``): max_num_batched_tokens 0 takes
+            the backend's throughput chunk (16,384 tokens on a GPU of 70 GiB or more,
+            where ``AsyncLLM`` and the server take 8,192).
         max_loras: LoRA adapters loaded at once (adapter slots).
         max_lora_rank: the largest LoRA rank an adapter may have (1..64; higher ranks are
             refused at load; the CUDA decode kernels are sized by it).
@@ -233,7 +236,7 @@ class LLM:
             float32_head=float32_head, enable_prefix_caching=enable_prefix_caching,
             max_loras=max_loras, max_lora_rank=max_lora_rank,
             tensor_parallel_size=tensor_parallel_size,
-            pipelined_decode_steps=pipelined_decode_steps)
+            pipelined_decode_steps=pipelined_decode_steps, offline=True)
         self.backend: str = options.backend
         self._core = _core.LLM(os.fspath(model), options)
         # The core runs on the calling thread and is not reentrant; it releases the GIL, so

@@ -144,9 +144,9 @@ void write_trace_csv(const std::vector<KernelSpan>& spans, const std::string& pa
 
 void print_report(const BenchmarkReport& r) {
   const DecodeWorkload& w = r.workload;
-  std::printf("pagellm bench: %s on %s, batch %d, prompt %d, output %d, page %d\n",
+  std::printf("pagellm bench: %s on %s, batch %d, prompt %d, output %d, page %d, chunk %d\n",
               r.model.c_str(), r.backend.c_str(), w.batch, w.prompt_len, w.output_len,
-              r.page_size);
+              r.page_size, r.batched_tokens);
   std::printf("  prefill     %10.1f tok/s  (%.3f s)\n", r.prefill_tok_s(), r.prefill_seconds);
   std::printf("  decode      %10.1f tok/s  (%lld steps, %.3f s, median step %.3f ms, "
               "%lld in graphs, %lld launched ahead)\n",
@@ -224,9 +224,9 @@ void print_weight_update(const WeightUpdateBenchReport& r, int repeats) {
 
 void print_grpo(const GrpoReport& r) {
   const GrpoWorkload& w = r.workload;
-  std::printf("W2 (grpo): %s on %s, %d rounds of %d prompts x n = %d (seed %llu)\n",
+  std::printf("W2 (grpo): %s on %s, %d rounds of %d prompts x n = %d (seed %llu), chunk %d\n",
               r.model.c_str(), r.backend.c_str(), w.rounds, w.prompts, w.n,
-              static_cast<unsigned long long>(w.seed));
+              static_cast<unsigned long long>(w.seed), r.batched_tokens);
   std::printf("  rollout     %lld tokens in %.2f s = %.0f tok/s over %lld steps "
               "(%lld launched ahead, %lld preemptions)\n",
               static_cast<long long>(r.generated_tokens), r.rollout_seconds, r.rollout_tok_s(),

@@ -148,6 +148,7 @@ void register_score_command(CLI::App& app) {
       ->required();
   cmd->add_option("--top-k", args->top_k, "top-k alternatives per scored token (0..20)")
       ->capture_default_str();
+  args->engine.config.offline = true;  // whole outputs: the backend's throughput chunk
   add_engine_options(cmd, args->engine);
   cmd->callback([args] { run_score(*args); });
 }

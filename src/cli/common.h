@@ -19,10 +19,12 @@ struct EngineSettings {
 };
 void add_engine_options(CLI::App* cmd, EngineSettings& settings);
 
-/// The settings generate and bench start from: pipelined decode on (8 steps a run). Nothing
-/// of theirs streams, so tokens reaching the host up to 8 at a time cost nothing, and the
-/// host's work overlaps the device's (docs/PERFORMANCE.md, 2026-12-05). serve and score
-/// start from the library's default (1: off), so that streams get every token at once.
+/// The settings generate and bench start from: offline (EngineOptions::offline: the
+/// backend's throughput chunk) and pipelined decode on (8 steps a run). Nothing of theirs
+/// streams, so tokens reaching the host up to 8 at a time cost nothing, and the host's work
+/// overlaps the device's (docs/PERFORMANCE.md, 2026-12-05). serve and score start from the
+/// library's default (1: off), so that streams get every token at once; score is offline
+/// too.
 EngineSettings offline_engine_settings();
 
 /// The public API's engine options for the flags.

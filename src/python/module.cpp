@@ -241,6 +241,7 @@ NB_MODULE(_core, m) {
       .def_rw("num_pages", &EngineOptions::num_pages)
       .def_rw("max_num_seqs", &EngineOptions::max_num_seqs)
       .def_rw("max_num_batched_tokens", &EngineOptions::max_num_batched_tokens)
+      .def_rw("offline", &EngineOptions::offline)
       .def_rw("max_model_len", &EngineOptions::max_model_len)
       .def_rw("use_graphs", &EngineOptions::use_graphs)
       .def_rw("attention_backend", &EngineOptions::attention_backend)

@@ -110,7 +110,7 @@ set_tests_properties(cli_tokenizer_commands_bad_line PROPERTIES FIXTURES_REQUIRE
 add_test(NAME cli_bench_tiny COMMAND ${_pl} bench --preset tiny --backend cpu --batch 2
   --prompt-len 4 --output-len 8)
 set_tests_properties(cli_bench_tiny PROPERTIES PASS_REGULAR_EXPRESSION
-  "pagellm bench: tiny \\(random weights\\) on cpu, batch 2, prompt 4, output 8, page 16\n  prefill +[0-9.]+ tok/s  \\([0-9.]+ s\\)\n  decode +[0-9.]+ tok/s  \\(7 steps, [0-9.]+ s, median step [0-9.]+ ms, 0 in graphs, 6 launched ahead\\)\n  host gap +[0-9.]+ us per decode step .*\n  end-to-end +[0-9.]+ tok/s  \\([0-9.]+ s\\)\n  decode step reads [0-9.]+ GB weights \\+ [0-9.]+ GB KV. achieved [0-9]+ GB/s of [0-9]+ GB/s measured copy bandwidth = [0-9.]+ % \\(limit [0-9]+ tok/s\\)\n  weights +[0-9.]+ GB, plus [0-9.]+ GB packed[^\n]*\n  prefix hit +0.0 %  \\(0 of 6 prompt tokens found cached, 0 evictions\\)")
+  "pagellm bench: tiny \\(random weights\\) on cpu, batch 2, prompt 4, output 8, page 16, chunk 2048\n  prefill +[0-9.]+ tok/s  \\([0-9.]+ s\\)\n  decode +[0-9.]+ tok/s  \\(7 steps, [0-9.]+ s, median step [0-9.]+ ms, 0 in graphs, 6 launched ahead\\)\n  host gap +[0-9.]+ us per decode step .*\n  end-to-end +[0-9.]+ tok/s  \\([0-9.]+ s\\)\n  decode step reads [0-9.]+ GB weights \\+ [0-9.]+ GB KV. achieved [0-9]+ GB/s of [0-9]+ GB/s measured copy bandwidth = [0-9.]+ % \\(limit [0-9]+ tok/s\\)\n  weights +[0-9.]+ GB, plus [0-9.]+ GB packed[^\n]*\n  prefix hit +0.0 %  \\(0 of 6 prompt tokens found cached, 0 evictions\\)")
 add_test(NAME cli_bench_step_by_step COMMAND ${_pl} bench --preset tiny --backend cpu
   --batch 2 --prompt-len 4 --output-len 8 --pipelined-decode-steps 1)
 set_tests_properties(cli_bench_step_by_step PROPERTIES PASS_REGULAR_EXPRESSION
@@ -135,7 +135,7 @@ add_test(NAME cli_bench_json COMMAND sh -c
   "rm -f \"$1\" && for i in 1 2; do \"$0\" bench --preset tiny --backend cpu --batch 1 --prompt-len 3 --output-len 2 --json-out \"$1\" >/dev/null || exit 1; done; cat \"$1\""
   ${_pl} ${_bench_json})
 set(_num "[0-9.e+-]+")
-set(_line "{\"backend\":\"cpu\",\"bandwidth_gbs\":${_num},\"base_decode_tok_s\":null,\"batch\":1,\"decode_tok_s\":${_num},\"e2e_tok_s\":${_num},\"fraction_of_limit\":${_num},\"host_gap_us\":${_num},\"limit_tok_s\":${_num},\"lora_adapters\":0,\"lora_fraction_of_base\":null,\"lora_load_ms\":null,\"lora_rank\":0,\"median_step_ms\":${_num},\"model\":\"tiny \\(random weights\\)\",\"output_len\":2,\"pipelined_steps\":0,\"prefill_tok_s\":${_num},\"prefix_hit_rate\":${_num},\"prompt_len\":3}")
+set(_line "{\"backend\":\"cpu\",\"bandwidth_gbs\":${_num},\"base_decode_tok_s\":null,\"batch\":1,\"batched_tokens\":2048,\"decode_tok_s\":${_num},\"e2e_tok_s\":${_num},\"fraction_of_limit\":${_num},\"host_gap_us\":${_num},\"limit_tok_s\":${_num},\"lora_adapters\":0,\"lora_fraction_of_base\":null,\"lora_load_ms\":null,\"lora_rank\":0,\"median_step_ms\":${_num},\"model\":\"tiny \\(random weights\\)\",\"output_len\":2,\"pipelined_steps\":0,\"prefill_tok_s\":${_num},\"prefix_hit_rate\":${_num},\"prompt_len\":3}")
 set_tests_properties(cli_bench_json PROPERTIES PASS_REGULAR_EXPRESSION "^${_line}\n${_line}\n$")
 # LoRA in the bench (issue 19): two random rank-4 adapters across three requests, the
 # workload run first without LoRA; two JSON lines, the second with the LoRA settings, the
@@ -144,8 +144,8 @@ set(_bench_lora_json ${CMAKE_CURRENT_BINARY_DIR}/cli-bench-lora.jsonl)
 add_test(NAME cli_bench_lora COMMAND sh -c
   "rm -f \"$1\" && \"$0\" bench --preset tiny --backend cpu --batch 3 --prompt-len 4 --output-len 5 --lora-rank 4 --lora-adapters 2 --lora-compare --json-out \"$1\" && cat \"$1\""
   ${_pl} ${_bench_lora_json})
-set(_lora_base_line "{\"backend\":\"cpu\",\"bandwidth_gbs\":${_num},\"base_decode_tok_s\":null,\"batch\":3,\"decode_tok_s\":${_num},\"e2e_tok_s\":${_num},\"fraction_of_limit\":${_num},\"host_gap_us\":${_num},\"limit_tok_s\":${_num},\"lora_adapters\":0,\"lora_fraction_of_base\":null,\"lora_load_ms\":null,\"lora_rank\":0,[^\n]*}")
-set(_lora_line "{\"backend\":\"cpu\",\"bandwidth_gbs\":${_num},\"base_decode_tok_s\":${_num},\"batch\":3,\"decode_tok_s\":${_num},\"e2e_tok_s\":${_num},\"fraction_of_limit\":${_num},\"host_gap_us\":${_num},\"limit_tok_s\":${_num},\"lora_adapters\":2,\"lora_fraction_of_base\":${_num},\"lora_load_ms\":{\"max\":${_num},\"median\":${_num},\"min\":${_num}},\"lora_rank\":4,[^\n]*\"output_len\":5,[^\n]*}")
+set(_lora_base_line "{\"backend\":\"cpu\",\"bandwidth_gbs\":${_num},\"base_decode_tok_s\":null,\"batch\":3,\"batched_tokens\":2048,\"decode_tok_s\":${_num},\"e2e_tok_s\":${_num},\"fraction_of_limit\":${_num},\"host_gap_us\":${_num},\"limit_tok_s\":${_num},\"lora_adapters\":0,\"lora_fraction_of_base\":null,\"lora_load_ms\":null,\"lora_rank\":0,[^\n]*}")
+set(_lora_line "{\"backend\":\"cpu\",\"bandwidth_gbs\":${_num},\"base_decode_tok_s\":${_num},\"batch\":3,\"batched_tokens\":2048,\"decode_tok_s\":${_num},\"e2e_tok_s\":${_num},\"fraction_of_limit\":${_num},\"host_gap_us\":${_num},\"limit_tok_s\":${_num},\"lora_adapters\":2,\"lora_fraction_of_base\":${_num},\"lora_load_ms\":{\"max\":${_num},\"median\":${_num},\"min\":${_num}},\"lora_rank\":4,[^\n]*\"output_len\":5,[^\n]*}")
 set_tests_properties(cli_bench_lora PROPERTIES PASS_REGULAR_EXPRESSION
   "pagellm bench: without LoRA \\(for --lora-compare\\)\n[^\n]*batch 3, prompt 4, output 5.*pagellm bench: with LoRA\n.*\n  lora        rank 4 on q, k, v, o, gate, up, down \\(alpha 8, bf16\\), 2 adapters: request i runs with adapter i % 2\n  lora load   min [0-9.]+ ms, median [0-9.]+ ms, max [0-9.]+ ms per adapter[^\n]*\n  lora / base +[0-9.]+ %  of the decode tok/s without LoRA.*\n${_lora_base_line}\n${_lora_line}\n$")
 # Bad LoRA flags are named before any work (one line of output, exit 1).

@@ -149,8 +149,9 @@ TEST(BenchmarkTest, ZeroBatchedTokensIsTheBackendsChunk) {
   ASSERT_EQ(c.max_num_batched_tokens, 0) << "the documented default";
   EXPECT_EQ(benchmark_engine_config(w, c).max_num_batched_tokens, 0) << "left to the engine";
   std::unique_ptr<Engine> engine = make_benchmark_engine(w, c);
-  const int32_t preferred = engine->backend().preferred_batched_tokens();
+  const int32_t preferred = engine->backend().preferred_batched_tokens(false);
   EXPECT_EQ(preferred, 2048);
+  EXPECT_EQ(engine->backend().preferred_batched_tokens(true), 2048) << "cpu: one chunk";
   EXPECT_EQ(engine->scheduler_config().max_num_batched_tokens, preferred);
   EXPECT_EQ(engine->config().max_num_batched_tokens, preferred);
   w.batch = 3000;  // more sequences than the backend's chunk: the budget follows them
@@ -228,6 +229,8 @@ TEST(BenchmarkTest, TinyRunOnCpuHasExactCountsAndConsistentRates) {
   EXPECT_EQ(j.at("batch"), 3);
   EXPECT_EQ(j.at("prompt_len"), 5);
   EXPECT_EQ(j.at("output_len"), 6);
+  EXPECT_EQ(r.batched_tokens, engine->config().max_num_batched_tokens);
+  EXPECT_EQ(j.at("batched_tokens"), r.batched_tokens);
   EXPECT_DOUBLE_EQ(j.at("decode_tok_s").get<double>(), r.decode_tok_s());
   EXPECT_DOUBLE_EQ(j.at("prefill_tok_s").get<double>(), r.prefill_tok_s());
   EXPECT_DOUBLE_EQ(j.at("e2e_tok_s").get<double>(), r.e2e_tok_s());
@@ -248,7 +251,7 @@ TEST(BenchmarkTest, TinyRunOnCpuHasExactCountsAndConsistentRates) {
   EXPECT_TRUE(j.at("base_decode_tok_s").is_null());
   EXPECT_TRUE(j.at("lora_fraction_of_base").is_null());
   EXPECT_EQ(j.at("pipelined_steps"), 0);  // off by default
-  EXPECT_EQ(j.size(), 20u);
+  EXPECT_EQ(j.size(), 21u);
 }
 
 // `pagellm bench --lora-rank 4 --lora-adapters 2`: random bf16 adapters on all seven
@@ -536,6 +539,8 @@ TEST(BenchmarkTest, GrpoRunsTwoSeededRoundsAroundAWeightUpdate) {
   EXPECT_GT(r.host_gap.finish, 0.0);
   const nlohmann::json j = nlohmann::json::parse(grpo_json_line(r));
   EXPECT_EQ(j.at("generated_tokens").get<int64_t>(), r.generated_tokens);
+  EXPECT_GT(r.batched_tokens, 0);
+  EXPECT_EQ(j.at("batched_tokens"), r.batched_tokens);
   EXPECT_EQ(j.at("step_classes").size(), r.step_classes.size());
   EXPECT_DOUBLE_EQ(j.at("host_schedule_s").get<double>(), r.host_gap.schedule);
   EXPECT_DOUBLE_EQ(j.at("host_launch_s").get<double>(), r.host_gap.launch);
@@ -645,6 +650,43 @@ TEST(BenchmarkTest, PipelinedDecodeCountsEveryForwardStep) {
     EXPECT_EQ(b.step_classes[k].steps, a.step_classes[k].steps) << a.step_classes[k].name;
     EXPECT_EQ(b.step_classes[k].decode_tokens, a.step_classes[k].decode_tokens);
   }
+}
+
+/// A CPU backend that prefers a larger chunk offline, as the cuda backend does on large
+/// devices.
+class OfflineChunkBackend : public CpuBackend {
+ public:
+  int32_t preferred_batched_tokens(bool offline) const override { return offline ? 96 : 48; }
+};
+
+// max_num_batched_tokens 0 takes the backend's chunk for EngineOptions::offline (the CLI's
+// generate, bench and score and Python's LLM set it; the server does not), and steps busy
+// with decodes keep the online chunk; an explicit budget is kept either way, for every
+// step, and max_num_seqs still raises the chunk.
+TEST(BenchmarkTest, OfflineEnginesTakeTheBackendsOfflineChunk) {
+  const DecodeWorkload w = tiny_workload();
+  const Qwen3Config mc = preset_config(w.preset);
+  auto chunks_of = [&](bool offline, int32_t configured, int32_t max_num_seqs) {
+    EngineConfig c = benchmark_engine_config(w, cpu_config());
+    c.offline = offline;
+    c.max_num_batched_tokens = configured;
+    c.max_num_seqs = max_num_seqs;
+    auto backend = std::make_unique<OfflineChunkBackend>();
+    auto model = std::make_unique<Qwen3Model>(*backend, mc,
+                                              random_weight_lookup(mc, w.seed, DType::BF16));
+    Engine engine(std::move(backend), std::move(model), c);
+    const SchedulerConfig& sc = engine.scheduler_config();
+    EXPECT_EQ(engine.config().max_num_batched_tokens, sc.max_num_batched_tokens);
+    return std::make_pair(sc.max_num_batched_tokens, sc.busy_batched_tokens);
+  };
+  using Chunks = std::pair<int32_t, int32_t>;
+  EXPECT_EQ(chunks_of(false, 0, 8), Chunks(48, 0));
+  EXPECT_EQ(chunks_of(true, 0, 8), Chunks(96, 48));
+  EXPECT_EQ(chunks_of(true, 0, 60), Chunks(96, 60)) << "busy steps: at least max_num_seqs";
+  EXPECT_EQ(chunks_of(true, 40, 8), Chunks(40, 0)) << "an explicit budget is the caller's";
+  EXPECT_EQ(chunks_of(false, 40, 8), Chunks(40, 0));
+  EXPECT_EQ(chunks_of(true, 0, 200), Chunks(200, 0)) << "raised to max_num_seqs";
+  EXPECT_FALSE(EngineOptions{}.offline) << "the library's default is online";
 }
 
 /// A CPU backend whose kernel trace "records" one span per sampled step: what a traced

@@ -104,6 +104,31 @@ def test_pipelined_decode_gives_the_same_outputs(tiny_model):
         LLM(tiny_model, backend="cpu", kv_cache_gb=0.02, pipelined_decode_steps=0)
 
 
+def test_llm_is_offline_and_async_llm_is_not(tiny_model, monkeypatch):
+    # LLM returns whole outputs: its engine is offline (the backend's throughput chunk when
+    # max_num_batched_tokens is 0, as `pagellm generate`); AsyncLLM streams, so it is not.
+    from pagellm import AsyncLLM, _core
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(model, options):
+        seen.append((options.offline, options.max_num_batched_tokens))
+        raise Stop()
+
+    monkeypatch.setattr(_core, "LLM", capture)
+    monkeypatch.setattr(_core, "AsyncEngine", capture)
+    with pytest.raises(Stop):
+        LLM(tiny_model, backend="cpu")
+    with pytest.raises(Stop):
+        AsyncLLM(tiny_model, backend="cpu")
+    with pytest.raises(Stop):
+        LLM(tiny_model, backend="cpu", max_num_batched_tokens=512)
+    assert seen == [(True, 0), (False, 0), (True, 512)]
+    assert _core.EngineOptions().offline is False
+
+
 def test_llm_pipelines_decode_by_default_as_the_cli_does(tiny_model):
     # LLM.generate returns whole outputs, so by default it runs decode steps back to back
     # as `pagellm generate` does (the core's constant), where the server and AsyncLLM keep 1.

@@ -66,6 +66,31 @@ TEST(Scheduler, LongPromptPrefillsAcrossSteps) {
   EXPECT_EQ(sim.seq(1)->num_computed, 21);
 }
 
+// busy_batched_tokens: a step that begins with more than busy_decode_rows sequences
+// decoding gets the smaller budget (an offline engine's long chunk pays only where few
+// decodes share the step); with fewer, or none, the whole max_num_batched_tokens.
+TEST(Scheduler, BusyStepsTakeTheSmallerBudget) {
+  SchedulerConfig c = small_config(4, 16);
+  c.busy_batched_tokens = 6;
+  c.busy_decode_rows = 1;
+  Sim sim(c, 33);
+  ASSERT_TRUE(sim.add({1, 3, 3}));
+  ASSERT_TRUE(sim.add({2, 3, 3}));
+  EXPECT_EQ(sim.step().scheduled, "1:3* 2:3*");  // nothing decodes: 16
+  ASSERT_TRUE(sim.add({3, 20, 2}));
+  EXPECT_EQ(sim.step().scheduled, "1:1* 2:1* 3:4");  // two decode: 6
+  EXPECT_EQ(sim.step().scheduled, "1:1* 2:1* 3:4");  // 1 and 2 reach max_tokens
+  EXPECT_EQ(sim.step().scheduled, "3:12*");          // 3 alone, prefilling: 16
+  ASSERT_TRUE(sim.add({4, 30, 1}));
+  EXPECT_EQ(sim.step().scheduled, "3:1* 4:15");  // one decodes (not more than 1): 16
+  EXPECT_FALSE(sim.step().scheduled.empty());
+  c.busy_batched_tokens = 17;
+  KvCacheManager kv(33, 4, 5, 16);
+  expect_error([&] { Scheduler s(c, kv); }, "busy_batched_tokens (17) must be 0 or in [4, 16]");
+  c.busy_batched_tokens = 3;
+  expect_error([&] { Scheduler s(c, kv); }, "busy_batched_tokens (3) must be 0 or in [4, 16]");
+}
+
 // max_num_seqs caps admission even when budget and pages are plentiful.
 TEST(Scheduler, MaxNumSeqsLimitsAdmission) {
   Sim sim(small_config(2, 8), 33);

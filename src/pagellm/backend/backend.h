@@ -154,8 +154,13 @@ class Backend {
   virtual size_t free_memory() const = 0;
   /// The chunked-prefill budget (tokens per step) the engine uses when none is configured
   /// (EngineOptions::max_num_batched_tokens 0): the size from which a step's products run
-  /// close to their best rate here, without holding activations for more.
-  virtual int32_t preferred_batched_tokens() const { return 2048; }
+  /// close to their best rate here, without holding activations for more. `offline`
+  /// (EngineOptions::offline): no running request waits on its next token, so a longer
+  /// step costs nothing but activations.
+  virtual int32_t preferred_batched_tokens(bool offline) const {
+    (void)offline;
+    return 2048;
+  }
 
   // ---- memory -------------------------------------------------------------------------
   virtual void* allocate(size_t bytes) = 0;

@@ -82,6 +82,7 @@ CudaBackend::CudaBackend(int device, const CudaSettings& settings)
     : device_(device), settings_(settings) {
   const OpenedDevice opened = open_cuda_device(device);
   description_ = opened.description;
+  total_memory_ = opened.total_memory;
   try {
     PAGELLM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     memory_ = std::make_unique<DeviceMemory>(stream_, description_);

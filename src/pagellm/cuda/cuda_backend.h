@@ -70,9 +70,16 @@ class CudaBackend final : public Backend {
   /// cudaMemGetInfo's free bytes (the backend's own workspaces are already allocated).
   size_t free_memory() const override;
   /// 8,192 tokens: on the H200 a 16 x 2,048-token prefill runs 5 % faster in 8,192-token
-  /// steps than in 2,048-token ones (the products' M quadruples), and 16,384 adds under 1 %
-  /// (docs/PERFORMANCE.md, "Prefill chunk size").
-  int32_t preferred_batched_tokens() const override { return 8192; }
+  /// steps than in 2,048-token ones (the products' M quadruples; docs/PERFORMANCE.md,
+  /// "Prefill chunk size"). Offline on a device of at least kLargeDeviceBytes, 16,384:
+  /// 1 % faster again on long prompts (H100, 2026-12-06), for ~1.5 GB more activations
+  /// (Qwen3-4B) and steps twice as long, which only streamed tokens feel; the engine
+  /// keeps 8,192 in steps busy with decodes (SchedulerConfig::busy_batched_tokens).
+  int32_t preferred_batched_tokens(bool offline) const override {
+    return offline && total_memory_ >= kLargeDeviceBytes ? 16384 : 8192;
+  }
+  /// 70 GiB: the H100 and H200 class, where the larger offline chunk was measured.
+  static constexpr size_t kLargeDeviceBytes = size_t{70} << 30;
 
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr) override;
@@ -313,6 +320,7 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   CudaSettings settings_;
   std::string description_;
+  size_t total_memory_ = 0;  // the device's, bytes (cudaDeviceProp::totalGlobalMem)
   CUstream_st* stream_ = nullptr;
 
   // The rooms (made in this order at construction, released in reverse).

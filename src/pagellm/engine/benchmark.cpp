@@ -203,6 +203,7 @@ BenchmarkReport run_benchmark(Engine& engine, const DecodeWorkload& workload,
   r.model = workload.model_name();
   r.backend = backend.name();
   r.page_size = engine.config().page_size;
+  r.batched_tokens = engine.config().max_num_batched_tokens;
   if (options.measure_bandwidth) r.bandwidth_bytes_per_s = backend.measure_copy_bandwidth();
 
   const size_t batch = static_cast<size_t>(workload.batch);
@@ -623,6 +624,7 @@ std::string benchmark_json_line(const BenchmarkReport& r) {
       {"batch", r.workload.batch},
       {"prompt_len", r.workload.prompt_len},
       {"output_len", r.workload.output_len},
+      {"batched_tokens", r.batched_tokens},
       {"prefill_tok_s", r.prefill_tok_s()},
       {"decode_tok_s", r.decode_tok_s()},
       {"e2e_tok_s", r.e2e_tok_s()},
@@ -867,6 +869,7 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
   r.workload = workload;
   r.model = workload.model_workload().model_name();
   r.backend = backend.name();
+  r.batched_tokens = engine.config().max_num_batched_tokens;
   r.samples = static_cast<int64_t>(workload.prompts) * workload.n;
   r.usable_kv_pages = engine.allocator().num_usable();
   if (measure_bandwidth) r.bandwidth_bytes_per_s = backend.measure_copy_bandwidth();
@@ -1030,6 +1033,7 @@ std::string grpo_json_line(const GrpoReport& r) {
       {"model", r.model},
       {"backend", r.backend},
       {"samples_per_round", r.samples},
+      {"batched_tokens", r.batched_tokens},
       {"rounds", r.workload.rounds},
       {"generated_tokens", r.generated_tokens},
       {"rollout_s", r.rollout_seconds},

@@ -131,6 +131,7 @@ struct BenchmarkReport {
   std::string model;    // workload.model_name()
   std::string backend;  // Backend::name()
   int32_t page_size = 0;
+  int32_t batched_tokens = 0;  // the engine's chunked-prefill budget (tokens per step)
 
   // Token counts (exact: every request generates output_len tokens).
   int64_t prompt_tokens = 0;     // batch * prompt_len
@@ -378,6 +379,7 @@ struct GrpoReport {
   GrpoWorkload workload;
   std::string model;
   std::string backend;
+  int32_t batched_tokens = 0;     // the engine's chunked-prefill budget (tokens per step)
   int64_t samples = 0;            // per round: prompts * n
   int64_t prompt_tokens = 0;      // over all rounds (each sample's prompt counted once)
   int64_t generated_tokens = 0;   // over all rounds

@@ -141,9 +141,16 @@ void Engine::resolve_config(const Qwen3Config& mc, const Backend& backend) {
   PAGELLM_CHECK(config_.max_num_batched_tokens >= 0)
       << "max_num_batched_tokens must be >= 0 (0: the backend's preferred chunk), got "
       << config_.max_num_batched_tokens;
+  // The backend's chunk; where its offline chunk is longer, steps that begin with many
+  // decodes keep the online one (SchedulerConfig::busy_batched_tokens).
+  int32_t busy_batched_tokens = 0;
   if (config_.max_num_batched_tokens == 0) {
-    config_.max_num_batched_tokens =
-        std::max(backend.preferred_batched_tokens(), config_.max_num_seqs);
+    const int32_t chunk = backend.preferred_batched_tokens(config_.offline);
+    const int32_t online = backend.preferred_batched_tokens(false);
+    config_.max_num_batched_tokens = std::max(chunk, config_.max_num_seqs);
+    if (online < chunk && config_.max_num_seqs < config_.max_num_batched_tokens) {
+      busy_batched_tokens = std::max(online, config_.max_num_seqs);
+    }
   }
   PAGELLM_CHECK(config_.max_num_batched_tokens >= config_.max_num_seqs)
       << "max_num_batched_tokens (" << config_.max_num_batched_tokens
@@ -156,6 +163,7 @@ void Engine::resolve_config(const Qwen3Config& mc, const Backend& backend) {
 
   scheduler_config_.max_num_seqs = config_.max_num_seqs;
   scheduler_config_.max_num_batched_tokens = config_.max_num_batched_tokens;
+  scheduler_config_.busy_batched_tokens = busy_batched_tokens;
   scheduler_config_.page_size = config_.page_size;
   scheduler_config_.max_model_len = config_.max_model_len;
   scheduler_config_.max_pages_per_seq =

@@ -37,6 +37,13 @@ Scheduler::Scheduler(SchedulerConfig config, KvCacheManager& kv)
       << "max_num_batched_tokens (" << config_.max_num_batched_tokens
       << ") must be at least max_num_seqs (" << config_.max_num_seqs
       << ") so that every running sequence can decode in every step";
+  PAGELLM_CHECK(config_.busy_batched_tokens == 0 ||
+                (config_.busy_batched_tokens >= config_.max_num_seqs &&
+                 config_.busy_batched_tokens <= config_.max_num_batched_tokens))
+      << "busy_batched_tokens (" << config_.busy_batched_tokens << ") must be 0 or in ["
+      << config_.max_num_seqs << ", " << config_.max_num_batched_tokens << "]";
+  PAGELLM_CHECK(config_.busy_decode_rows >= 0)
+      << "busy_decode_rows must be >= 0, got " << config_.busy_decode_rows;
   PAGELLM_CHECK(config_.page_size >= 1) << "page_size must be at least 1, got "
                                         << config_.page_size;
   PAGELLM_CHECK(config_.max_model_len >= 2)
@@ -237,6 +244,13 @@ SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   out.step = ++step_;
   int32_t budget = config_.max_num_batched_tokens;
+  if (config_.busy_batched_tokens > 0) {
+    const auto decoding = std::count_if(running_.begin(), running_.end(), [](const Sequence* s) {
+      return s->num_tokens() - s->num_computed == 1;
+    });
+    if (decoding > config_.busy_decode_rows) budget = config_.busy_batched_tokens;
+  }
+  const int32_t step_budget = budget;
 
   // 1. Running sequences, oldest first. Each needs pages for the tokens it computes now; if
   // the pool is short, the newest running sequence is preempted until it is not. Victims
@@ -324,7 +338,7 @@ SchedulerOutput Scheduler::schedule() {
         << "request " << s.seq->id << " would write a shared KV page";
   }
   out.page_copies = kv_.take_page_copies();
-  out.num_tokens = config_.max_num_batched_tokens - budget;
+  out.num_tokens = step_budget - budget;
   steps_in_flight_ = out.scheduled.empty() ? 0 : 1;
   return out;
 }

@@ -28,6 +28,13 @@ struct SchedulerConfig {
   /// Most tokens (prefill chunks plus decodes) in one step. Must be >= max_num_seqs, so
   /// that every running decode fits in every step.
   int32_t max_num_batched_tokens = 2048;
+  /// The budget of a step that begins with more than busy_decode_rows sequences decoding
+  /// (0: max_num_batched_tokens always). An offline engine's long chunk pays where few
+  /// decodes share the step; where many do, each of them rides along in half as many
+  /// prefill steps and costs more in the decode steps after (W2, docs/design.md "The
+  /// engine step"). In [max_num_seqs, max_num_batched_tokens] when set.
+  int32_t busy_batched_tokens = 0;
+  int32_t busy_decode_rows = 64;
   /// Tokens per KV page.
   int32_t page_size = 16;
   /// Most tokens (prompt + output) of one sequence; a sequence stops when it reaches it.
