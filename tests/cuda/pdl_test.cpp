@@ -17,8 +17,11 @@
 //  - DecodeStepChain: qk_norm_rope_store_kv of a prefill, a long prefill attention (the
 //    slow kernel), then 24 decode steps of qk_norm_rope_store_kv -> paged decode attention
 //    (8 splits merged by the last split CTA, or 1 split) -> rms_norm of its output (a fast kernel
-//    right after the slow merge). The decode q buffer overlays the rows of the prefill q,
-//    so the first decode step's writes race the prefill attention's reads if it goes early.
+//    right after the slow merge). The 1-split steps' grid (16 CTAs) fills at most half the
+//    SMs of any GPU of 32 SMs or more, so it releases the norm right after its wait
+//    (releases_dependents_early); the 8-split steps' 128 CTAs do on GPUs of 256 SMs or more.
+//    The decode q buffer overlays the rows of the prefill q, so the first decode step's
+//    writes race the prefill attention's reads if it goes early.
 //  - SlowFillThenFastGather: a 256 MB fill (many waves) followed by a one-wave gather of
 //    rows at its start and end.
 //  - GreedySamplingChain: fill -> gather of logits rows -> greedy sample_rows.

@@ -42,6 +42,9 @@
 //    its dependent (the output projection) launch only once a CTA's key loop is done: at
 //    large batches its grid has several waves, and even for one wave, letting the output
 //    projection in early measured slower (W1 8,161 against 8,451 tok/s, H200, 2026-11-29).
+//    A grid that fills at most half the SMs (batch 1 or 2 at short contexts) lets it in
+//    right after the wait instead, so that the product's CTAs stream their first weight
+//    chunks on the idle SMs (releases_dependents_early: batch 1 +1.0 %, H200, 2026-12-06).
 // Roofline: Qwen3-8B (8 KV heads, D = 128) reads 4 KB of K/V per cached token, so a batch
 // of 64 sequences at 4k context moves 1.07 GB: 0.25 ms at the H200's ~4.3 TB/s copy rate.
 #include <cuda_bf16.h>
@@ -117,7 +120,20 @@ struct DecodeArgs {
   int32_t subgroups;   // CTAs per KV head: ceil(group / kHeadsPerCta)
   int32_t page_shift;  // log2(page_size) or -1
   float scale_log2;    // scale * log2(e)
+  // Release the dependents right after the wait rather than after the key loop
+  // (releases_dependents_early).
+  int32_t release_early;
 };
+
+/// Whether a decode grid of `ctas` CTAs on a device of `sms` SMs releases its dependents
+/// right after its own wait: when it fills at most half the SMs (batches of 1 or 2 at short
+/// contexts, where the planner stops at one split per 128 keys). The next kernel, a product,
+/// then has idle SMs on which its CTAs start streaming their first weight chunks while the
+/// attention, which moves few bytes, runs its key loop and split merge. A fuller grid keeps
+/// the release after the key loop: there early CTAs of the next product would take SM
+/// slots and bandwidth from the attention on the critical path (W1, 2026-11-29: 8,161
+/// against 8,451 tok/s). H200, 2026-12-06: batch 1 +1.0 %, batch 2 +0.5 %.
+bool releases_dependents_early(int64_t ctas, int sms) { return sms > 0 && ctas * 2 <= sms; }
 
 /// Bytes of the two workspace arrays for `splits` splits of `tokens` tokens.
 size_t partial_o_bytes(int64_t tokens, int64_t heads, int64_t head_dim, int64_t splits) {
@@ -556,6 +572,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   // q and the newest K/V rows come from the kernel before; out and the partials may still
   // be read by the kernels before that.
   pdl_wait();
+  if (a.release_early) pdl_launch_dependents();
   if (!c.after_wait<D>(p)) return;
   const bool direct = c.sp.n_active == 1;
 
@@ -597,7 +614,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     cp_async_wait<0>();
     // The key loop, this CTA's main work, is done: the next kernel may launch (it waits for
     // this grid to finish before reading the output).
-    if (i == seq.q_len - 1) pdl_launch_dependents();
+    if (i == seq.q_len - 1 && !a.release_early) pdl_launch_dependents();
     __syncthreads();  // every warp is done with q and its ring: reuse them below
     merge_warps_and_store<D>(a, smem, st, token, c.head0, c.n_heads, c.split, direct);
   }
@@ -705,6 +722,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   for (int j = 0; j < early; ++j) issue(j, j);
 
   pdl_wait();
+  if (a.release_early) pdl_launch_dependents();
   if (!c.after_wait<D>(p)) return;
   const bool direct = c.sp.n_active == 1;
 
@@ -746,7 +764,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       attend_tile<D, true>(qa, k_base, v_base, n0, end, a.scale_log2, st);
       __syncwarp();  // every lane is done with this stage before it is refilled
     }
-    if (i == seq.q_len - 1) pdl_launch_dependents();
+    if (i == seq.q_len - 1 && !a.release_early) pdl_launch_dependents();
     __syncthreads();  // every warp is done with q and its ring: reuse them below
     merge_warps_and_store<D>(a, smem, st, token, c.head0, c.n_heads, c.split, direct);
     // The merge wrote the ring through the generic proxy; the next token's TMA refills it.
@@ -926,6 +944,10 @@ void paged_decode_attention_with(const PagedAttentionParams& p, DecodeKernel ker
       << "paged_decode_attention: num_kv_heads " << p.num_kv_heads << " is too large";
   args.page_shift = attn::page_shift_of(p.page_size);
   args.scale_log2 = p.scale * attn::kLog2e;
+  int sms = 0;
+  current_device_info(&sms);
+  args.release_early = attn::releases_dependents_early(
+      int64_t{p.num_seqs} * p.num_kv_heads * args.subgroups * splits, sms);
   if (kernel == DecodeKernel::kTma && decode_tma_supported(p)) {
     attn::launch_decode_tma(args, stream);
   } else if (p.head_dim == 128) {
