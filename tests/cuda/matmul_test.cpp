@@ -211,7 +211,7 @@ TEST_F(MatmulTest, AutotunedPlansMatchTheHeuristicAndRepeatBitForBit) {
 
 // A residual sublayer's product and norm in one op (Backend::matmul_add_rms_norm): the
 // residual and the normalised output against the CPU backend's float32 ops, on both paths.
-// Decode batches (M <= 32) take the skinny kernel, which writes the product into `proj`
+// Decode batches (M <= kSkinnyAutoMaxM = 64) take the skinny kernel, which writes the product into `proj`
 // before add_rms_norm; larger M add the product inside cuBLASLt's epilogue and leave `proj`
 // alone (still NaN), which shows which path ran. The first run of an M <= 512 autotunes the
 // accumulating plan: the residual must still take the product exactly once.
@@ -224,7 +224,7 @@ TEST_F(MatmulTest, MatmulAddRmsNormMatchesCpuOnBothPaths) {
   const bool skinny_gpu = major == 9;  // the skinny kernel needs sm_90
   // (N, K): Qwen3-0.6B o_proj and down.
   for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{1024, 2048}, {1024, 3072}}) {
-    for (int64_t M : {1, 32, 33, 200, 1300}) {
+    for (int64_t M : {1, 32, 33, 64, 65, 200, 1300}) {
       const std::string what = "matmul_add_rms_norm x[" + std::to_string(M) + ", " +
                                std::to_string(K) + "] w[" + std::to_string(N) + ", " +
                                std::to_string(K) + "]^T";

@@ -550,7 +550,7 @@ TEST_F(SkinnyGemmTest, LtMatmulPathsAgree) {
   dw.upload(w);
   DeviceBytes lt_workspace(32u << 20);
   LtMatmul matmul(lt_workspace.get(), lt_workspace.bytes());
-  for (int64_t M : {1, 32, 100}) {
+  for (int64_t M : {1, 32, 64, 100}) {
     const auto x = random_bf16(static_cast<size_t>(M * K), 1.0f);
     DeviceBytes dx(x.size() * 2), out(static_cast<size_t>(M * N) * 2);
     dx.upload(x);

@@ -51,10 +51,12 @@ constexpr int64_t kAutotuneMaxM = 512;
 /// Most heuristic candidates timed per shape.
 constexpr int kAutotuneCandidates = 16;
 
-/// Largest M that PAGELLM_MATMUL=auto sends to the skinny kernel. On the H200 the skinny
-/// kernel (with its fused SiLU and programmatic dependent launch) made Qwen3-4B decode 5 %
-/// faster than cuBLASLt at batch 32 and 12 % at batch 1, and 2 % slower at batch 64.
-constexpr int64_t kSkinnyAutoMaxM = 32;
+/// Largest M that PAGELLM_MATMUL=auto sends to the skinny kernel: one token tile (64 rows).
+/// Qwen3-4B decode with the skinny kernel against cuBLASLt (H100, 2026-12-06, `pagellm
+/// bench --output-len 256`): +5.8 % at batch 33, +3.1 to +5.0 % at 40, 48 and 64 (two
+/// or three rounds); 80-128 rows (two token tiles, each reading the weights) 15-20 % slower.
+/// (It was 32 from 2026-11-29, when an older skinny kernel lost 2 % at batch 64.)
+constexpr int64_t kSkinnyAutoMaxM = 64;
 
 /// Whether PAGELLM_MATMUL=auto sends this (supported) product to the skinny kernel rather
 /// than cuBLASLt: M <= kSkinnyAutoMaxM (docs/design.md has the measurements behind it).
