@@ -364,6 +364,8 @@ TEST_F(PdlChainTest, ElementwiseChainMatchesCpuEagerAndInGraph) {
   if (HasFatalFailure()) return;
   elementwise_chain(48, 1002, 64);  // scalar norm and silu, 4- and 1-byte gathers
   if (HasFatalFailure()) return;
+  elementwise_chain(24, 2048, 256);  // a 32-token tile's rows: norms trigger early too
+  if (HasFatalFailure()) return;
   elementwise_chain(8, 2048, 256);  // under kNormEarlyTriggerMinRows: norms trigger late
 }
 

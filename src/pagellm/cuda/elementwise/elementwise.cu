@@ -14,7 +14,7 @@
 // Every kernel is launched with programmatic dependent launch (pdl.cuh): it waits for the
 // kernel before it (pdl_wait) before touching activations and then lets the kernel after it
 // launch at once (pdl_launch_dependents), since its grid is one wave at decode sizes. The
-// norm kernels differ: at 32 rows or more they let the kernel after them launch before
+// norm kernels differ: at 17 rows or more they let the kernel after them launch before
 // their wait (pdl.cuh, rule 3), and the block-per-row kernel also loads its weight vector
 // before the wait (the warp-per-row kernel of prefill-sized batches reads it after).
 #include <cuda_bf16.h>
@@ -164,11 +164,14 @@ __device__ void store_vec8(bf16* p, const Vec8& x) {
 constexpr int kCachedWeightVecs = 4;
 
 // Rows from which a norm lets the next kernel launch before its own wait (pdl.cuh, rule 3's
-// exception). Measured on the H200 (session (g), run 4; early against late, decode tok/s):
-// batch 4 1,398 against 1,487 (-6 %), batch 8 2,714 against 2,840 (-4.5 %), batch 16 5,259
-// against 5,339 (-1.5 %), W1's 32 rows 9,285 / 9,254 against 9,199 / 9,135 (+1 %), batch 1
-// and 64 no difference (why batches 4-16 lose was not traced; docs/PERFORMANCE.md).
-constexpr int64_t kNormEarlyTriggerMinRows = 32;
+// exception): the decode products' 32-token tiles (17-32 rows) and up. Measured on the H200
+// (session (g), run 4; early against late, decode tok/s): batch 4 1,398 against 1,487
+// (-6 %), batch 8 2,714 against 2,840 (-4.5 %), batch 16 5,259 against 5,339 (-1.5 %), W1's
+// 32 rows 9,285 / 9,254 against 9,199 / 9,135 (+1 %), batch 1 and 64 no difference; on an
+// H100 (2026-12-06, `pagellm bench --batch B --output-len 256`): batch 8 -1.3 %, 16 -1.2 %,
+// 20 +1.2 %, 24 +2.0 % (two rounds), 28 even (why the small tiles lose was not traced;
+// docs/PERFORMANCE.md).
+constexpr int64_t kNormEarlyTriggerMinRows = 17;
 
 // One block of kNormThreads per row. With kAdd, `x` is the residual, updated in place with
 // delta and rounded to bf16 before the norm. Pass 1 accumulates the sum of squares, pass 2

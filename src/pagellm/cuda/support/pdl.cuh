@@ -20,12 +20,12 @@
 //      only one kernel at a time waits ahead of the running one. Kernels with more than one
 //      wave of CTAs call it only once their main work is done, so that waiting dependents
 //      do not take the SM slots the later waves need. One exception: the RMSNorm kernels
-//      (one CTA per row, no shared memory) call it first thing for batches of 32 rows or
+//      (one CTA per row, no shared memory) call it first thing for batches of 17 rows or
 //      more. The product after a norm then launches while the product before it still
 //      drains and prefetches its weights into the slots that one frees: W1 +0.6 to +1 %
-//      (H200, sessions (f) and (g)). Below 32 rows it costs more than it gains (batch 4
-//      -6 %, batch 8 -4.5 %, batch 16 -1.5 %, session (g)), so there the norms keep the
-//      rule. That cannot starve the product before: the norm itself launched only once
+//      (H200, sessions (f) and (g)), batch 24 +2 % (H100, 2026-12-06). Below 17 rows it
+//      costs more than it gains (batch 4 -6 %, batch 8 -4.5 %, batch 16 -1.5 %, session
+//      (g)), so there the norms keep the rule. That cannot starve the product before: the norm itself launched only once
 //      every CTA of that product had started. And rule 2 still holds, because the norm
 //      waits before it finishes.
 // Rule 1 makes a launcher that reads an argument before its wait (the norm kernels' weight
