@@ -233,8 +233,12 @@ void print_grpo(const GrpoReport& r) {
               static_cast<long long>(r.steps), static_cast<long long>(r.pipelined_steps),
               static_cast<long long>(r.preemptions));
   if (r.fraction_of_limit()) {
-    std::printf("  limit       %.2f s step by step at %.0f GB/s: %.1f %% of the bandwidth limit\n",
+    std::printf("  limit       %.2f s step by step at %.0f GB/s: %.1f %% of the bandwidth limit "
+                "(each K/V page once a step)\n",
                 r.limit_seconds, *r.bandwidth_bytes_per_s / 1e9, 100.0 * *r.fraction_of_limit());
+    std::printf("  per sample  %.2f s: %.1f %% if every sample read its whole context, shared "
+                "prompt pages included (W2's limit before 2026-12-06)\n",
+                r.per_sample_limit_seconds, 100.0 * r.per_sample_limit_seconds / r.rollout_seconds);
   }
   std::printf("  host gap    %.2f s (%.1f %% of the rollout: the engine's host work while the "
               "device waits): schedule %.2f s, batch build and launch %.2f s, after the "
@@ -247,8 +251,9 @@ void print_grpo(const GrpoReport& r) {
                 c.name.c_str(), static_cast<long long>(c.steps), c.seconds,
                 r.rollout_seconds > 0 ? 100.0 * c.seconds / r.rollout_seconds : 0.0);
     if (r.bandwidth_bytes_per_s && c.seconds > 0) {
-      std::printf(", limit %6.2f s = %4.1f %%", c.limit_seconds,
-                  100.0 * c.limit_seconds / c.seconds);
+      std::printf(", limit %6.2f s = %4.1f %% (per sample %5.1f %%)", c.limit_seconds,
+                  100.0 * c.limit_seconds / c.seconds,
+                  100.0 * c.per_sample_limit_seconds / c.seconds);
     }
     std::printf(", %lld decode tokens\n", static_cast<long long>(c.decode_tokens));
   }

@@ -521,18 +521,21 @@ TEST(BenchmarkTest, GrpoRunsTwoSeededRoundsAroundAWeightUpdate) {
   ASSERT_FALSE(r.step_classes.empty());
   EXPECT_EQ(r.step_classes.front().name, "prefill + decode");
   int64_t class_steps = 0, class_tokens = 0;
-  double class_seconds = 0, class_limit = 0;
+  double class_seconds = 0, class_limit = 0, class_per_sample = 0;
   for (const GrpoStepClass& c : r.step_classes) {
     EXPECT_GT(c.steps, 0) << c.name;
     class_steps += c.steps;
     class_tokens += c.decode_tokens;
     class_seconds += c.seconds;
     class_limit += c.limit_seconds;
+    class_per_sample += c.per_sample_limit_seconds;
+    EXPECT_LE(c.limit_seconds, c.per_sample_limit_seconds * (1 + 1e-12)) << c.name;
   }
   EXPECT_EQ(class_steps, r.steps);
   EXPECT_EQ(class_tokens, r.generated_tokens - g.rounds * r.samples);
   EXPECT_LE(class_seconds, r.rollout_seconds);
   EXPECT_NEAR(class_limit, r.limit_seconds, 1e-9 * r.limit_seconds);
+  EXPECT_NEAR(class_per_sample, r.per_sample_limit_seconds, 1e-9 * r.per_sample_limit_seconds);
   // The host gap's three parts are each measured, and the JSON gives them and their sum.
   EXPECT_GT(r.host_gap.schedule, 0.0);
   EXPECT_GT(r.host_gap.launch, 0.0);
@@ -546,9 +549,38 @@ TEST(BenchmarkTest, GrpoRunsTwoSeededRoundsAroundAWeightUpdate) {
   EXPECT_DOUBLE_EQ(j.at("host_launch_s").get<double>(), r.host_gap.launch);
   EXPECT_DOUBLE_EQ(j.at("host_finish_s").get<double>(), r.host_gap.finish);
   EXPECT_DOUBLE_EQ(j.at("host_gap_s").get<double>(), r.host_gap.total());
+  EXPECT_DOUBLE_EQ(j.at("limit_s").get<double>(), r.limit_seconds);
+  EXPECT_DOUBLE_EQ(j.at("per_sample_limit_s").get<double>(), r.per_sample_limit_seconds);
   GrpoWorkload bad = g;
   bad.n = 0;
   EXPECT_THROW(bad.validate(), Error);
+}
+
+// W2's limit counts each physical K/V page once a step: a prompt's samples share its full
+// prompt pages, so with n > 1 it is shorter than the per-sample count, and with n = 1
+// (nothing shared: distinct random prompts) the two are the same sums of contexts.
+TEST(BenchmarkTest, GrpoLimitCountsASharedPageOncePerStep) {
+  for (int32_t n : {1, 4}) {
+    GrpoWorkload g = tiny_grpo();
+    g.n = n;
+    g.min_prompt_len = 40;  // two full pages of 16 and a part of a third
+    g.max_prompt_len = 40;
+    EngineConfig base = cpu_config();
+    base.num_pages = 128;
+    base.page_size = 16;
+    const EngineConfig config = grpo_engine_config(g, base);
+    std::unique_ptr<Engine> engine = make_benchmark_engine(g.model_workload(), config);
+    const GrpoReport r = run_grpo_benchmark(*engine, g);
+    SCOPED_TRACE("n = " + std::to_string(n));
+    ASSERT_TRUE(r.fraction_of_limit().has_value());
+    ASSERT_GT(r.limit_seconds, 0.0);
+    if (n == 1) {
+      EXPECT_NEAR(r.limit_seconds, r.per_sample_limit_seconds, 1e-9 * r.per_sample_limit_seconds);
+    } else {
+      EXPECT_LT(r.limit_seconds, r.per_sample_limit_seconds);
+    }
+    EXPECT_EQ(engine->allocator().num_free(), engine->allocator().num_usable());
+  }
 }
 
 TEST(BenchmarkTest, PromptSamplesAreRequestsWithSeedsSPlusJ) {

@@ -907,6 +907,11 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
                                                    /*on_device=*/false);
   }
   const int64_t used_before = engine.allocator().num_usable() - engine.allocator().num_free();
+  // The step observer's page counts (each physical page's most tokens in the step's
+  // contexts), zero between steps; `touched` lists the pages set in the current step.
+  const int64_t page_size = engine.config().page_size;
+  std::vector<int32_t> page_tokens(static_cast<size_t>(engine.num_pages()), 0);
+  std::vector<int32_t> touched;
   const int64_t preemptions_before = engine.stats().preemptions;
   const int64_t steps_before = engine.stats().steps;
   const int64_t pipelined_before = engine.stats().pipelined_steps;
@@ -951,11 +956,14 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
     }
     // Per forward step (Engine::set_step_observer; one engine step may run several with
     // pipelined decode): whether it prefilled, its decode rows, and the K/V it read, the
-    // context after the step of every sequence it advanced.
+    // context after the step of every sequence it advanced: each physical page once
+    // (`kv_tokens`: the most tokens any of those contexts hold in it) and per sequence
+    // (`per_sample_kv_tokens`).
     struct StepRecord {
       bool prefill = false;
       int64_t rows = 0;
       double kv_tokens = 0;
+      double per_sample_kv_tokens = 0;
     };
     std::vector<StepRecord> records;
     const StepObserverScope observer(engine, [&](const SchedulerOutput& out) {
@@ -968,8 +976,25 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
         } else {
           rec.prefill = true;
         }
-        rec.kv_tokens += seq.num_computed + s.num_new_tokens;
+        const int64_t context = seq.num_computed + s.num_new_tokens;
+        rec.per_sample_kv_tokens += static_cast<double>(context);
+        const int64_t pages =
+            std::min<int64_t>((context + page_size - 1) / page_size,
+                              static_cast<int64_t>(seq.pages.size()));
+        for (int64_t i = 0; i < pages; ++i) {
+          const int32_t page = seq.pages[static_cast<size_t>(i)];
+          const auto held =
+              static_cast<int32_t>(std::min<int64_t>(page_size, context - i * page_size));
+          int32_t& most = page_tokens.at(static_cast<size_t>(page));
+          if (most == 0) touched.push_back(page);
+          most = std::max(most, held);
+        }
       }
+      for (int32_t page : touched) {
+        rec.kv_tokens += page_tokens[static_cast<size_t>(page)];
+        page_tokens[static_cast<size_t>(page)] = 0;
+      }
+      touched.clear();
       records.push_back(rec);
     });
     backend.synchronize();
@@ -984,11 +1009,14 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
       r.peak_kv_pages = std::max(r.peak_kv_pages, used - used_before);
       // A pipelined run's forward steps share its time evenly.
       for (const StepRecord& rec : records) {
-        double step_limit = 0;
+        double step_limit = 0, per_sample_limit = 0;
         if (r.bandwidth_bytes_per_s) {
           step_limit =
               (weight_read_bytes + rec.kv_tokens * kv_per_token) / *r.bandwidth_bytes_per_s;
+          per_sample_limit = (weight_read_bytes + rec.per_sample_kv_tokens * kv_per_token) /
+                             *r.bandwidth_bytes_per_s;
           r.limit_seconds += step_limit;
+          r.per_sample_limit_seconds += per_sample_limit;
         }
         size_t c = 0;
         if (!rec.prefill) {
@@ -998,6 +1026,7 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
         classes[c].steps += 1;
         classes[c].seconds += call_seconds / static_cast<double>(records.size());
         classes[c].limit_seconds += step_limit;
+        classes[c].per_sample_limit_seconds += per_sample_limit;
         classes[c].decode_tokens += rec.rows;
       }
     }
@@ -1040,6 +1069,8 @@ std::string grpo_json_line(const GrpoReport& r) {
       {"rollout_tok_s", r.rollout_tok_s()},
       {"fraction_of_limit",
        r.fraction_of_limit() ? nlohmann::json(*r.fraction_of_limit()) : nlohmann::json(nullptr)},
+      {"limit_s", r.limit_seconds},
+      {"per_sample_limit_s", r.per_sample_limit_seconds},
       {"peak_kv_pages", r.peak_kv_pages},
       {"preemptions", r.preemptions},
       {"weight_update_s", r.weight_update_seconds},
@@ -1057,6 +1088,7 @@ std::string grpo_json_line(const GrpoReport& r) {
                        {"steps", c.steps},
                        {"seconds", c.seconds},
                        {"limit_s", c.limit_seconds},
+                       {"per_sample_limit_s", c.per_sample_limit_seconds},
                        {"decode_tokens", c.decode_tokens}});
   }
   nlohmann::json out = j;

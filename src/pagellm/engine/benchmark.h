@@ -372,6 +372,7 @@ struct GrpoStepClass {
   double seconds = 0;       // wall time of Engine::step() over these steps (a pipelined
                             // run's time shared evenly by its steps)
   double limit_seconds = 0; // their share of GrpoReport::limit_seconds
+  double per_sample_limit_seconds = 0;  // their share of GrpoReport::per_sample_limit_seconds
   int64_t decode_tokens = 0;
 };
 
@@ -388,8 +389,14 @@ struct GrpoReport {
   int64_t steps = 0;
   int64_t pipelined_steps = 0;    // of them, launched ahead (pipelined decode)
   /// The step-by-step limit: the time every step would take at the copy bandwidth,
-  /// reading every weight once plus the K/V of each running sequence's context.
+  /// reading every weight once plus each physical K/V page that a running sequence's
+  /// context covers, once however many sequences share it (a prompt's samples share its
+  /// prompt pages): the bytes a step must read at least.
   double limit_seconds = 0;
+  /// The same with the K/V of every running sequence's whole context, shared pages counted
+  /// once per sequence (how W2 was counted until 2026-12-06): the bytes if nothing shared
+  /// were read once. A step can beat it (siblings' reads of a shared page come from L2).
+  double per_sample_limit_seconds = 0;
   std::optional<double> bandwidth_bytes_per_s;
   /// limit_seconds / rollout_seconds (absent without a bandwidth).
   std::optional<double> fraction_of_limit() const;
