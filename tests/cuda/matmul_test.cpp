@@ -211,10 +211,11 @@ TEST_F(MatmulTest, AutotunedPlansMatchTheHeuristicAndRepeatBitForBit) {
 
 // A residual sublayer's product and norm in one op (Backend::matmul_add_rms_norm): the
 // residual and the normalised output against the CPU backend's float32 ops, on both paths.
-// Decode batches (M <= kSkinnyAutoMaxM = 64) take the skinny kernel, which writes the product into `proj`
-// before add_rms_norm; larger M add the product inside cuBLASLt's epilogue and leave `proj`
-// alone (still NaN), which shows which path ran. The first run of an M <= 512 autotunes the
-// accumulating plan: the residual must still take the product exactly once.
+// Decode batches (M <= kSkinnyAutoMaxM = 64) take the skinny kernel, which writes the
+// product into `proj` before add_rms_norm; larger M add the product inside cuBLASLt's
+// epilogue and leave `proj` alone (still NaN), which shows which path ran. The first run
+// of an M <= 512 autotunes the accumulating plan: the residual must still take the
+// product exactly once.
 TEST_F(MatmulTest, MatmulAddRmsNormMatchesCpuOnBothPaths) {
   const char* path_env = std::getenv("PAGELLM_MATMUL");
   const bool forced_path = path_env != nullptr && std::string(path_env) != "auto";

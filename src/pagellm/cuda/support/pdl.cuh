@@ -25,9 +25,9 @@
 //      drains and prefetches its weights into the slots that one frees: W1 +0.6 to +1 %
 //      (H200, sessions (f) and (g)), batch 24 +2 % (H100, 2026-12-06). Below 17 rows it
 //      costs more than it gains (batch 4 -6 %, batch 8 -4.5 %, batch 16 -1.5 %, session
-//      (g)), so there the norms keep the rule. That cannot starve the product before: the norm itself launched only once
-//      every CTA of that product had started. And rule 2 still holds, because the norm
-//      waits before it finishes.
+//      (g)), so there the norms keep the rule. That cannot starve the product before: the
+//      norm itself launched only once every CTA of that product had started. And rule 2
+//      still holds, because the norm waits before it finishes.
 // Rule 1 makes a launcher that reads an argument before its wait (the norm kernels' weight
 // vectors) require that no kernel still in flight on the stream writes that argument; model
 // weights, uploaded by copies, qualify.
