@@ -1,8 +1,9 @@
 // Paged attention benchmark: decode bandwidth and prefill tensor-core rate, each against the
 // ceiling this run measures (decode) or the bars of issue 6 (prefill).
 //
-//   attention_bench [--quick] [--decode-only | --prefill-only | --chunks-only] [--single]
-//                   [--prefill-shape HQ:HKV:BATCH:Q:KV] [--out FILE.csv]
+//   attention_bench [--quick] [--decode-only | --prefill-only | --chunks-only |
+//                   --shared-only] [--single] [--prefill-shape HQ:HKV:BATCH:Q:KV]
+//                   [--out FILE.csv]
 //
 // Decode (Qwen3-8B attention: 32 query heads, 8 KV heads, head_dim 128, 16-token pages):
 // bytes = K/V rows read + q read + out written; time = median over graph replays of a graph
@@ -32,6 +33,12 @@
 // query rows of a sequence in turn), the prefill kernel paged_prefill_attention runs for
 // them and the Hopper prefill kernel at any query length, rotating over page tables of
 // disjoint pages as decode does: the kernels a native route could run.
+// Shared prefixes (--shared-only, also in a full run): decode batches of groups of 8
+// sequences that share their first `prefix` keys (the same pages, as n-sample fan-out leaves
+// a GRPO prompt's samples) and then hold `suffix` keys each, through the TMA decode kernel
+// without and with the shared-prefix pass (PagedAttentionParams::prefix_tokens). Bytes are
+// the distinct K/V (each shared page once, every suffix) + q + out, as W2's limit counts
+// them; rotating over copies on disjoint pages as decode does.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -48,6 +55,7 @@
 #include <vector>
 
 #include "pagellm/cuda/attention/attention.h"
+#include "pagellm/cuda/batch_staging.h"
 #include "pagellm/cuda/attention/attention_decode_variants.h"
 #include "pagellm/cuda/attention/attention_prefill_variants.h"
 
@@ -82,6 +90,36 @@ struct Pool {
     cudaFree(v);
   }
 };
+
+/// The arguments of one call over `pool` (device pointers; host sizes).
+pagellm::cuda::PagedAttentionParams call_params(const Pool& pool, int num_q_heads, void* q,
+                                                void* out, const int32_t* query_start,
+                                                const int32_t* kv_lens, const int32_t* table,
+                                                int seqs, int tokens, int max_pages, int max_q,
+                                                int max_kv, void* workspace, size_t ws_bytes) {
+  pagellm::cuda::PagedAttentionParams p;
+  p.q = q;
+  p.k_pool = pool.k;
+  p.v_pool = pool.v;
+  p.out = out;
+  p.query_start = query_start;
+  p.kv_lens = kv_lens;
+  p.page_table = table;
+  p.num_seqs = seqs;
+  p.num_tokens = tokens;
+  p.num_q_heads = num_q_heads;
+  p.num_kv_heads = pool.num_kv_heads;
+  p.head_dim = pool.head_dim;
+  p.page_size = pool.page_size;
+  p.max_pages_per_seq = max_pages;
+  p.num_pages = static_cast<int32_t>(pool.num_pages);
+  p.max_query_len = max_q;
+  p.max_kv_len = max_kv;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(pool.head_dim));
+  p.workspace = workspace;
+  p.workspace_bytes = ws_bytes;
+  return p;
+}
 
 /// Device metadata for `copies` batches of `batch` sequences (q_len query tokens each, kv_len
 /// keys), each copy on its own pages (shuffled), plus q, out and workspace.
@@ -126,27 +164,101 @@ struct Batch {
     if (workspace) cudaFree(workspace);
   }
   pagellm::cuda::PagedAttentionParams params(const Pool& pool, int num_q_heads, int copy) const {
-    pagellm::cuda::PagedAttentionParams p;
-    p.q = q;
-    p.k_pool = pool.k;
-    p.v_pool = pool.v;
-    p.out = out;
-    p.query_start = query_start;
-    p.kv_lens = kv_lens;
-    p.page_table = tables + static_cast<size_t>(copy) * batch * max_pages;
-    p.num_seqs = batch;
-    p.num_tokens = batch * q_len;
-    p.num_q_heads = num_q_heads;
-    p.num_kv_heads = pool.num_kv_heads;
-    p.head_dim = pool.head_dim;
-    p.page_size = pool.page_size;
-    p.max_pages_per_seq = max_pages;
-    p.num_pages = static_cast<int32_t>(pool.num_pages);
-    p.max_query_len = q_len;
-    p.max_kv_len = kv_len;
-    p.scale = 1.0f / std::sqrt(static_cast<float>(pool.head_dim));
-    p.workspace = workspace;
-    p.workspace_bytes = workspace_bytes;
+    return call_params(pool, num_q_heads, q, out, query_start, kv_lens,
+                       tables + static_cast<size_t>(copy) * batch * max_pages, batch,
+                       batch * q_len, max_pages, q_len, kv_len, workspace, workspace_bytes);
+  }
+};
+
+/// Decode metadata for `copies` batches of `groups` x kGroup sequences, each group sharing
+/// `prefix` keys (its leader's pages) and each sequence then holding `suffix` keys of its
+/// own, every copy on its own pages; the shared-prefix items as the CUDA backend packs them.
+struct SharedBatch {
+  static constexpr int kGroup = 8;
+  int batch, prefix, suffix, copies, max_pages;
+  int32_t *query_start = nullptr, *kv_lens = nullptr, *tables = nullptr;
+  int32_t *items = nullptr, *tokens = nullptr;
+  void *q = nullptr, *out = nullptr, *workspace = nullptr;
+  size_t workspace_bytes = 0;
+  template <typename T>
+  static T* upload(const std::vector<T>& v) {
+    T* d = nullptr;
+    CHECK_CUDA(cudaMalloc(&d, v.size() * sizeof(T)));
+    CHECK_CUDA(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+  }
+  SharedBatch(const Pool& pool, int num_q_heads, int groups, int pre, int suf, int n_copies,
+              std::mt19937& rng)
+      : batch(groups * kGroup), prefix(pre), suffix(suf), copies(n_copies) {
+    const int page = pool.page_size;
+    const int pre_pages = prefix / page, suf_pages = (suffix + page - 1) / page;
+    max_pages = pre_pages + suf_pages;
+    const int64_t per_copy = int64_t{groups} * pre_pages + int64_t{batch} * suf_pages;
+    if (copies * per_copy + 1 > pool.num_pages) throw std::runtime_error("pool too small");
+    std::vector<int32_t> free_pages(static_cast<size_t>(copies * per_copy));
+    std::iota(free_pages.begin(), free_pages.end(), 1);
+    std::shuffle(free_pages.begin(), free_pages.end(), rng);
+    std::vector<int32_t> table(static_cast<size_t>(copies) * batch * max_pages);
+    size_t next = 0;
+    for (int c = 0; c < copies; ++c) {
+      for (int g = 0; g < groups; ++g) {
+        int32_t* lead = table.data() + (static_cast<size_t>(c) * batch + g * kGroup) * max_pages;
+        for (int j = 0; j < pre_pages; ++j) lead[j] = free_pages[next++];
+        for (int m = 0; m < kGroup; ++m) {
+          int32_t* row = lead + static_cast<size_t>(m) * max_pages;
+          std::copy(lead, lead + pre_pages, row);
+          for (int j = 0; j < suf_pages; ++j) row[pre_pages + j] = free_pages[next++];
+        }
+      }
+    }
+    pagellm::ForwardBatch fb;
+    fb.page_size = page;
+    for (int b = 0; b < batch; ++b) {
+      fb.query_start.push_back(b);
+      fb.kv_lens.push_back(prefix + suffix);
+      fb.token_ids.push_back(0);
+      fb.shared_prefix_group.push_back(b / kGroup * kGroup);
+      fb.shared_prefix_tokens.push_back(pre_pages * page);
+    }
+    fb.query_start.push_back(batch);
+    std::vector<int32_t> packed(static_cast<size_t>(pagellm::cuda::prefix_items_words(batch)));
+    std::vector<int32_t> covered(static_cast<size_t>(batch));
+    pagellm::cuda::BatchStaging::pack_prefix_items(
+        fb, pagellm::cuda::decode_prefix_item_members(num_q_heads, pool.num_kv_heads),
+        packed.data(), covered.data());
+    query_start = upload(fb.query_start);
+    kv_lens = upload(fb.kv_lens);
+    tables = upload(table);
+    items = upload(packed);
+    tokens = upload(covered);
+    const size_t qo = static_cast<size_t>(batch) * num_q_heads * pool.head_dim;
+    CHECK_CUDA(cudaMalloc(&q, qo * 2));
+    CHECK_CUDA(cudaMalloc(&out, qo * 2));
+    fill_random(q, qo, 5);
+    workspace_bytes =
+        pagellm::cuda::paged_attention_workspace_bytes(batch, num_q_heads, pool.head_dim, 16);
+    CHECK_CUDA(cudaMalloc(&workspace, workspace_bytes));
+    CHECK_CUDA(cudaMemset(workspace, 0, workspace_bytes));
+    CHECK_CUDA(cudaDeviceSynchronize());
+  }
+  ~SharedBatch() {
+    for (void* p : {static_cast<void*>(query_start), static_cast<void*>(kv_lens),
+                    static_cast<void*>(tables), static_cast<void*>(items),
+                    static_cast<void*>(tokens), q, out, workspace}) {
+      cudaFree(p);
+    }
+  }
+  pagellm::cuda::PagedAttentionParams params(const Pool& pool, int num_q_heads, int copy,
+                                             bool pass) const {
+    pagellm::cuda::PagedAttentionParams p = call_params(
+        pool, num_q_heads, q, out, query_start, kv_lens,
+        tables + static_cast<size_t>(copy) * batch * max_pages, batch, batch, max_pages, 1,
+        prefix + suffix, workspace, workspace_bytes);
+    if (pass) {
+      p.prefix_items = items;
+      p.prefix_tokens = tokens;
+      p.max_prefix_items = batch;
+    }
     return p;
   }
 };
@@ -190,7 +302,8 @@ void write_csv(const std::string& path, const std::vector<Row>& rows) {
 
 int run(int argc, char** argv) {
   std::string out_path;
-  bool quick = false, decode_only = false, prefill_only = false, single = false, chunks = false;
+  bool quick = false, decode_only = false, prefill_only = false, single = false, chunks = false,
+       shared = false;
   int shape[5] = {0, 0, 0, 0, 0};  // --prefill-shape: hq, hkv, batch, q, kv
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
@@ -212,9 +325,13 @@ int run(int argc, char** argv) {
       single = true;
     } else if (!std::strcmp(argv[i], "--chunks-only")) {
       chunks = true;
+    } else if (!std::strcmp(argv[i], "--shared-only")) {
+      shared = true;
+      decode_only = prefill_only = true;  // neither table
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--decode-only | --prefill-only | --chunks-only] "
+                   "usage: %s [--quick] [--decode-only | --prefill-only | --chunks-only | "
+                   "--shared-only] "
                    "[--single] [--prefill-shape HQ:HKV:BATCH:Q:KV (HKV divides HQ, KV >= Q)] "
                    "[--out FILE.csv]\n",
                    argv[0]);
@@ -402,6 +519,56 @@ int run(int argc, char** argv) {
         }
       }
       std::printf("\n");
+    }
+  }
+  // ---- decode with shared prefixes ---------------------------------------------------------
+  if (shared || (!quick && !decode_only && !prefill_only && !chunks && shape[0] == 0)) {
+    const int hq = 32, hkv = 8, d = 128, page = 16;
+    const double token_bytes = double(hkv) * d * 2 * 2;
+    const int64_t rotation_tokens = int64_t{l2_rotation_bytes} / int64_t(token_bytes);
+    Pool pool(2 * rotation_tokens + 64 * 2048 + page, hkv, d, page);
+    std::printf("\ndecode with shared prefixes: Hq %d, Hkv %d, D %d, page %d, groups of %d "
+                "sequences sharing `prefix` keys, then `suffix` keys each; TMA kernel without "
+                "and with the shared-prefix pass; GB/s and %% of copy over the distinct bytes\n",
+                hq, hkv, d, page, SharedBatch::kGroup);
+    std::printf("%6s %7s %7s | %10s %7s | %10s %7s | %7s\n", "batch", "prefix", "suffix",
+                "plain_us", "of_copy", "pass_us", "of_copy", "speedup");
+    const std::vector<int> batches = quick ? std::vector<int>{64, 256}
+                                           : std::vector<int>{16, 32, 64, 128, 256, 512};
+    for (int prefix : {512, 1024}) {
+      for (int suffix : {32, 256, 768}) {
+        for (int b : batches) {
+          const int groups = b / SharedBatch::kGroup;
+          const double distinct = (double(groups) * prefix + double(b) * suffix) * token_bytes +
+                                  double(b) * hq * d * 2 * 2;
+          const int copies = static_cast<int>(std::clamp<double>(
+              std::ceil(l2_rotation_bytes / (distinct)), 1, 256));
+          SharedBatch batch(pool, hq, groups, prefix, suffix, copies, rng);
+          const int launches = std::max(batch.copies, 8);
+          double us[2];
+          size_t bad = 0;
+          for (int pass = 0; pass < 2; ++pass) {
+            auto call = [&](int copy) {
+              pagellm::cuda::paged_decode_attention_with(
+                  batch.params(pool, hq, copy % batch.copies, pass == 1),
+                  pagellm::cuda::DecodeKernel::kTma, stream);
+            };
+            CHECK_CUDA(cudaMemset(batch.out, 0xff, size_t(b) * hq * d * 2));
+            call(0);
+            CHECK_CUDA(cudaStreamSynchronize(stream));
+            bad += nonfinite(batch.out, size_t(b) * hq * d);
+            us[pass] = 1e3 * time_launches(call, launches, stream, quick ? 5 : 9,
+                                           cudaStreamCaptureModeGlobal);
+            const double gbs = distinct / (us[pass] * 1e-6) / 1e9;
+            rows.push_back({pass ? "shared-pass" : "shared-plain", d, hq, hkv, page, b, prefix,
+                            prefix + suffix, 0, us[pass], gbs, gbs / copy_gbs, 0.0});
+          }
+          std::printf("%6d %7d %7d | %10.1f %6.1f%% | %10.1f %6.1f%% | %6.2fx%s\n", b, prefix,
+                      suffix, us[0], 100.0 * distinct / (us[0] * 1e-6) / 1e9 / copy_gbs, us[1],
+                      100.0 * distinct / (us[1] * 1e-6) / 1e9 / copy_gbs, us[0] / us[1],
+                      bad ? "  NON-FINITE OUTPUT" : "");
+        }
+      }
     }
   }
   // ---- short chunks over long prefixes -----------------------------------------------------

@@ -35,6 +35,8 @@
 #include "pagellm/common/dtype.h"
 #include "pagellm/cuda/attention/attention_decode_variants.h"
 #include "pagellm/cuda/attention/attention_prefill_variants.h"
+#include "pagellm/cuda/batch_staging.h"
+#include "pagellm/engine/batch_builder.h"
 #include "pagellm/cuda/support/cuda_check.h"
 
 namespace pagellm::cuda {
@@ -1155,6 +1157,235 @@ TEST(PagedAttentionPlan, PrefillGridGoesKvMajorOnlyPastTheL2) {
   p.max_kv_len = 8192;
   p.num_kv_heads = 32;  // no GQA: four times the bytes per token
   EXPECT_TRUE(prefill_grid_kv_major(p, l2));
+}
+
+// ---- shared-prefix (cascade) decode ------------------------------------------------------
+
+/// Decode rows in groups that share their first pages, as n-sample fan-out leaves them:
+/// group g of sizes[g] sequences shares prompt_g / page full pages (the leader's), then each
+/// member holds pages of its own for the rest of its context. Returns the problem and the
+/// host batch whose shared prefixes assign_shared_prefixes found, checked against the groups
+/// as built.
+struct SharedProblem {
+  Problem pr;
+  ForwardBatch batch;
+};
+
+SharedProblem make_shared_problem(Case c, const std::vector<int>& sizes, int max_prompt,
+                                  std::mt19937_64& rng) {
+  std::vector<int> prompt;
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    const int len = log_uniform(rng, 1, max_prompt);
+    for (int m = 0; m < sizes[g]; ++m) {
+      prompt.push_back(len);
+      c.q_lens.push_back(1);
+      c.kv_lens.push_back(len + log_uniform(rng, 1, 300));
+    }
+  }
+  SharedProblem sp;
+  sp.pr = make_problem(c, rng);
+  Problem& pr = sp.pr;
+  const int B = static_cast<int>(c.kv_lens.size());
+  int b = 0;
+  std::vector<int> expect(B, 0);
+  for (int size : sizes) {
+    const int lead = b, shared = prompt[lead] / c.page_size;
+    for (int m = 0; m < size; ++m, ++b) {
+      for (int j = 0; j < shared; ++j) {
+        pr.page_table[static_cast<size_t>(b) * pr.max_pages_per_seq + j] =
+            pr.page_table[static_cast<size_t>(lead) * pr.max_pages_per_seq + j];
+      }
+      expect[b] = size >= 2 ? shared * c.page_size : 0;
+    }
+  }
+  ForwardBatch& fb = sp.batch;
+  fb.page_size = c.page_size;
+  fb.max_pages_per_seq = pr.max_pages_per_seq;
+  fb.query_start = pr.query_start;
+  fb.kv_lens = pr.kv_lens;
+  fb.token_ids.assign(static_cast<size_t>(pr.num_tokens), 0);
+  std::vector<std::vector<int32_t>> rows(B);
+  std::vector<const std::vector<int32_t>*> pages;
+  for (int r = 0; r < B; ++r) {
+    const int n = (pr.kv_lens[r] + c.page_size - 1) / c.page_size;
+    const int32_t* row = pr.page_table.data() + static_cast<size_t>(r) * pr.max_pages_per_seq;
+    rows[r].assign(row, row + n);
+    pages.push_back(&rows[r]);
+  }
+  assign_shared_prefixes(pages, fb);
+  EXPECT_EQ(fb.shared_prefix_tokens, std::vector<int32_t>(expect.begin(), expect.end()));
+  return sp;
+}
+
+/// Runs `sp` through the TMA decode kernel with the prefix pass (items packed as the CUDA
+/// backend packs them) on a poisoned output and poisoned split partials, and checks it.
+void run_shared_case(const SharedProblem& sp, std::mt19937_64& rng) {
+  const Problem& pr = sp.pr;
+  SCOPED_TRACE(pr.c.describe());
+  DeviceProblem dev(pr);
+  const int B = static_cast<int>(pr.kv_lens.size());
+  std::vector<int32_t> items(static_cast<size_t>(prefix_items_words(B))), tokens(B);
+  const int32_t members = decode_prefix_item_members(pr.c.num_q_heads, pr.c.num_kv_heads);
+  ASSERT_GE(members, 1);
+  const int32_t n_items = BatchStaging::pack_prefix_items(sp.batch, members, items.data(),
+                                                          tokens.data());
+  DeviceArray<int32_t> d_items(items), d_tokens(tokens);
+  PagedAttentionParams p = dev.params(pr);
+  p.prefix_items = d_items.get();
+  p.prefix_tokens = d_tokens.get();
+  p.max_prefix_items = B;
+  ASSERT_TRUE(decode_cascade_supported(p));
+  for (int run = 0; run < 2; ++run) {  // twice: the counters must be back at zero
+    dev.out.fill_bytes(0xff);
+    // The partials after the split counters: NaN, so that a part merged before it was
+    // written shows.
+    PAGELLM_CUDA_CHECK(cudaMemset(dev.workspace.get() + (256 << 10), 0xff,
+                                  dev.workspace.size() - (256 << 10)));
+    paged_decode_attention_with(p, DecodeKernel::kTma, nullptr);
+    PAGELLM_CUDA_CHECK(cudaGetLastError());
+    PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
+    const CheckResult r = check_output(pr, dev.out.download(), p.scale, rng);
+    EXPECT_TRUE(r.ok) << "with prefix pass (" << n_items << " items), run " << run << ": "
+                      << r.report;
+  }
+  // The same workspace then serves a call without the pass.
+  dev.out.fill_bytes(0xff);
+  paged_decode_attention_with(dev.params(pr), DecodeKernel::kTma, nullptr);
+  PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
+  const CheckResult r = check_output(pr, dev.out.download(), p.scale, rng);
+  EXPECT_TRUE(r.ok) << "after the prefix pass, without it: " << r.report;
+}
+
+TEST_F(PagedAttention, DecodeSharedPrefixPassMatchesTheReference) {
+  if (current_cc() < 90) GTEST_SKIP() << "the prefix pass runs in the TMA kernel (sm_90)";
+  // Groups of 8 (n-sample fan-out), 17 and 5 (items split unevenly), 3, and singles; GQA
+  // groups of 2, 4, 5 and 8 query heads per KV head and 1 (16 members an item); pages of
+  // 16, 32 and 64; split counts automatic, 1 and 3 (cutting inside pages).
+  struct Heads {
+    int q, kv;
+  };
+  int k = 0;
+  for (const Heads h : {Heads{32, 8}, Heads{16, 8}, Heads{40, 8}, Heads{64, 8}, Heads{8, 8}}) {
+    for (int page : {16, 32, 64}) {
+      for (int splits : {0, 1, 3}) {
+        if (++k % 2 == 0 && !(h.q == 32 && page == 16)) continue;  // a spread, not all
+        Case c;
+        c.name = "decode shared prefix";
+        c.num_q_heads = h.q;
+        c.num_kv_heads = h.kv;
+        c.page_size = page;
+        c.num_splits = splits;
+        run_shared_case(make_shared_problem(c, {8, 1, 17, 5, 3, 1, 8}, 1100, rng_), rng_);
+      }
+    }
+  }
+}
+
+TEST_F(PagedAttention, DecodeSharedPrefixPassInAGraphWithNewItems) {
+  if (current_cc() < 90) GTEST_SKIP() << "the prefix pass runs in the TMA kernel (sm_90)";
+  // Captured once with fixed host fields; each replay brings new lengths, groups and items
+  // (none in one replay, as a graph of a batch that shares nothing runs).
+  Case c;
+  c.name = "decode shared prefix graph";
+  c.num_q_heads = 32;
+  c.num_kv_heads = 8;
+  const std::vector<int> sizes = {8, 8, 4, 2, 1, 1};
+  const int B = 24, capacity = 2048;
+  SharedProblem first = make_shared_problem(c, sizes, 1000, rng_);
+  ASSERT_EQ(static_cast<int>(first.pr.kv_lens.size()), B);
+  // Room for any replay's pages: a problem of capacity-long rows gives the pool and table.
+  Case big = first.pr.c;
+  big.kv_lens.assign(B, capacity);
+  const Problem full = make_problem(big, rng_);
+  DeviceProblem dev(full);
+  PagedAttentionParams p = dev.params(full);
+  p.max_kv_len = capacity;
+  DeviceArray<int32_t> d_items(static_cast<size_t>(prefix_items_words(B)));
+  DeviceArray<int32_t> d_tokens(static_cast<size_t>(B));
+  d_items.fill_bytes(0);
+  d_tokens.fill_bytes(0);
+  p.prefix_items = d_items.get();
+  p.prefix_tokens = d_tokens.get();
+  p.max_prefix_items = B;
+  cudaStream_t stream;
+  PAGELLM_CUDA_CHECK(cudaStreamCreate(&stream));
+  const int32_t members = decode_prefix_item_members(32, 8);
+  check_graph_replays(
+      dev, stream, p.scale,
+      [&](cudaStream_t s) { paged_decode_attention_with(p, DecodeKernel::kTma, s); }, 3,
+      [&](int replay) {
+        // Lengths within the capacity; shared pages as built, on the full problem's pool.
+        SharedProblem sp = make_shared_problem(c, sizes, 1000, rng_);
+        Problem pr = full;
+        pr.kv_lens = sp.pr.kv_lens;
+        for (int b = 0; b < B; ++b) {
+          for (int j = 0; j < pr.max_pages_per_seq; ++j) {
+            pr.page_table[static_cast<size_t>(b) * pr.max_pages_per_seq + j] =
+                full.page_table[static_cast<size_t>(b) * full.max_pages_per_seq + j];
+          }
+        }
+        // Share the leaders' first pages again, on this table.
+        int b = 0;
+        for (int size : sizes) {
+          const int lead = b, shared = sp.batch.shared_prefix_tokens[lead] / c.page_size;
+          for (int m = 0; m < size; ++m, ++b) {
+            for (int j = 0; j < shared; ++j) {
+              pr.page_table[static_cast<size_t>(b) * pr.max_pages_per_seq + j] =
+                  pr.page_table[static_cast<size_t>(lead) * pr.max_pages_per_seq + j];
+            }
+          }
+        }
+        dev.page_table.upload(pr.page_table);
+        std::vector<int32_t> items(static_cast<size_t>(prefix_items_words(B))), tokens(B);
+        ForwardBatch fb = sp.batch;
+        if (replay == 1) {  // nothing shared
+          fb.shared_prefix_group.clear();
+          fb.shared_prefix_tokens.clear();
+        }
+        BatchStaging::pack_prefix_items(fb, members, items.data(), tokens.data());
+        d_items.upload(items);
+        d_tokens.upload(tokens);
+        return pr;
+      });
+  cudaStreamDestroy(stream);
+}
+
+TEST(PrefixItems, PackedAsTheGroupsSay) {
+  // Host only: the staging's packing of assign_shared_prefixes' groups.
+  ForwardBatch fb;
+  fb.page_size = 16;
+  const int B = 12;
+  for (int b = 0; b < B; ++b) {
+    fb.query_start.push_back(b);
+    fb.kv_lens.push_back(100);
+    fb.token_ids.push_back(0);
+  }
+  fb.query_start.push_back(B);
+  // A group of 9 (sequences 0-8, 64 tokens), a group of 2 (9 and 11, 32 tokens), a single.
+  fb.shared_prefix_group = {0, 0, 0, 0, 0, 0, 0, 0, 0, 9, 10, 9};
+  fb.shared_prefix_tokens = {64, 64, 64, 64, 64, 64, 64, 64, 64, 32, 0, 32};
+  std::vector<int32_t> items(static_cast<size_t>(prefix_items_words(B))), tokens(B);
+  // 4 members an item: 9 splits into 3 items of 3; the pair is one item.
+  ASSERT_EQ(BatchStaging::pack_prefix_items(fb, 4, items.data(), tokens.data()), 4);
+  EXPECT_EQ(items[0], 4);
+  auto item = [&](int i) { return items.data() + kPrefixItemsHeader + i * kPrefixItemInts; };
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(item(i)[0], 64);
+    ASSERT_EQ(item(i)[1], 3);
+    for (int m = 0; m < 3; ++m) EXPECT_EQ(item(i)[2 + m], 3 * i + m);
+  }
+  EXPECT_EQ(item(3)[0], 32);
+  ASSERT_EQ(item(3)[1], 2);
+  EXPECT_EQ(item(3)[2], 9);
+  EXPECT_EQ(item(3)[3], 11);
+  EXPECT_EQ(tokens, fb.shared_prefix_tokens);
+  // Members of 1 (a GQA group of 16): nothing packed; nor for a step with a longer query.
+  EXPECT_EQ(BatchStaging::pack_prefix_items(fb, 1, items.data(), tokens.data()), 0);
+  EXPECT_EQ(tokens, std::vector<int32_t>(B, 0));
+  fb.token_ids.push_back(0);
+  fb.query_start.back() = B + 1;
+  EXPECT_EQ(BatchStaging::pack_prefix_items(fb, 4, items.data(), tokens.data()), 0);
+  EXPECT_EQ(items[0], 0);
 }
 
 TEST(PagedAttentionPlan, SplitsFitTheWorkspaceAndFillTheDevice) {

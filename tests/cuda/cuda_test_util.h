@@ -9,8 +9,11 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
+#include <map>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -192,6 +195,53 @@ inline ::testing::AssertionResult relative_close(const std::vector<float>& got,
             << ref[worst_at];
   }
   return failure << "; " << seed_note;
+}
+
+/// Greedy outputs of one engine run and the logits of every sampled token, by (request id,
+/// output index).
+struct GreedyRun {
+  std::vector<std::vector<int32_t>> outputs;  // per request, in `ids` order
+  std::map<std::pair<int64_t, int64_t>, std::vector<float>> logits;
+  std::vector<int64_t> ids;
+};
+
+/// Compares two greedy runs of the same requests token by token: each token's logits within
+/// `tol` (relative L2), and where the tokens differ, a top-two gap under `tie_gap` in `a`'s
+/// logits (a tie that rounding may flip; the rest of that request depends on it and is not
+/// compared). Expects at least three quarters of the tokens compared. `what` names b's side
+/// in the messages.
+inline void expect_same_greedy_run(const GreedyRun& a, const GreedyRun& b, const std::string& what,
+                                   double tol = 2e-2, double tie_gap = 0.05) {
+  ASSERT_EQ(a.outputs.size(), b.outputs.size());
+  int64_t compared = 0, total = 0;
+  for (size_t r = 0; r < a.outputs.size(); ++r) {
+    const auto& ta = a.outputs[r];
+    const auto& tb = b.outputs[r];
+    ASSERT_EQ(ta.size(), tb.size());
+    total += static_cast<int64_t>(ta.size());
+    for (size_t i = 0; i < ta.size(); ++i) {
+      const std::vector<float>& la = a.logits.at({a.ids[r], static_cast<int64_t>(i)});
+      const std::vector<float>& lb = b.logits.at({b.ids[r], static_cast<int64_t>(i)});
+      double err = 0, norm = 0;
+      for (size_t v = 0; v < la.size(); ++v) {
+        err += (la[v] - lb[v]) * double(la[v] - lb[v]);
+        norm += double(la[v]) * la[v];
+      }
+      EXPECT_LT(std::sqrt(err / std::max(norm, 1e-30)), tol)
+          << "request " << r << " token " << i << ": logits differ " << what;
+      if (ta[i] != tb[i]) {
+        std::vector<float> sorted = la;
+        std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+        EXPECT_LT(sorted[0] - sorted[1], tie_gap)
+            << "request " << r << " token " << i << ": " << ta[i] << " against " << tb[i] << " "
+            << what << " at a top-two gap of " << sorted[0] - sorted[1];
+        break;  // later tokens depend on the tie
+      }
+      ++compared;
+    }
+  }
+  // Ties are rare; a test that compared almost nothing would prove nothing.
+  EXPECT_GE(compared, total * 3 / 4) << compared << " of " << total << " tokens compared";
 }
 
 }  // namespace pagellm::test

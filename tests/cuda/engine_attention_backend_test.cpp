@@ -30,10 +30,7 @@ namespace {
 
 constexpr double kTieGap = 0.05;
 
-struct ProviderRun {
-  std::vector<std::vector<int32_t>> outputs;
-  std::map<std::pair<int64_t, int64_t>, std::vector<float>> logits;  // (request, index)
-  std::vector<int64_t> ids;
+struct ProviderRun : test::GreedyRun {
   cuda::AttentionRouteStats stats;
   int64_t graph_steps = 0;
   std::string last_plan;
@@ -119,35 +116,8 @@ TEST_F(EngineAttentionBackend, CudnnAndNativeGiveTheSameGreedyTokens) {
   EXPECT_GT(cudnn.graph_steps, 0) << "decode should have replayed captured graphs";
   EXPECT_GT(native.graph_steps, 0);
 
-  int64_t compared = 0, total = 0;
-  for (size_t r = 0; r < prompts_.size(); ++r) {
-    const auto& a = native.outputs[r];
-    const auto& b = cudnn.outputs[r];
-    ASSERT_EQ(a.size(), b.size());
-    total += static_cast<int64_t>(a.size());
-    for (size_t i = 0; i < a.size(); ++i) {
-      const std::vector<float>& ln = native.logits.at({native.ids[r], static_cast<int64_t>(i)});
-      const std::vector<float>& lc = cudnn.logits.at({cudnn.ids[r], static_cast<int64_t>(i)});
-      double err = 0, norm = 0;
-      for (size_t v = 0; v < ln.size(); ++v) {
-        err += (ln[v] - lc[v]) * double(ln[v] - lc[v]);
-        norm += double(ln[v]) * ln[v];
-      }
-      EXPECT_LT(std::sqrt(err / std::max(norm, 1e-30)), 2e-2)
-          << "request " << r << " token " << i << ": logits differ between providers";
-      if (a[i] != b[i]) {
-        std::vector<float> sorted = ln;
-        std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
-        EXPECT_LT(sorted[0] - sorted[1], kTieGap)
-            << "request " << r << " token " << i << ": native chose " << a[i] << ", cudnn "
-            << b[i] << " with a top-two gap of " << sorted[0] - sorted[1];
-        break;  // later tokens depend on the tie
-      }
-      ++compared;
-    }
-  }
-  // Ties are rare; a test that compared almost nothing would prove nothing.
-  EXPECT_GE(compared, total * 3 / 4) << compared << " of " << total << " tokens compared";
+  test::expect_same_greedy_run(native, cudnn, "between the providers (native, cudnn)",
+                               2e-2, kTieGap);
 }
 
 TEST_F(EngineAttentionBackend, AutoNeverFailsAndStaysNativeWithoutATable) {

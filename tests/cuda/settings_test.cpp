@@ -3,6 +3,7 @@
 // what is accepted. Host code only: runs without a GPU.
 #include <gtest/gtest.h>
 
+#include <iterator>
 #include <map>
 #include <string>
 
@@ -37,6 +38,7 @@ TEST(CudaSettings, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(s.packed_weights, PackPolicy::kAuto);
   EXPECT_EQ(s.decode_kernel, DecodeKernel::kTma);
   EXPECT_TRUE(s.qkv_fusion);
+  EXPECT_TRUE(s.decode_cascade);
   EXPECT_TRUE(s.lora_dense);
   EXPECT_TRUE(s.pdl);
   EXPECT_EQ(s.cudnn_library, "");
@@ -104,18 +106,17 @@ TEST(CudaSettings, DisableSwitchesAreOnForAnythingButEmptyOrZero) {
     const char* value;
     bool enabled;
   };
-  for (const char* var : {"PAGELLM_DISABLE_QKV_FUSION", "PAGELLM_DISABLE_PDL",
-                          "PAGELLM_DISABLE_LORA_DENSE"}) {
+  const char* const vars[] = {"PAGELLM_DISABLE_QKV_FUSION", "PAGELLM_DISABLE_PDL",
+                              "PAGELLM_DISABLE_LORA_DENSE", "PAGELLM_DISABLE_DECODE_CASCADE"};
+  for (size_t mine = 0; mine < std::size(vars); ++mine) {
+    const char* var = vars[mine];
     for (const Case& c : {Case{"", true}, Case{"0", true}, Case{"1", false},
                           Case{"true", false}, Case{"00", false}, Case{"yes", false}}) {
       const CudaSettings s = parse_env({{var, c.value}});
-      const std::string v = var;
-      const bool* const switches[] = {&s.qkv_fusion, &s.pdl, &s.lora_dense};
-      const size_t mine =
-          v == "PAGELLM_DISABLE_QKV_FUSION" ? 0 : (v == "PAGELLM_DISABLE_PDL" ? 1 : 2);
+      const bool* const switches[] = {&s.qkv_fusion, &s.pdl, &s.lora_dense, &s.decode_cascade};
       EXPECT_EQ(*switches[mine], c.enabled) << var << "=" << c.value;
       // The other switches are untouched.
-      for (size_t i = 0; i < 3; ++i) {
+      for (size_t i = 0; i < std::size(switches); ++i) {
         if (i != mine) {
           EXPECT_TRUE(*switches[i]) << var << "=" << c.value << " switch " << i;
         }

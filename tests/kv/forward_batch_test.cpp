@@ -85,5 +85,56 @@ TEST(ForwardBatch, PersistentSlotsAreCheckedAgainstTheTable) {
   expect_error([&] { b.validate(t); }, "has 8 entries, expected 3 x 3");
 }
 
+// Three decode rows of pages-of-4 sequences; 0 and 2 share their first two pages.
+ForwardBatch shared_batch() {
+  ForwardBatch b;
+  b.page_size = 4;
+  b.max_pages_per_seq = 3;
+  b.token_ids = {1, 2, 3};
+  b.positions = {9, 5, 8};
+  b.slot_mapping = {3 * 4 + 1, 5 * 4 + 1, 6 * 4 + 0};
+  b.query_start = {0, 1, 2, 3};
+  b.kv_lens = {10, 6, 9};
+  b.page_table = {1, 2, 3, /*1*/ 4, 5, 0, /*2*/ 1, 2, 6};
+  b.shared_prefix_group = {0, 1, 0};
+  b.shared_prefix_tokens = {8, 0, 8};
+  return b;
+}
+
+TEST(ForwardBatch, SharedPrefixesValidate) {
+  ForwardBatch b = shared_batch();
+  b.validate();
+  EXPECT_TRUE(b.has_shared_prefix());
+  b.shared_prefix_group.clear();
+  b.shared_prefix_tokens.clear();
+  b.validate();
+  EXPECT_FALSE(b.has_shared_prefix());
+}
+
+TEST(ForwardBatch, SharedPrefixRulesHaveErrors) {
+  struct Case {
+    const char* needle;
+    void (*breaks)(ForwardBatch&);
+  };
+  const std::vector<Case> cases = {
+      {"shared_prefix_group has 2 entries and shared_prefix_tokens 3 for 3 sequences",
+       [](ForwardBatch& b) { b.shared_prefix_group = {0, 1}; }},
+      {"sequence 0 names sequence 2 as its shared-prefix group",
+       [](ForwardBatch& b) { b.shared_prefix_group = {2, 1, 2}; }},
+      {"sequence 2 shares 6 prefix tokens (need a multiple of 4",
+       [](ForwardBatch& b) { b.shared_prefix_tokens = {8, 0, 6}; }},
+      {"sequence 2 shares 4 prefix tokens",  // not its group's 8
+       [](ForwardBatch& b) { b.shared_prefix_tokens = {8, 0, 4}; }},
+      {"sequence 0 shares 12 prefix tokens (need a multiple of 4, at most the 9 tokens",
+       [](ForwardBatch& b) { b.shared_prefix_tokens = {12, 0, 12}; }},
+      {"but their page 1 differs", [](ForwardBatch& b) { b.page_table[7] = 7; }},
+  };
+  for (const Case& c : cases) {
+    ForwardBatch b = shared_batch();
+    c.breaks(b);
+    expect_error([&] { b.validate(); }, c.needle);
+  }
+}
+
 }  // namespace
 }  // namespace pagellm

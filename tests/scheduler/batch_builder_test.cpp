@@ -11,6 +11,7 @@
 namespace pagellm {
 namespace {
 
+using testing::Request;
 using testing::Sim;
 using testing::small_config;
 
@@ -73,6 +74,8 @@ TEST(BatchBuilder, MixedPrefillChunkAndDecode) {
   for (int32_t p : row_with({3, 4, 5}, 16)) table.push_back(p);
   EXPECT_EQ(batch.page_table, table);
   EXPECT_EQ(batch.logits_indices, (std::vector<int32_t>{0, 7}));
+  // Not a decode-only step: no shared prefixes are looked for.
+  EXPECT_TRUE(batch.shared_prefix_group.empty() && batch.shared_prefix_tokens.empty());
   rows = build_sampling_rows(out);
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_EQ(rows[0].output_index, 1);
@@ -141,6 +144,65 @@ TEST(BatchBuilder, EmptyStepAndStaleOutput) {
   SampledToken t;
   sim.scheduler().on_step_done(out, {t});
   EXPECT_THROW(build_forward_batch(out, sim.table(), 4), Error);
+}
+
+// A decode batch of pages-of-4 sequences: b's pages are pages[b].
+ForwardBatch decode_batch(const std::vector<int32_t>& kv_lens) {
+  ForwardBatch batch;
+  batch.page_size = 4;
+  batch.query_start.push_back(0);
+  for (int32_t kv : kv_lens) {
+    batch.token_ids.push_back(0);
+    batch.query_start.push_back(batch.num_tokens());
+    batch.kv_lens.push_back(kv);
+  }
+  return batch;
+}
+
+TEST(BatchBuilder, SharedPrefixesAreTheLeadingPagesEveryMemberHolds) {
+  // Sequences 0, 2, 3 and 5 start with page 10; 2 diverges after two pages, so the group
+  // shares two pages (8 tokens). 1 and 4 share pages 20, 21 and 22, but 4 has only 9 tokens
+  // before its query (two full pages): 8 tokens. 6 starts with page 30 alone. 7 holds 3
+  // tokens before its query, no full page.
+  std::vector<std::vector<int32_t>> pages = {
+      {10, 11, 12, 13}, {20, 21, 22, 23}, {10, 11, 40}, {10, 11, 12, 41},
+      {20, 21, 22},     {10, 11, 12, 13, 42}, {30, 31},  {10}};
+  ForwardBatch batch = decode_batch({16, 16, 12, 16, 10, 20, 8, 4});
+  std::vector<const std::vector<int32_t>*> ptrs;
+  for (const auto& p : pages) ptrs.push_back(&p);
+  assign_shared_prefixes(ptrs, batch);
+  EXPECT_EQ(batch.shared_prefix_group, (std::vector<int32_t>{0, 1, 0, 0, 1, 0, 6, 7}));
+  EXPECT_EQ(batch.shared_prefix_tokens, (std::vector<int32_t>{8, 8, 8, 8, 8, 8, 0, 0}));
+  EXPECT_TRUE(batch.has_shared_prefix());
+
+  // No sequence shares a first page: every group is a single, nothing is shared.
+  pages = {{1, 2}, {3, 4}, {5}};
+  batch = decode_batch({8, 8, 4});
+  ptrs = {&pages[0], &pages[1], &pages[2]};
+  assign_shared_prefixes(ptrs, batch);
+  EXPECT_EQ(batch.shared_prefix_group, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(batch.shared_prefix_tokens, (std::vector<int32_t>{0, 0, 0}));
+  EXPECT_FALSE(batch.has_shared_prefix());
+}
+
+TEST(BatchBuilder, FanOutSamplesShareTheirPromptPagesInDecodeSteps) {
+  // One prompt of 10 tokens with n = 3: after the fan-out the samples share the prompt's two
+  // full pages (copy-on-write gives each its own third page), so their first decode step
+  // groups them with 8 shared tokens, and the batch validates against its page table.
+  Sim sim(small_config(4, 8), 33);
+  ASSERT_TRUE(sim.add_group({Request(1, 10, 6), Request(2, 10, 6), Request(3, 10, 6)}));
+  // The prompt's prefill (in chunks of the small budget); its first tokens fan out.
+  for (int step = 0; sim.scheduler().running().size() < 3; ++step) {
+    ASSERT_LT(step, 5) << "the group never fanned out";
+    sim.step();
+  }
+  SchedulerOutput out = sim.scheduler().schedule();
+  ForwardBatch batch = build_forward_batch(out, sim.table(), 4);
+  batch.validate();
+  ASSERT_EQ(batch.num_seqs(), 3);
+  ASSERT_EQ(batch.num_tokens(), 3);
+  EXPECT_EQ(batch.shared_prefix_group, (std::vector<int32_t>{0, 0, 0}));
+  EXPECT_EQ(batch.shared_prefix_tokens, (std::vector<int32_t>{8, 8, 8}));
 }
 
 }  // namespace

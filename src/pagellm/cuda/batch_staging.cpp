@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "pagellm/common/check.h"
+#include "pagellm/cuda/attention/attention.h"
 #include "pagellm/cuda/attention/page_table.h"
 #include "pagellm/cuda/support/cuda_check.h"
 
@@ -69,6 +70,8 @@ BatchStaging::Layout BatchStaging::layout() const {
   l.kv_lens = region(cap_seqs_);
   l.logits_indices = region(cap_rows_);
   l.lora_slots = region(cap_tokens_);
+  l.prefix_tokens = region(cap_seqs_);
+  l.prefix_items = region(prefix_items_words(cap_seqs_));
   // The persistent page table's inputs (sized only once a persistent batch has come, so
   // that the dense path's copy stays as small as before), then the page table last: the
   // dense path copies up to its used part, the persistent path up to the used values.
@@ -237,6 +240,8 @@ BatchTensors BatchStaging::upload(const ForwardBatch& batch) {
   put(l.logits_indices, batch.logits_indices);
   const bool lora = !batch.lora_slots.empty();
   if (lora) batch.lora_token_slots(staged + l.lora_slots);
+  const int32_t prefix_items = pack_prefix_items(batch, prefix_members_, staged + l.prefix_items,
+                                                 staged + l.prefix_tokens);
   size_t used = 0;
   bool runs_overlap = false;
   if (persistent) {
@@ -290,7 +295,47 @@ BatchTensors BatchStaging::upload(const ForwardBatch& batch) {
   bt.page_table = Tensor(device_ + l.page_table, DType::I32, {B, batch.max_pages_per_seq});
   bt.logits_indices = Tensor(device_ + l.logits_indices, DType::I32, {R});
   if (lora) bt.lora_slots = Tensor(device_ + l.lora_slots, DType::I32, {T});
+  bt.prefix_tokens = Tensor(device_ + l.prefix_tokens, DType::I32, {B});
+  bt.prefix_items = Tensor(device_ + l.prefix_items, DType::I32, {prefix_items_words(B)});
+  bt.prefix_item_count = prefix_items;
   return bt;
+}
+
+int32_t BatchStaging::pack_prefix_items(const ForwardBatch& batch, int32_t members,
+                                        int32_t* items, int32_t* tokens) {
+  const int32_t B = batch.num_seqs();
+  std::fill(tokens, tokens + B, 0);
+  items[0] = 0;
+  if (members < 2 || !batch.has_shared_prefix() || batch.num_tokens() != B) return 0;
+  members = std::min(members, kPrefixItemMaxMembers);
+  // Members per group, then each group's items filled in batch order.
+  std::vector<int32_t> count(static_cast<size_t>(B), 0), first_item(static_cast<size_t>(B), -1);
+  for (int32_t b = 0; b < B; ++b) {
+    if (batch.shared_prefix_tokens[b] > 0) ++count[batch.shared_prefix_group[b]];
+  }
+  int32_t n_items = 0;
+  std::vector<int32_t> seen(static_cast<size_t>(B), 0);
+  for (int32_t b = 0; b < B; ++b) {
+    const int32_t g = batch.shared_prefix_group[b], n = count[g];
+    if (batch.shared_prefix_tokens[b] <= 0 || n < 2) continue;
+    const int32_t parts = (n + members - 1) / members;
+    const int32_t per = (n + parts - 1) / parts;
+    if (first_item[g] < 0) {
+      first_item[g] = n_items;
+      for (int32_t k = 0; k < parts; ++k) {
+        int32_t* it = items + kPrefixItemsHeader + (n_items + k) * kPrefixItemInts;
+        it[0] = batch.shared_prefix_tokens[b];
+        it[1] = 0;
+      }
+      n_items += parts;
+    }
+    int32_t* it = items + kPrefixItemsHeader + (first_item[g] + seen[g] / per) * kPrefixItemInts;
+    it[2 + it[1]++] = b;
+    ++seen[g];
+    tokens[b] = batch.shared_prefix_tokens[b];
+  }
+  items[0] = n_items;
+  return n_items;
 }
 
 void BatchStaging::check_persistent(const ForwardBatch& batch) {

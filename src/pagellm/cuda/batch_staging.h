@@ -34,12 +34,24 @@ class BatchStaging {
   /// Sizes the regions for batches up to these sizes (Backend::reserve_batch).
   void reserve(int32_t max_tokens, int32_t max_seqs, int32_t max_pages_per_seq,
                int32_t max_rows);
+  /// Members per shared-prefix item (decode_prefix_item_members of the model's heads; 0,
+  /// the default, packs no items). Takes effect from the next upload.
+  void set_prefix_item_members(int32_t members) { prefix_members_ = members; }
+  /// Packs the items of a decode batch's shared prefixes (ForwardBatch::shared_prefix_*)
+  /// into `items` (PagedAttentionParams::prefix_items' layout) and each sequence's covered
+  /// keys into `tokens` [B]: a group of n >= 2 members splits into ceil(n / members) items
+  /// of ceil(n / items) members (the last may hold fewer). Zeros and no items for a batch
+  /// without shared prefixes, with a query of more than one token, or when `members` < 2.
+  /// Returns the item count (at most B).
+  static int32_t pack_prefix_items(const ForwardBatch& batch, int32_t members, int32_t* items,
+                                   int32_t* tokens);
 
  private:
   // Element offsets of the batch regions for the current capacities.
   struct Layout {
     size_t token_ids, positions, slot_mapping, query_start, kv_lens, logits_indices,
-        lora_slots, seq_slots, page_runs, page_values, page_table, total;
+        lora_slots, prefix_tokens, prefix_items, seq_slots, page_runs, page_values, page_table,
+        total;
   };
   // What the batch regions must hold (elements; runs of the persistent page table).
   struct Capacity {
@@ -67,6 +79,7 @@ class BatchStaging {
   int64_t reserved_seqs_ = 0, reserved_pages_per_seq_ = 0;  // reserve's largest
   PinnedSlot staging_[2];
   int slot_ = 0;
+  int32_t prefix_members_ = 0;
 
   // The persistent page table [table_rows_, table_cols_] (device, int32, zero-filled at
   // allocation), and which rows this step's runs named (a stamp per row).

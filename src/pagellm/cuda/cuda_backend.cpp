@@ -14,6 +14,7 @@
 
 #include "pagellm/backend/communicator.h"
 #include "pagellm/common/check.h"
+#include "pagellm/cuda/attention/attention.h"
 #include "pagellm/cuda/attention/attention_dispatch.h"
 #include "pagellm/cuda/batch_staging.h"
 #include "pagellm/cuda/device_memory.h"
@@ -220,7 +221,9 @@ BatchTensors CudaBackend::upload_batch(const ForwardBatch& batch) {
       << "cuda backend: upload_batch copies to the device and cannot be captured in a graph; "
          "upload before capture or replay";
   attention_->between_forwards(false);
-  return batch_->upload(batch);
+  BatchTensors bt = batch_->upload(batch);
+  if (bt.prefix_item_count > 0) ++prefix_item_batches_;
+  return bt;
 }
 
 void CudaBackend::reserve_batch(int32_t max_tokens, int32_t max_seqs, int32_t max_pages_per_seq,
@@ -389,6 +392,13 @@ void CudaBackend::qk_norm_rope_store_kv(const Tensor& qkv, const Tensor& q_norm,
 
 AttentionPlanRef CudaBackend::plan_attention(const BatchTensors& batch,
                                              const AttentionShape& shape, const LayerKv& kv) {
+  // Shared-prefix items are packed at upload for the model's heads (from the next batch on:
+  // the first forward, a prefill, has none to pack).
+  batch_->set_prefix_item_members(
+      settings_.decode_cascade && !attention_->batch_invariant()
+          ? decode_prefix_item_members(static_cast<int32_t>(shape.num_q_heads),
+                                       static_cast<int32_t>(shape.num_kv_heads))
+          : 0);
   return attention_->plan(batch, shape, kv);
 }
 
@@ -974,7 +984,11 @@ bool CudaBackend::batch_invariant() const { return matmul_->batch_invariant(); }
 
 std::string CudaBackend::attention_backend() const { return attention_->choice(); }
 
-AttentionRouteStats CudaBackend::attention_route_stats() const { return attention_->stats(); }
+AttentionRouteStats CudaBackend::attention_route_stats() const {
+  AttentionRouteStats s = attention_->stats();
+  s.prefix_item_batches = prefix_item_batches_;
+  return s;
+}
 
 const AttentionPlan* CudaBackend::last_attention_plan() const {
   return attention_->last_plan();

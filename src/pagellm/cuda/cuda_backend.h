@@ -331,6 +331,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<PackedWeights> packed_;
   std::unique_ptr<AttentionDispatch> attention_;
   std::unique_ptr<BatchStaging> batch_;
+  int64_t prefix_item_batches_ = 0;  // uploads with shared-prefix items (attention_route_stats)
   std::unique_ptr<GpuSampler> sampler_;
   void* lora_work_ = nullptr;  // lora_add's float32 scratch, lora_work_floats_ floats
   int64_t lora_work_floats_ = 0;

@@ -112,6 +112,7 @@ CudaSettings CudaSettings::parse(const std::function<const char*(const char*)>& 
     }
   }
   s.qkv_fusion = !disabled_by(lookup("PAGELLM_DISABLE_QKV_FUSION"));
+  s.decode_cascade = !disabled_by(lookup("PAGELLM_DISABLE_DECODE_CASCADE"));
   s.pdl = !disabled_by(lookup("PAGELLM_DISABLE_PDL"));
   s.lora_dense = !disabled_by(lookup("PAGELLM_DISABLE_LORA_DENSE"));
   if (const char* v = lookup("PAGELLM_CUDNN_LIB")) s.cudnn_library = v;

@@ -54,7 +54,7 @@ bool parse_matmul_autotune(const std::string& value);
 
 /// Every PAGELLM_* setting of the CUDA backend, with its default.
 struct CudaSettings {
-  /// PAGELLM_MATMUL: auto (skinny kernel for M <= 32 where it applies, else cuBLASLt),
+  /// PAGELLM_MATMUL: auto (skinny kernel for M <= 64 where it applies, else cuBLASLt),
   /// cublaslt or skinny.
   MatmulPath matmul_path = MatmulPath::kAuto;
   /// PAGELLM_MATMUL_AUTOTUNE: 1 or empty (time cuBLASLt's candidates per shape), 0 (the
@@ -70,6 +70,10 @@ struct CudaSettings {
   /// False when PAGELLM_DISABLE_QKV_FUSION is anything but empty or "0" (an ablation: the
   /// qkv product and q/k-norm + RoPE + KV store run as two kernels at decode).
   bool qkv_fusion = true;
+  /// False when PAGELLM_DISABLE_DECODE_CASCADE is anything but empty or "0" (an ablation:
+  /// decode attention reads every sequence's shared prefix pages itself instead of once per
+  /// group; docs/design.md, "Shared-prefix decode attention").
+  bool decode_cascade = true;
   /// False when PAGELLM_DISABLE_LORA_DENSE is anything but empty or "0" (an ablation:
   /// prefill chunks' LoRA runs the shrink and expand kernels instead of cuBLASLt products;
   /// docs/design.md, "The CUDA kernels" of "LoRA").

@@ -1,5 +1,8 @@
 #include "pagellm/engine/batch_builder.h"
 
+#include <algorithm>
+#include <unordered_map>
+
 #include "pagellm/common/check.h"
 
 namespace pagellm {
@@ -50,10 +53,60 @@ ForwardBatch build_batch_without_table(const SchedulerOutput& out, const PageTab
     if (s.samples) batch.logits_indices.insert(batch.logits_indices.end(), 1 + s.fan_out.size(),
                                                batch.num_tokens() - 1);
   }
+  if (num_seqs >= 2 && out.num_tokens == static_cast<int64_t>(num_seqs)) {
+    std::vector<const std::vector<int32_t>*> pages;
+    pages.reserve(num_seqs);
+    for (const ScheduledSeq& s : out.scheduled) pages.push_back(&s.seq->pages);
+    assign_shared_prefixes(pages, batch);
+  }
   return batch;
 }
 
 }  // namespace
+
+void assign_shared_prefixes(const std::vector<const std::vector<int32_t>*>& pages,
+                            ForwardBatch& batch) {
+  const int32_t B = batch.num_seqs(), P = batch.page_size;
+  PAGELLM_CHECK(static_cast<int32_t>(pages.size()) == B && P >= 1)
+      << "assign_shared_prefixes: " << pages.size() << " page lists for " << B << " sequences";
+  std::vector<int32_t>& group = batch.shared_prefix_group;
+  std::vector<int32_t>& tokens = batch.shared_prefix_tokens;
+  group.resize(static_cast<size_t>(B));
+  tokens.assign(static_cast<size_t>(B), 0);
+  // Per leader: the pages every member so far shares with it, and the members.
+  std::vector<int32_t> common(static_cast<size_t>(B), 0), members(static_cast<size_t>(B), 0);
+  std::unordered_map<int32_t, int32_t> leader_of;
+  leader_of.reserve(static_cast<size_t>(B));
+  for (int32_t b = 0; b < B; ++b) {
+    group[b] = b;
+    const std::vector<int32_t>& mine = *pages[b];
+    const int32_t full = std::min<int32_t>((batch.kv_lens[b] - batch.query_len(b)) / P,
+                                           static_cast<int32_t>(mine.size()));
+    if (full <= 0) continue;
+    const auto [it, fresh] = leader_of.emplace(mine[0], b);
+    if (fresh) {
+      common[b] = full;
+      members[b] = 1;
+      continue;
+    }
+    const int32_t g = it->second;
+    const std::vector<int32_t>& lead = *pages[g];
+    int32_t n = 0;
+    const int32_t most = std::min(full, common[g]);
+    while (n < most && mine[n] == lead[n]) ++n;
+    common[g] = n;
+    ++members[g];
+    group[b] = g;
+  }
+  for (int32_t b = 0; b < B; ++b) {
+    const int32_t g = group[b];
+    if (members[g] >= 2) {
+      tokens[b] = common[g] * P;
+    } else {
+      group[b] = b;
+    }
+  }
+}
 
 ForwardBatch build_forward_batch(const SchedulerOutput& out, const PageTable& page_table,
                                  int32_t page_size) {

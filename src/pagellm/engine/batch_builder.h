@@ -22,9 +22,21 @@ namespace pagellm {
 /// row of each sequence with samples == true, in scheduled order, 1 + fan_out.size() times
 /// (a fan-out samples every sample's first token from it), so logits row r belongs to the
 /// r-th sampled token, as on_step_done() expects. lora_slots holds each sequence's
-/// lora_slot when any of them is not 0, and is empty otherwise.
+/// lora_slot when any of them is not 0, and is empty otherwise. A decode-only step (one
+/// token per sequence) of two or more sequences gets shared_prefix_group / _tokens
+/// (assign_shared_prefixes); other steps leave them empty.
 ForwardBatch build_forward_batch(const SchedulerOutput& out, const PageTable& page_table,
                                  int32_t page_size);
+
+/// Fills batch.shared_prefix_group / _tokens for the sequences of `pages` (pages[b]: the
+/// physical pages of the batch's sequence b, in logical order): a group is the sequences
+/// whose first page is the same physical page, led by the first of them, and its prefix is
+/// the run of leading pages that every member holds in the same place, counting only full
+/// pages before each member's query tokens (a page shared through fan-out or the prefix
+/// cache is full and never written again). A group of one shares nothing (0 tokens).
+/// O(sum of the shared pages); a hash map finds the groups.
+void assign_shared_prefixes(const std::vector<const std::vector<int32_t>*>& pages,
+                            ForwardBatch& batch);
 
 /// The same batch with the persistent page table instead of the dense one: seq_slots[b] is
 /// the sequence's row (seq->slot), page_table_rows is the table's max_slots, and

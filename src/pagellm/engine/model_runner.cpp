@@ -103,6 +103,10 @@ void ModelRunner::append_padding_rows(ForwardBatch& b, int32_t rows) const {
     }
     b.logits_indices.push_back(t);
     if (!b.lora_slots.empty()) b.lora_slots.push_back(0);
+    if (!b.shared_prefix_group.empty()) {
+      b.shared_prefix_group.push_back(static_cast<int32_t>(b.shared_prefix_group.size()));
+      b.shared_prefix_tokens.push_back(0);
+    }
   }
 }
 

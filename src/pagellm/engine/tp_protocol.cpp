@@ -95,6 +95,7 @@ std::vector<uint8_t> encode_forward(const ForwardBatch& b, int32_t graph_bucket)
   w.put_vector(b.seq_slots).put<int32_t>(b.page_table_rows).put_vector(b.page_table_updates);
   w.put_vector(b.page_table_values).put_vector(b.logits_indices).put_vector(b.lora_slots);
   w.put<int32_t>(b.kv_len_capacity);
+  w.put_vector(b.shared_prefix_group).put_vector(b.shared_prefix_tokens);
   return w.bytes();
 }
 
@@ -117,6 +118,8 @@ ForwardBatch decode_forward(const std::vector<uint8_t>& bytes, int32_t* graph_bu
   b.logits_indices = r.get_vector<int32_t>();
   b.lora_slots = r.get_vector<int32_t>();
   b.kv_len_capacity = r.get<int32_t>();
+  b.shared_prefix_group = r.get_vector<int32_t>();
+  b.shared_prefix_tokens = r.get_vector<int32_t>();
   r.expect_end();
   return b;
 }

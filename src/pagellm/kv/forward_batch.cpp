@@ -73,6 +73,24 @@ void ForwardBatch::validate(const std::vector<int32_t>& table) const {
           << " disagrees with page-table row " << seq_slots[b] << " (page " << page << ")";
     }
   }
+  for (int32_t b = 0; b < static_cast<int32_t>(shared_prefix_group.size()); ++b) {
+    const int32_t g = shared_prefix_group[b];
+    const size_t rb = static_cast<size_t>(seq_slots[b]) * max_pages_per_seq;
+    const size_t rg = static_cast<size_t>(seq_slots[g]) * max_pages_per_seq;
+    for (int32_t j = 0; j < shared_prefix_tokens[b] / page_size; ++j) {
+      PAGELLM_CHECK(table[rb + j] == table[rg + j])
+          << "forward batch: sequence " << b << " claims a shared prefix of "
+          << shared_prefix_tokens[b] << " tokens with sequence " << g << " but their page " << j
+          << " differs in the page table";
+    }
+  }
+}
+
+bool ForwardBatch::has_shared_prefix() const {
+  for (int32_t n : shared_prefix_tokens) {
+    if (n > 0) return true;
+  }
+  return false;
 }
 
 bool ForwardBatch::has_lora() const {
@@ -145,6 +163,35 @@ void ForwardBatch::validate() const {
   for (int32_t r : logits_indices) {
     PAGELLM_CHECK(r >= 0 && r < T) << "forward batch: logits row " << r << " outside [0, " << T
                                    << ")";
+  }
+  validate_shared_prefixes();
+}
+
+void ForwardBatch::validate_shared_prefixes() const {
+  const int32_t B = num_seqs();
+  PAGELLM_CHECK(shared_prefix_group.size() == shared_prefix_tokens.size() &&
+                (shared_prefix_group.empty() ||
+                 shared_prefix_group.size() == static_cast<size_t>(B)))
+      << "forward batch: shared_prefix_group has " << shared_prefix_group.size()
+      << " entries and shared_prefix_tokens " << shared_prefix_tokens.size() << " for " << B
+      << " sequences (give one of each per sequence, or none)";
+  for (int32_t b = 0; b < static_cast<int32_t>(shared_prefix_group.size()); ++b) {
+    const int32_t g = shared_prefix_group[b], n = shared_prefix_tokens[b];
+    PAGELLM_CHECK(g >= 0 && g <= b && shared_prefix_group[g] == g)
+        << "forward batch: sequence " << b << " names sequence " << g
+        << " as its shared-prefix group, which is not a group's first sequence at or before it";
+    PAGELLM_CHECK(n >= 0 && n % page_size == 0 && n <= kv_lens[b] - query_len(b) &&
+                  n == shared_prefix_tokens[g])
+        << "forward batch: sequence " << b << " shares " << n << " prefix tokens (need a "
+        << "multiple of " << page_size << ", at most the " << kv_lens[b] - query_len(b)
+        << " tokens before its query, and the " << shared_prefix_tokens[g]
+        << " of its group's first sequence " << g << ")";
+    if (persistent_page_table() || g == b) continue;
+    for (int32_t j = 0; j < n / page_size; ++j) {
+      PAGELLM_CHECK(page_table[b * max_pages_per_seq + j] == page_table[g * max_pages_per_seq + j])
+          << "forward batch: sequence " << b << " claims a shared prefix of " << n
+          << " tokens with sequence " << g << " but their page " << j << " differs";
+    }
   }
 }
 

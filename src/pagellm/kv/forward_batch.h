@@ -53,6 +53,15 @@ struct ForwardBatch {
   /// the forward runs without LoRA's kernels; non-empty (even all zeros, as a graph captured
   /// for LoRA steps is): the forward runs them, and rows of slot 0 skip them.
   std::vector<int32_t> lora_slots;
+  /// Shared prefixes (optional; both empty: none known). shared_prefix_group[b] is the
+  /// first sequence of b's group (b itself when it leads one or shares nothing), and
+  /// shared_prefix_tokens[b] the keys at the start of b's context, a multiple of page_size
+  /// and all before its query tokens, that every member of the group holds in the same
+  /// physical pages (0: b shares none). A backend may attend such keys once for the whole
+  /// group (docs/design.md, "Shared-prefix decode attention"); outputs do not depend on
+  /// whether it does beyond float rounding.
+  std::vector<int32_t> shared_prefix_group;   // [B] or empty
+  std::vector<int32_t> shared_prefix_tokens;  // [B] or empty
   /// 0, or an upper bound of kv_lens over every replay of a graph captured with this batch:
   /// kernels then size their grids from it rather than from max_kv_len().
   int32_t kv_len_capacity = 0;
@@ -68,8 +77,11 @@ struct ForwardBatch {
   /// Writes the adapter slot of every token row to out[0, T) (lora_slots[b] for the rows of
   /// sequence b); writes nothing when lora_slots is empty.
   void lora_token_slots(int32_t* out) const;
+  /// Whether some sequence shares a prefix with another (shared_prefix_tokens).
+  bool has_shared_prefix() const;
   /// Throws Error if the arrays disagree with each other (sizes, offsets, 0 < q <= kv,
-  /// positions, slots inside the pages the table gives, logits rows in range). With a
+  /// positions, slots inside the pages the table gives, logits rows in range, shared
+  /// prefixes whose groups, lengths and, with a dense table, pages agree). With a
   /// persistent page table it checks the slots and updates (rows 1..page_table_rows-1,
   /// inside a row, value counts), and of each token slot only that it lies at the right
   /// offset of a page other than 0: the pages themselves are in the table, which the
@@ -79,6 +91,9 @@ struct ForwardBatch {
   /// page that `table` ([page_table_rows * max_pages_per_seq], row-major: the engine's host
   /// table, equal to the backend's copy once this batch's updates are applied) gives.
   void validate(const std::vector<int32_t>& table) const;
+
+ private:
+  void validate_shared_prefixes() const;
 };
 
 /// Device-resident copies of a ForwardBatch's arrays (int32), plus the host original for
@@ -95,6 +110,14 @@ struct BatchTensors {
   /// [T] int32, each token row's LoRA slot (ForwardBatch::lora_token_slots); no data when
   /// the batch has no lora_slots.
   Tensor lora_slots;
+  /// Shared-prefix decode attention (the CUDA backend's; no data elsewhere): the items that
+  /// read a group's shared pages once (int32, layout in cuda/attention/attention.h) and [B]
+  /// int32, the keys of each sequence that they cover (0: none). Laid out for every batch
+  /// the CUDA backend uploads (zeros and no items when it shares nothing), so that a graph
+  /// captured with them reads this step's values. prefix_item_count: the host's count.
+  Tensor prefix_items;
+  Tensor prefix_tokens;
+  int32_t prefix_item_count = 0;
 };
 
 }  // namespace pagellm

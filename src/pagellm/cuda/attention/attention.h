@@ -70,7 +70,34 @@ struct PagedAttentionParams {
   /// paged_decode_attention choose (plan_decode_splits). A fixed value must fit the
   /// workspace (paged_attention_workspace_bytes(num_tokens, ..., num_splits)).
   int32_t num_splits = 0;
+  /// Decode only, optional: shared-prefix (cascade) attention. When prefix_tokens is not
+  /// null, paged_decode_attention first runs a prefix pass over the items at prefix_items
+  /// (layout below), each a group of sequences whose first prefix_tokens keys lie in the
+  /// same physical pages: one CTA per (item, KV head, chunk of members) reads those pages
+  /// once for the query heads of all its members. Then every sequence b attends only its
+  /// keys [prefix_tokens[b], kv) as usual and folds the prefix pass's partial result in
+  /// (log-sum-exp). prefix_tokens[b] == 0: no prefix pass for b. Device arrays, rewritten
+  /// each step like kv_lens; max_prefix_items (host) sizes the prefix grid and must stay
+  /// fixed within a CUDA graph. The caller guarantees what the items claim: every member
+  /// of an item has one query token, prefix_tokens[b] equals the item's prefix length,
+  /// which is at most kv - 1, and the members' page table rows agree on its pages.
+  const int32_t* prefix_items = nullptr;
+  const int32_t* prefix_tokens = nullptr;
+  int32_t max_prefix_items = 0;
 };
+
+/// Layout of PagedAttentionParams::prefix_items (int32): word 0 the number of items n, then
+/// from word kPrefixItemsHeader item i at kPrefixItemsHeader + i * kPrefixItemInts:
+/// {prefix tokens (a multiple of page_size), members m (2 ..
+/// decode_prefix_item_members), the members' sequence indices}. A sequence is a member of
+/// at most one item, and is one exactly when its prefix_tokens entry is positive.
+inline constexpr int32_t kPrefixItemsHeader = 4;
+inline constexpr int32_t kPrefixItemMaxMembers = 16;
+inline constexpr int32_t kPrefixItemInts = 2 + kPrefixItemMaxMembers;
+/// int32 words of a prefix_items array for up to `max_items` items.
+inline constexpr int64_t prefix_items_words(int64_t max_items) {
+  return kPrefixItemsHeader + max_items * kPrefixItemInts;
+}
 
 /// Largest page size the kernels accept.
 inline constexpr int32_t kMaxPageSize = 1024;
@@ -108,6 +135,18 @@ int32_t plan_decode_splits(const PagedAttentionParams& p);
 /// each sequence to finish merges the partial softmax states (log-sum-exp). Throws
 /// pagellm::Error for unsupported shapes or a workspace too small for p.num_splits.
 void paged_decode_attention(const PagedAttentionParams& p, cudaStream_t stream);
+
+/// Members per prefix item for a model of num_q_heads / num_kv_heads query heads per KV head:
+/// the sequences whose query heads fill one 16-row tile (16 / group); 0 when the group is
+/// larger than 16 or the heads do not divide.
+int32_t decode_prefix_item_members(int32_t num_q_heads, int32_t num_kv_heads);
+
+/// Whether paged_decode_attention can run `p` with a shared-prefix pass (p.prefix_tokens
+/// set): one query token per sequence (max_query_len 1), at most 16 query heads per KV head,
+/// the TMA decode kernel's shape (decode_tma_supported), and a workspace that holds one
+/// more split than plan_decode_splits plans (the prefix pass's partials sit in it). Host
+/// fields only.
+bool decode_cascade_supported(const PagedAttentionParams& p);
 
 /// Query tokens up to which the native route runs a call through paged_decode_attention:
 /// at most kDecodeRouteMaxQuery per sequence, or at most kDecodeRouteMaxTokens in all.

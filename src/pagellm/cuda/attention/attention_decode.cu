@@ -45,6 +45,10 @@
 //    A grid that fills at most half the SMs (batch 1 or 2 at short contexts) lets it in
 //    right after the wait instead, so that the product's CTAs stream their first weight
 //    chunks on the idle SMs (releases_dependents_early: batch 1 +1.0 %, H200, 2026-12-06).
+//  - Shared-prefix pass (PagedAttentionParams::prefix_tokens; TMA kernel): grid z = 0 holds
+//    one CTA per (item, KV head) that reads an item's shared prefix pages once for all its
+//    member sequences (prefix_pass); the splits then cut only each member's keys after the
+//    prefix, and the pass counts as one more part in the merge (arrive_last).
 // Roofline: Qwen3-8B (8 KV heads, D = 128) reads 4 KB of K/V per cached token, so a batch
 // of 64 sequences at 4k context moves 1.07 GB: 0.25 ms at the H200's ~4.3 TB/s copy rate.
 #include <cuda_bf16.h>
@@ -123,6 +127,12 @@ struct DecodeArgs {
   // Release the dependents right after the wait rather than after the key loop
   // (releases_dependents_early).
   int32_t release_early;
+  // Shared-prefix (cascade) decode, when prefix_tokens is not null: the prefix pass's
+  // partials per (query token, head), in the workspace slot after the splits', read by
+  // the CTA that finishes each row.
+  float* prefix_o;    // [num_tokens, Hq, D] f32, unnormalised
+  float2* prefix_ml;  // [num_tokens, Hq] (max, sum), log2 domain
+  int32_t split_base;  // 1 with a prefix pass (grid z 0 runs it; the splits follow), else 0
 };
 
 /// Whether a decode grid of `ctas` CTAs on a device of `sms` SMs releases its dependents
@@ -262,11 +272,11 @@ __device__ __forceinline__ void attend_tile(const uint32_t (&qa)[D / 16][4], uin
   }
 }
 
-/// Copies the CTA's query heads of `token` into q_smem ([16][D], swizzle<D>; rows past
-/// n_heads are zeros). Plain loads: q is the previous kernel's output.
-template <int D>
-__device__ __forceinline__ void load_q_tile(const PagedAttentionParams& p, int token, int head0,
-                                            int n_heads, __nv_bfloat16* q_smem) {
+/// Copies q rows row_of(0 .. n_rows - 1) (row = token * Hq + head) into q_smem ([16][D],
+/// swizzle<D>; rows past n_rows are zeros). Plain loads: q is the previous kernel's output.
+template <int D, typename RowOf>
+__device__ __forceinline__ void load_q_rows(const PagedAttentionParams& p, int n_rows,
+                                            RowOf&& row_of, __nv_bfloat16* q_smem) {
   using S = DecodeShape<D>;
   const auto* qp = static_cast<const __nv_bfloat16*>(p.q);
 #pragma unroll
@@ -275,12 +285,18 @@ __device__ __forceinline__ void load_q_tile(const PagedAttentionParams& p, int t
     const int r = idx / S::kChunks;
     const int ch = idx % S::kChunks;
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < n_heads) {
-      v = *reinterpret_cast<const uint4*>(
-          qp + (static_cast<int64_t>(token) * p.num_q_heads + head0 + r) * D + ch * 8);
-    }
+    if (r < n_rows) v = *reinterpret_cast<const uint4*>(qp + row_of(r) * D + ch * 8);
     *reinterpret_cast<uint4*>(q_smem + swizzle<D>(r, ch)) = v;
   }
+}
+
+/// The CTA's query heads head0 .. + n_heads of `token` (load_q_rows).
+template <int D>
+__device__ __forceinline__ void load_q_tile(const PagedAttentionParams& p, int token, int head0,
+                                            int n_heads, __nv_bfloat16* q_smem) {
+  load_q_rows<D>(p, n_heads, [&](int r) {
+    return static_cast<int64_t>(token) * p.num_q_heads + head0 + r;
+  }, q_smem);
 }
 
 /// The Q fragments of the warp's mma tiles, from q_smem (after the barrier that published it).
@@ -297,23 +313,39 @@ __device__ __forceinline__ void load_q_fragments(const __nv_bfloat16* q_smem,
   }
 }
 
-/// End of one query token: merges the four warps' states through shared memory at `smem`
-/// (kReduceBytes, free to overwrite: every warp is done with its ring) and writes the
-/// token's output rows, normalised (one split) or as an f32 partial with its (max, sum).
-/// Call with all threads; returns after the CTA's last read of `smem`.
+/// Folds a partial softmax state (its max m_p and sum l_p in the log2 domain at pml[row], its
+/// unnormalised output at po[row * D + d ..], written by another CTA) into (mx, sum, acc),
+/// whose sum and acc are relative to 2^mx (or to 1 when mx is -inf, and then zero).
 template <int D>
-__device__ __forceinline__ void merge_warps_and_store(const DecodeArgs& a, unsigned char* smem,
-                                                      const WarpState<D>& st, int token,
-                                                      int head0, int n_heads, int split,
-                                                      bool direct) {
-  const PagedAttentionParams& p = a.p;
+__device__ __forceinline__ void fold_partial(const float* po, const float2* pml, int64_t row,
+                                             int d, float& mx, float& sum, float4& acc) {
+  const float2 ml = __ldcg(&pml[row]);
+  const float m = fmaxf(mx, ml.x);
+  if (m == -INFINITY) return;  // neither side saw a key
+  const float wa = mx == -INFINITY ? 0.0f : fast_exp2(mx - m);
+  const float wp = ml.x == -INFINITY ? 0.0f : fast_exp2(ml.x - m);
+  const float4 v = __ldcg(reinterpret_cast<const float4*>(po + row * D + d));
+  acc.x = wa * acc.x + wp * v.x;
+  acc.y = wa * acc.y + wp * v.y;
+  acc.z = wa * acc.z + wp * v.z;
+  acc.w = wa * acc.w + wp * v.w;
+  sum = wa * sum + wp * ml.y;
+  mx = m;
+}
+
+/// The four warps' states of one CTA merged through shared memory at `smem` (kReduceBytes,
+/// free to overwrite: every warp is done with its ring): for each of the first n_rows rows
+/// and each 4 dims d, emit(r, d, mx, sum, acc) with acc and sum relative to 2^mx (to 1 when
+/// mx is -inf). Call with all threads; returns after the CTA's last read of `smem`.
+template <int D, typename Emit>
+__device__ __forceinline__ void merge_warps(unsigned char* smem, const WarpState<D>& st,
+                                            int n_rows, Emit&& emit) {
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int g = lane / 4;
   const int t4 = lane % 4;
-  auto* out = static_cast<__nv_bfloat16*>(p.out);
-  // red_o [warps][16][D], red_ml [warps][16]; rows past n_heads are padding, never read.
+  // red_o [warps][16][D], red_ml [warps][16]; rows past n_rows are padding, never read.
   float* red_o = reinterpret_cast<float*>(smem);
   float2* red_ml = reinterpret_cast<float2*>(red_o + kDecodeWarps * kHeadsPerCta * D);
 #pragma unroll
@@ -322,7 +354,7 @@ __device__ __forceinline__ void merge_warps_and_store(const DecodeArgs& a, unsig
     float sum = st.row_sum[h];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    if (r >= n_heads) continue;
+    if (r >= n_rows) continue;
     float* dst = red_o + (warp * kHeadsPerCta + r) * D + t4 * 2;
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
@@ -331,7 +363,7 @@ __device__ __forceinline__ void merge_warps_and_store(const DecodeArgs& a, unsig
     if (t4 == 0) red_ml[warp * kHeadsPerCta + r] = make_float2(st.row_max[h], sum);
   }
   __syncthreads();
-  for (int item = tid; item < n_heads * (D / 4); item += kDecodeThreads) {
+  for (int item = tid; item < n_rows * (D / 4); item += kDecodeThreads) {
     const int r = item / (D / 4);
     const int d = (item % (D / 4)) * 4;
     float mx = -INFINITY;
@@ -351,8 +383,25 @@ __device__ __forceinline__ void merge_warps_and_store(const DecodeArgs& a, unsig
       acc.z += wt * v.z;
       acc.w += wt * v.w;
     }
+    emit(r, d, mx, sum, acc);
+  }
+  __syncthreads();
+}
+
+/// End of one query token: merges the four warps' states (merge_warps) and writes the
+/// token's output rows, normalised (one split; with the prefix pass's partial folded in
+/// when `fold_prefix`) or as an f32 partial with its (max, sum).
+template <int D>
+__device__ __forceinline__ void merge_warps_and_store(const DecodeArgs& a, unsigned char* smem,
+                                                      const WarpState<D>& st, int token,
+                                                      int head0, int n_heads, int split,
+                                                      bool direct, bool fold_prefix) {
+  const PagedAttentionParams& p = a.p;
+  auto* out = static_cast<__nv_bfloat16*>(p.out);
+  merge_warps<D>(smem, st, n_heads, [&](int r, int d, float mx, float sum, float4 acc) {
     const int64_t row = static_cast<int64_t>(token) * p.num_q_heads + head0 + r;
     if (direct) {
+      if (fold_prefix) fold_partial<D>(a.prefix_o, a.prefix_ml, row, d, mx, sum, acc);
       const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
       uint2 packed;
       packed.x = pack_bf16x2(acc.x * inv, acc.y * inv);
@@ -363,8 +412,7 @@ __device__ __forceinline__ void merge_warps_and_store(const DecodeArgs& a, unsig
       *reinterpret_cast<float4*>(a.partial_o + prow * D + d) = acc;
       if (d == 0) a.partial_ml[prow] = make_float2(mx, sum);
     }
-  }
-  __syncthreads();
+  });
 }
 
 /// A sequence with no keys at all: its rows get zeros, written once by split 0.
@@ -385,10 +433,12 @@ __device__ __forceinline__ void write_zero_rows(const PagedAttentionParams& p, c
 
 /// A decode CTA's place in the grid and its share of the sequence's keys (both kernels).
 /// Every tile is 16 keys; warp w owns tiles w, w + 4, w + 8, ... of [key_begin, key_end).
+/// With a shared-prefix pass the splits cut only the keys after the prefix: [prefix, kv).
 struct DecodeCta {
   int b, kv_head, split, head0, n_heads, warp, lane;
   SeqInfo seq;
   SplitPlan sp;
+  int prefix;  // keys [0, prefix) are the prefix pass's (0: none)
   int key_begin, key_end;
   const int32_t* page_row;
 
@@ -397,18 +447,25 @@ struct DecodeCta {
     b = blockIdx.x;
     kv_head = blockIdx.y / a.subgroups;
     const int sub = blockIdx.y - kv_head * a.subgroups;
-    split = blockIdx.z;
+    split = blockIdx.z - a.split_base;
     const int group = p.num_q_heads / p.num_kv_heads;
     head0 = kv_head * group + sub * kHeadsPerCta;
     n_heads = min(kHeadsPerCta, group - sub * kHeadsPerCta);
     warp = threadIdx.x / 32;
     lane = threadIdx.x % 32;
     seq = load_seq_info(p, b);
-    sp = plan_split(seq.kv_len, a.num_splits, cta_keys, kMinKeysPerSplit);
-    key_begin = split * sp.chunk;
+    // Uploaded by the host (not written by the step's kernels): read before the PDL wait.
+    // Clamped to the history, so that a wrong value costs accuracy, never a bad read.
+    prefix = a.prefix_ml != nullptr ? min(max(a.p.prefix_tokens[b], 0),
+                                          max(seq.kv_len - seq.q_len, 0))
+                                    : 0;
+    sp = plan_split(seq.kv_len - prefix, a.num_splits, cta_keys, kMinKeysPerSplit);
+    key_begin = prefix + split * sp.chunk;
     key_end = min(seq.kv_len, key_begin + sp.chunk);
     page_row = p.page_table + static_cast<int64_t>(b) * p.max_pages_per_seq;
   }
+  /// Whether this CTA writes its rows normalised: the sequence's only split, no prefix.
+  __device__ __forceinline__ bool direct() const { return sp.n_active == 1 && prefix == 0; }
   /// Keys query token i of the sequence may see inside this split: [key_begin, end).
   __device__ __forceinline__ int end_for(int i) const {
     return min(key_end, seq.kv_len - seq.q_len + i + 1);
@@ -447,7 +504,8 @@ struct DecodeCta {
 /// and each lane owns 4 dims of the output. Reads the partials through L2 (__ldcg): other
 /// CTAs wrote them.
 template <int D>
-__device__ __forceinline__ void merge_split_row(const DecodeArgs& a, int n_active, int64_t row) {
+__device__ __forceinline__ void merge_split_row(const DecodeArgs& a, int n_active, int64_t row,
+                                                bool fold_prefix) {
   static_assert(kMaxDecodeSplits <= 64, "two splits per lane");
   const PagedAttentionParams& p = a.p;
   const int lane = threadIdx.x % 32;
@@ -482,6 +540,7 @@ __device__ __forceinline__ void merge_split_row(const DecodeArgs& a, int n_activ
     }
   }
   if (owns_dims) {
+    if (fold_prefix) fold_partial<D>(a.prefix_o, a.prefix_ml, row, d, mx, sum, acc);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     uint2 packed;
     packed.x = pack_bf16x2(acc.x * inv, acc.y * inv);
@@ -490,31 +549,49 @@ __device__ __forceinline__ void merge_split_row(const DecodeArgs& a, int n_activ
   }
 }
 
-/// End of a split CTA whose sequence has several active splits (call with all threads,
-/// after its partials are stored): the CTA counts itself done on its sequence's counter,
-/// and the last of the splits to arrive merges every split's partials into the output for
-/// the CTA's heads and tokens and resets the counter for the next call. So no merge kernel
-/// (and no second grid boundary) is needed; the order of the sum does not depend on which
-/// CTA merges.
-template <int D>
-__device__ __forceinline__ void merge_if_last_split(const DecodeArgs& a, const DecodeCta& c) {
+/// Counts one more partial of (sequence b, CTA row y) done and returns, to every thread,
+/// whether it was the last of `parts` (then resets the counter for the next call). Call with
+/// all threads after the CTA's partials are stored.
+__device__ __forceinline__ bool arrive_last(const DecodeArgs& a, int b, int y, int parts) {
   __shared__ int last;
   __threadfence();  // this CTA's partials are visible to the CTA that will merge them
   __syncthreads();
   if (threadIdx.x == 0) {
-    int32_t* counter = a.counters + static_cast<int64_t>(c.b) * gridDim.y + blockIdx.y;
-    last = atomicAdd(counter, 1) == c.sp.n_active - 1;
-    if (last) atomicExch(counter, 0);  // every split has arrived: ready for the next call
+    int32_t* counter = a.counters + static_cast<int64_t>(b) * gridDim.y + y;
+    last = atomicAdd(counter, 1) == parts - 1;
+    if (last) atomicExch(counter, 0);  // every part has arrived: ready for the next call
   }
   __syncthreads();
-  if (!last) return;
-  __threadfence();  // the other splits' partials, published before their counts, are read after
-  const int rows = c.seq.q_len * c.n_heads;
-  for (int item = c.warp; item < rows; item += kDecodeWarps) {
-    const int i = item / c.n_heads, h = item % c.n_heads;
-    merge_split_row<D>(a, c.sp.n_active,
-                       static_cast<int64_t>(c.seq.q_begin + i) * a.p.num_q_heads + c.head0 + h);
+  const bool is_last = last;
+  __syncthreads();  // `last` may be reused by the next call
+  if (is_last) __threadfence();  // the others' partials, published before their counts
+  return is_last;
+}
+
+/// Merges the rows of (sequence c, heads head0 .. + n_heads) from its splits' partials and,
+/// when it has one, the prefix pass's (all threads; a warp per row).
+template <int D>
+__device__ __forceinline__ void merge_rows(const DecodeArgs& a, const SeqInfo& seq, int n_active,
+                                           int head0, int n_heads, bool fold_prefix) {
+  const int rows = seq.q_len * n_heads;
+  for (int item = threadIdx.x / 32; item < rows; item += kDecodeWarps) {
+    const int i = item / n_heads, h = item % n_heads;
+    merge_split_row<D>(a, n_active,
+                       static_cast<int64_t>(seq.q_begin + i) * a.p.num_q_heads + head0 + h,
+                       fold_prefix);
   }
+}
+
+/// End of a split CTA whose rows are not written directly (several active splits, or a
+/// prefix pass): the CTA counts itself done on its sequence's counter, and the last part to
+/// arrive (a split, or the prefix pass) merges every part into the output for the CTA's
+/// heads and tokens. So no merge kernel (and no second grid boundary) is needed; the order
+/// of the sum does not depend on which CTA merges.
+template <int D>
+__device__ __forceinline__ void merge_if_last_split(const DecodeArgs& a, const DecodeCta& c) {
+  const bool fold = c.prefix > 0;
+  if (!arrive_last(a, c.b, blockIdx.y, c.sp.n_active + (fold ? 1 : 0))) return;
+  merge_rows<D>(a, c.seq, c.sp.n_active, c.head0, c.n_heads, fold);
 }
 
 template <int D>
@@ -574,7 +651,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   pdl_wait();
   if (a.release_early) pdl_launch_dependents();
   if (!c.after_wait<D>(p)) return;
-  const bool direct = c.sp.n_active == 1;
+  const bool direct = c.direct();
 
   for (int i = 0; i < seq.q_len; ++i) {
     const int token = seq.q_begin + i;
@@ -616,7 +693,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     // this grid to finish before reading the output).
     if (i == seq.q_len - 1 && !a.release_early) pdl_launch_dependents();
     __syncthreads();  // every warp is done with q and its ring: reuse them below
-    merge_warps_and_store<D>(a, smem, st, token, c.head0, c.n_heads, c.split, direct);
+    merge_warps_and_store<D>(a, smem, st, token, c.head0, c.n_heads, c.split, direct,
+                             c.prefix > 0);
   }
   if (!direct) merge_if_last_split<D>(a, c);
 }
@@ -656,6 +734,206 @@ struct DecodeTmaShape {
   static_assert(DecodeShape<D>::kReduceBytes <= kRingBytes, "the merge reuses the ring");
 };
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/// One warp's stream of 16-key K/V tiles through its TMA ring (both TMA kernels): tile j
+/// of the warp covers keys key_begin + (warp + 4 j) * 16 .. + 15 of the page table row
+/// `page_row`, for KV head `kv_head`; rows of positions >= key_limit are not looked up.
+struct TmaTileStream {
+  const DecodeTmaArgs& t;
+  const int32_t* page_row;
+  int kv_head, key_begin, key_limit, warp, lane;
+  uint32_t ring;  // the warp's ring (kStages stages of K then V)
+  uint32_t bars;  // its kStages mbarriers
+  uint64_t policy;
+  int row_batch = -1;
+  int32_t my_row = 0;
+  uint32_t phases = 0;  // bit s: the parity the next wait on stage s waits for
+
+  /// Pool row of the first key of the warp's tile j; lane l holds tile 32 * batch + l's
+  /// (warp-collective).
+  __device__ __forceinline__ int tile_row(int j) {
+    if ((j >> 5) != row_batch) {
+      row_batch = j >> 5;
+      const int pos = key_begin + (warp + ((row_batch << 5) + lane) * kDecodeWarps) * 16;
+      // Rows fit int32: decode_tma_supported checks the pool has fewer than 2^31.
+      const DecodeArgs& a = t.a;
+      my_row = pos < key_limit ? static_cast<int32_t>(kv_row(page_row, pos, a.p.page_size,
+                                                             a.page_shift, a.p.num_kv_heads,
+                                                             kv_head))
+                               : 0;
+    }
+    return __shfl_sync(0xffffffffu, my_row, j & 31);
+  }
+  /// Loads the warp's tile j into `stage` (warp-collective; lane 0 issues).
+  __device__ __forceinline__ void issue(int j, int stage) {
+    using T = DecodeTmaShape;
+    const int row = tile_row(j);
+    if (lane == 0) {
+      const uint32_t bar = bars + stage * 8;
+      const uint32_t dst = ring + stage * T::kStageBytes;
+      mbar_arrive_expect_tx(bar, T::kStageBytes);
+      tma_load_hint(dst, &t.k_map, 0, row, bar, policy);
+      tma_load_hint(dst + T::kTileBytes / 2, &t.k_map, 64, row, bar, policy);
+      tma_load_hint(dst + T::kTileBytes, &t.v_map, 0, row, bar, policy);
+      tma_load_hint(dst + T::kTileBytes * 3 / 2, &t.v_map, 64, row, bar, policy);
+    }
+  }
+  /// Folds the warp's n_mine tiles (keys below `end` count) into st, tiles 0 .. kStages - 2
+  /// already issued. `smem` is the generic address of the CTA's aligned ring base `ring0`.
+  __device__ __forceinline__ void attend(const uint32_t (&qa)[8][4], int n_mine, int end,
+                                         unsigned char* smem, uint32_t ring0, WarpState<128>& st) {
+    using T = DecodeTmaShape;
+    constexpr int D = T::D;
+    constexpr int kStages = T::kStages;
+    for (int j = 0; j < n_mine; ++j) {
+      if (j + kStages - 1 < n_mine) issue(j + kStages - 1, (j + kStages - 1) % kStages);
+      const int stage = j % kStages;
+      mbar_wait(bars + stage * 8, (phases >> stage) & 1u);
+      phases ^= 1u << stage;
+      const uint32_t k_base = ring + stage * T::kStageBytes;
+      const uint32_t v_base = k_base + T::kTileBytes;
+      const int n0 = key_begin + (warp + j * kDecodeWarps) * 16;
+      if (n0 + 16 > end) {
+        // Rows of keys >= end hold whatever the page holds: zero their V (P is 0 there).
+        unsigned char* v_tile = smem + (v_base - ring0);
+        for (int idx = lane; idx < 16 * 16; idx += 32) {
+          const int r = idx / 16, ch = idx % 16;
+          if (n0 + r >= end) {
+            *reinterpret_cast<uint4*>(v_tile + tile_offset<D, true>(r, ch)) =
+                make_uint4(0, 0, 0, 0);
+          }
+        }
+        // Order these generic writes before the TMA that refills the stage next token.
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncwarp();
+      }
+      attend_tile<D, true>(qa, k_base, v_base, n0, end, t.a.scale_log2, st);
+      __syncwarp();  // every lane is done with this stage before it is refilled
+    }
+  }
+};
+
+/// The TMA kernels' shared memory: the 1024-byte aligned ring, then q, then the mbarriers
+/// (initialised here, with the barrier that publishes them).
+struct TmaSmem {
+  unsigned char* smem;  // generic address of the ring
+  uint32_t ring;        // its shared address
+  __nv_bfloat16* q;
+  uint32_t bars;
+  __device__ __forceinline__ explicit TmaSmem(unsigned char* raw_ptr) {
+    using T = DecodeTmaShape;
+    const uint32_t raw = smem_addr(raw_ptr);
+    ring = (raw + T::kAlign - 1) & ~uint32_t(T::kAlign - 1);
+    smem = raw_ptr + (ring - raw);
+    q = reinterpret_cast<__nv_bfloat16*>(smem + T::kRingBytes);
+    bars = ring + T::kRingBytes + T::kQBytes;
+    if (threadIdx.x < kDecodeWarps * T::kStages) {
+      mbar_init(bars + threadIdx.x * 8, 1);
+      mbar_init_fence();
+    }
+    __syncthreads();
+  }
+  __device__ __forceinline__ TmaTileStream stream(const DecodeTmaArgs& t, const int32_t* page_row,
+                                                  int kv_head, int key_begin, int key_limit) const {
+    using T = DecodeTmaShape;
+    const int warp = threadIdx.x / 32;
+    return TmaTileStream{t,
+                         page_row,
+                         kv_head,
+                         key_begin,
+                         key_limit,
+                         warp,
+                         static_cast<int>(threadIdx.x % 32),
+                         ring + warp * T::kStages * T::kStageBytes,
+                         bars + warp * T::kStages * 8,
+                         evict_first_policy()};
+  }
+};
+
+// ---- the shared-prefix pass (D = 128, TMA) --------------------------------------------------
+//
+// The CTAs of grid z = 0 of decode_split_tma_kernel when the call has a prefix pass: CTA
+// (item, KV head). An item's first prefix keys lie in the same pages for all its members,
+// so the CTA reads them once, through the same per-warp TMA ring and tile math as a split
+// CTA, for the query heads of all its members (up to 16 / group, group = Hq / Hkv): the
+// m16 tile that a split CTA fills with one sequence's `group` heads (4 of 16 rows for
+// Qwen3-4B) here holds 4 sequences' heads. Each row's merged, unnormalised result goes to
+// the prefix partials, and the pass counts itself as one more part of each member's rows
+// (arrive_last): whichever part of a row arrives last, a split of the member's own keys
+// [prefix, kv) or this pass, merges them all. CTAs past the item count exit at once.
+__device__ __forceinline__ void prefix_pass(const DecodeTmaArgs& t, unsigned char* smem_raw) {
+  using T = DecodeTmaShape;
+  constexpr int D = T::D;
+  constexpr int kStages = T::kStages;
+  using S = DecodeShape<D>;
+  const DecodeArgs& a = t.a;
+  const PagedAttentionParams& p = a.p;
+  // The items and the batch arrays are uploaded by the host, not written by the step's
+  // kernels: read before the PDL wait.
+  const int item = blockIdx.x;
+  const int kv_head = blockIdx.y;  // one CTA row per KV head: group <= kHeadsPerCta
+  const int group = p.num_q_heads / p.num_kv_heads;
+  if (item >= min(p.prefix_items[0], p.max_prefix_items)) return;
+  const int32_t* it = p.prefix_items + kPrefixItemsHeader + item * kPrefixItemInts;
+  const int n_members = min(it[1], kHeadsPerCta / group);
+  if (n_members <= 0) return;
+  const int n_rows = n_members * group;
+  const int first = it[2];
+  if (first < 0 || first >= p.num_seqs) return;
+  const SeqInfo lead = load_seq_info(p, first);
+  // At most the first member's history (its new rows come from the kernel before).
+  const int prefix = min(max(it[0], 0), max(lead.kv_len - lead.q_len, 0));
+  const TmaSmem sm(smem_raw);
+  const int32_t* page_row = p.page_table + static_cast<int64_t>(first) * p.max_pages_per_seq;
+  TmaTileStream ts = sm.stream(t, page_row, kv_head, 0, prefix);
+  const int n_tiles = (prefix + 15) / 16;
+  const int n_mine =
+      n_tiles > ts.warp ? (n_tiles - ts.warp + kDecodeWarps - 1) / kDecodeWarps : 0;
+  for (int j = 0; j < kStages - 1 && j < n_mine; ++j) ts.issue(j, j);
+
+  pdl_wait();  // q comes from the kernel before
+  if (a.release_early) pdl_launch_dependents();
+  // Row r: member r / group, query head kv_head * group + r % group. Its q row (the
+  // member's one query token) and its place in the partials.
+  auto member = [&](int m) { return min(max(it[2 + m], 0), p.num_seqs - 1); };
+  auto q_row = [&](int r) -> int64_t {
+    const int b = member(r / group);
+    const int token = min(max(p.query_start[b], 0), p.num_tokens - 1);
+    return static_cast<int64_t>(token) * p.num_q_heads + kv_head * group + r % group;
+  };
+  load_q_rows<D>(p, n_rows, q_row, sm.q);
+  __syncthreads();  // q is in shared memory
+  uint32_t qa[D / 16][4];
+  load_q_fragments<D>(sm.q, qa);
+  WarpState<D> st;
+  st.reset();
+  ts.attend(qa, n_mine, prefix, sm.smem, sm.ring, st);
+  if (!a.release_early) pdl_launch_dependents();
+  __syncthreads();  // every warp is done with q and its ring: reuse them below
+  merge_warps<D>(sm.smem, st, n_rows, [&](int r, int d, float mx, float sum, float4 acc) {
+    const int64_t row = q_row(r);
+    *reinterpret_cast<float4*>(a.prefix_o + row * D + d) = acc;
+    if (d == 0) a.prefix_ml[row] = make_float2(mx, sum);
+  });
+  // The prefix is one more part of each member's rows: the last part to arrive merges. The
+  // split CTAs count this part exactly when the member's prefix_tokens (clamped as here)
+  // is positive, so the pass arrives for those members only.
+  for (int m = 0; m < n_members; ++m) {
+    const int b = member(m);
+    const SeqInfo seq = load_seq_info(p, b);
+    const int own = min(max(p.prefix_tokens[b], 0), max(seq.kv_len - seq.q_len, 0));
+    if (own <= 0 || seq.q_len <= 0) continue;
+    const int n_active =
+        plan_split(seq.kv_len - own, a.num_splits, S::kCtaKeys, kMinKeysPerSplit)
+            .n_active;
+    if (arrive_last(a, b, kv_head, n_active + 1)) {
+      merge_rows<D>(a, seq, n_active, kv_head * group, group, true);
+    }
+  }
+}
+
+#endif  // __CUDA_ARCH__ >= 900
+
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_split_tma_kernel(const __grid_constant__ DecodeTmaArgs t) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -664,109 +942,46 @@ __global__ void __launch_bounds__(kDecodeThreads)
   constexpr int kStages = T::kStages;
   using S = DecodeShape<D>;
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t ring = (raw + T::kAlign - 1) & ~uint32_t(T::kAlign - 1);
-  unsigned char* const smem = smem_raw + (ring - raw);
-  auto* q_smem = reinterpret_cast<__nv_bfloat16*>(smem + T::kRingBytes);
-  const uint32_t bars = ring + T::kRingBytes + T::kQBytes;
+  if (t.a.split_base == 1 && blockIdx.z == 0) {
+    prefix_pass(t, smem_raw);
+    return;
+  }
+  const TmaSmem sm(smem_raw);
 
   const DecodeArgs& a = t.a;
   const PagedAttentionParams& p = a.p;
-  if (threadIdx.x < kDecodeWarps * kStages) {
-    mbar_init(bars + threadIdx.x * 8, 1);
-    mbar_init_fence();
-  }
-  __syncthreads();
-
   const DecodeCta c(a, S::kCtaKeys);
   const SeqInfo& seq = c.seq;
-  const int key_begin = c.key_begin;
-  const int warp = c.warp, lane = c.lane;
-  const uint32_t warp_ring = ring + warp * kStages * T::kStageBytes;
-  const uint32_t warp_bars = bars + warp * kStages * 8;
-  const uint64_t policy = evict_first_policy();
-
-  // Pool row of the first key of the warp's tile j; lane l holds tile 32 * batch + l's.
-  int row_batch = -1;
-  int32_t my_row = 0;
-  auto tile_row = [&](int j) {  // warp-collective
-    if ((j >> 5) != row_batch) {
-      row_batch = j >> 5;
-      const int pos = key_begin + (warp + ((row_batch << 5) + lane) * kDecodeWarps) * 16;
-      // Rows fit int32: decode_tma_supported checks the pool has fewer than 2^31.
-      my_row = pos < seq.kv_len ? static_cast<int32_t>(kv_row(c.page_row, pos, p.page_size,
-                                                                a.page_shift, p.num_kv_heads,
-                                                                c.kv_head))
-                                : 0;
-    }
-    return __shfl_sync(0xffffffffu, my_row, j & 31);
-  };
-  // Loads the warp's tile j into `stage` (warp-collective; lane 0 issues).
-  auto issue = [&](int j, int stage) {
-    const int row = tile_row(j);
-    if (lane == 0) {
-      const uint32_t bar = warp_bars + stage * 8;
-      const uint32_t dst = warp_ring + stage * T::kStageBytes;
-      mbar_arrive_expect_tx(bar, T::kStageBytes);
-      tma_load_hint(dst, &t.k_map, 0, row, bar, policy);
-      tma_load_hint(dst + T::kTileBytes / 2, &t.k_map, 64, row, bar, policy);
-      tma_load_hint(dst + T::kTileBytes, &t.v_map, 0, row, bar, policy);
-      tma_load_hint(dst + T::kTileBytes * 3 / 2, &t.v_map, 64, row, bar, policy);
-    }
-  };
-  uint32_t phases = 0;  // bit s: the parity the next wait on stage s waits for
+  TmaTileStream ts = sm.stream(t, c.page_row, c.kv_head, c.key_begin, seq.kv_len);
 
   // Token 0's first tiles made only of history go out before the wait (as in the cp.async
   // kernel: they do not depend on the kernel before).
   const int early = c.history_tiles(kStages - 1);
-  for (int j = 0; j < early; ++j) issue(j, j);
+  for (int j = 0; j < early; ++j) ts.issue(j, j);
 
   pdl_wait();
   if (a.release_early) pdl_launch_dependents();
   if (!c.after_wait<D>(p)) return;
-  const bool direct = c.sp.n_active == 1;
+  const bool direct = c.direct();
 
   for (int i = 0; i < seq.q_len; ++i) {
     const int token = seq.q_begin + i;
     const int end = c.end_for(i);
     const int n_mine = c.my_tiles(end);
 
-    load_q_tile<D>(p, token, c.head0, c.n_heads, q_smem);
-    for (int s = i == 0 ? early : 0; s < kStages - 1 && s < n_mine; ++s) issue(s, s);
+    load_q_tile<D>(p, token, c.head0, c.n_heads, sm.q);
+    for (int s = i == 0 ? early : 0; s < kStages - 1 && s < n_mine; ++s) ts.issue(s, s);
     __syncthreads();  // q is in shared memory
 
     uint32_t qa[D / 16][4];
-    load_q_fragments<D>(q_smem, qa);
+    load_q_fragments<D>(sm.q, qa);
     WarpState<D> st;
     st.reset();
-
-    for (int j = 0; j < n_mine; ++j) {
-      if (j + kStages - 1 < n_mine) issue(j + kStages - 1, (j + kStages - 1) % kStages);
-      const int stage = j % kStages;
-      mbar_wait(warp_bars + stage * 8, (phases >> stage) & 1u);
-      phases ^= 1u << stage;
-      const uint32_t k_base = warp_ring + stage * T::kStageBytes;
-      const uint32_t v_base = k_base + T::kTileBytes;
-      const int n0 = key_begin + (warp + j * kDecodeWarps) * 16;
-      if (n0 + 16 > end) {
-        // Rows of keys >= end hold whatever the page holds: zero their V (P is 0 there).
-        unsigned char* v_tile = smem + (v_base - ring);
-        for (int idx = lane; idx < 16 * 16; idx += 32) {
-          const int r = idx / 16, ch = idx % 16;
-          if (n0 + r >= end) {
-            *reinterpret_cast<uint4*>(v_tile + tile_offset<D, true>(r, ch)) = make_uint4(0, 0, 0, 0);
-          }
-        }
-        // Order these generic writes before the TMA that refills the stage next token.
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncwarp();
-      }
-      attend_tile<D, true>(qa, k_base, v_base, n0, end, a.scale_log2, st);
-      __syncwarp();  // every lane is done with this stage before it is refilled
-    }
+    ts.attend(qa, n_mine, end, sm.smem, sm.ring, st);
     if (i == seq.q_len - 1 && !a.release_early) pdl_launch_dependents();
     __syncthreads();  // every warp is done with q and its ring: reuse them below
-    merge_warps_and_store<D>(a, smem, st, token, c.head0, c.n_heads, c.split, direct);
+    merge_warps_and_store<D>(a, sm.smem, st, token, c.head0, c.n_heads, c.split, direct,
+                             c.prefix > 0);
     // The merge wrote the ring through the generic proxy; the next token's TMA refills it.
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
@@ -802,9 +1017,10 @@ void launch_decode_tma(const DecodeArgs& args, cudaStream_t stream) {
   t.k_map = bf16_tensor_map(p.k_pool, rows, T::D, 64, 16, "paged_decode_attention");
   t.v_map = bf16_tensor_map(p.v_pool, rows, T::D, 64, 16, "paged_decode_attention");
   t.a = args;
-  const dim3 grid(p.num_seqs, p.num_kv_heads * args.subgroups, args.num_splits);
+  const dim3 grid(p.num_seqs, p.num_kv_heads * args.subgroups, args.num_splits + args.split_base);
   launch_kernel(decode_split_tma_kernel, grid, dim3(kDecodeThreads), T::kSmemBytes, stream, 1, t);
 }
+
 
 
 }  // namespace
@@ -842,10 +1058,13 @@ int32_t plan_decode_splits(const PagedAttentionParams& p) {
   splits = std::min<int64_t>(
       splits, (std::max(p.max_kv_len, 1) + attn::kMinKeysPerSplit - 1) / attn::kMinKeysPerSplit);
   splits = std::clamp<int64_t>(splits, 1, kMaxDecodeSplits);
+  // A shared-prefix pass keeps its partials in one more slot of the workspace.
+  const int64_t extra = p.prefix_tokens != nullptr ? 1 : 0;
   while (splits > 1 &&
          (p.workspace == nullptr ||
           paged_attention_workspace_bytes(p.num_tokens, p.num_q_heads, p.head_dim,
-                                          static_cast<int32_t>(splits)) > p.workspace_bytes)) {
+                                          static_cast<int32_t>(splits + extra)) >
+              p.workspace_bytes)) {
     --splits;
   }
   return static_cast<int32_t>(splits);
@@ -855,6 +1074,21 @@ bool decode_tma_supported(const PagedAttentionParams& p) {
   const int64_t rows = static_cast<int64_t>(p.num_pages) * p.num_kv_heads * p.page_size;
   return p.head_dim == 128 && p.page_size % 16 == 0 && p.num_pages > 0 &&
          rows < (int64_t{1} << 31) && current_device_info(nullptr) >= 90;
+}
+
+int32_t decode_prefix_item_members(int32_t num_q_heads, int32_t num_kv_heads) {
+  if (num_kv_heads <= 0 || num_q_heads <= 0 || num_q_heads % num_kv_heads != 0) return 0;
+  const int32_t group = num_q_heads / num_kv_heads;
+  return group <= attn::kHeadsPerCta ? attn::kHeadsPerCta / group : 0;
+}
+
+bool decode_cascade_supported(const PagedAttentionParams& p) {
+  if (p.num_kv_heads <= 0 || p.num_q_heads % p.num_kv_heads != 0) return false;
+  const int group = p.num_q_heads / p.num_kv_heads;
+  return p.max_query_len == 1 && group <= attn::kHeadsPerCta && decode_tma_supported(p) &&
+         p.workspace != nullptr &&
+         paged_attention_workspace_bytes(p.num_tokens, p.num_q_heads, p.head_dim, 2) <=
+             p.workspace_bytes;
 }
 
 bool native_attention_takes_decode(const PagedAttentionParams& p) {
@@ -913,13 +1147,25 @@ void paged_decode_attention_with(const PagedAttentionParams& p, DecodeKernel ker
                                  cudaStream_t stream) {
   attn::validate_params(p, "paged_decode_attention");
   if (p.num_seqs == 0 || p.num_tokens == 0) return;
+  const bool cascade = p.prefix_tokens != nullptr;
+  if (cascade) {
+    PAGELLM_CHECK(p.prefix_items != nullptr && p.max_prefix_items >= 0 &&
+                  decode_cascade_supported(p))
+        << "paged_decode_attention: a shared-prefix pass needs prefix_items, one query token "
+           "per sequence, at most "
+        << attn::kHeadsPerCta << " query heads per KV head (got " << p.num_q_heads << " / "
+        << p.num_kv_heads << "), the TMA decode kernel's shape (head_dim 128, pages a multiple "
+           "of 16, sm_90) and a workspace of two slots (decode_cascade_supported)";
+  }
   const int32_t splits = p.num_splits > 0 ? p.num_splits : plan_decode_splits(p);
   attn::DecodeArgs args{};
   args.p = p;
   args.num_splits = splits;
-  if (splits > 1) {
+  // The workspace's partial slots: one per split, and the prefix pass's after them.
+  const int32_t slots = splits + (cascade ? 1 : 0);
+  if (slots > 1) {
     const size_t need =
-        paged_attention_workspace_bytes(p.num_tokens, p.num_q_heads, p.head_dim, splits);
+        paged_attention_workspace_bytes(p.num_tokens, p.num_q_heads, p.head_dim, slots);
     PAGELLM_CHECK(p.workspace != nullptr && p.workspace_bytes >= need)
         << "paged_decode_attention: " << splits << " splits over " << p.num_tokens
         << " tokens need a workspace of " << need << " bytes, got " << p.workspace_bytes
@@ -931,7 +1177,12 @@ void paged_decode_attention_with(const PagedAttentionParams& p, DecodeKernel ker
     args.partial_o = reinterpret_cast<float*>(ws + attn::kCounterBytes);
     args.partial_ml = reinterpret_cast<float2*>(
         ws + attn::kCounterBytes +
-        attn::partial_o_bytes(p.num_tokens, p.num_q_heads, p.head_dim, splits));
+        attn::partial_o_bytes(p.num_tokens, p.num_q_heads, p.head_dim, slots));
+    if (cascade) {
+      const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
+      args.prefix_o = args.partial_o + splits * rows * p.head_dim;
+      args.prefix_ml = args.partial_ml + splits * rows;
+    }
   }
   const int group = p.num_q_heads / p.num_kv_heads;
   args.subgroups = (group + attn::kHeadsPerCta - 1) / attn::kHeadsPerCta;
@@ -948,6 +1199,13 @@ void paged_decode_attention_with(const PagedAttentionParams& p, DecodeKernel ker
   current_device_info(&sms);
   args.release_early = attn::releases_dependents_early(
       int64_t{p.num_seqs} * p.num_kv_heads * args.subgroups * splits, sms);
+  if (cascade) {
+    PAGELLM_CHECK(kernel == DecodeKernel::kTma && p.max_prefix_items <= p.num_seqs)
+        << "paged_decode_attention: a shared-prefix pass runs in the TMA kernel, with at most "
+           "num_seqs ("
+        << p.num_seqs << ") items (got " << p.max_prefix_items << ")";
+    args.split_base = 1;
+  }
   if (kernel == DecodeKernel::kTma && decode_tma_supported(p)) {
     attn::launch_decode_tma(args, stream);
   } else if (p.head_dim == 128) {

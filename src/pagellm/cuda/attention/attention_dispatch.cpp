@@ -259,10 +259,32 @@ void AttentionDispatch::run(const Tensor& q, const LayerKv& kv, const AttentionS
   }
   const NativeAttentionCalls calls = plan_native_attention(p, r.mixed_run);
   if (calls.run_decode) {
-    paged_decode_attention_with(calls.decode, settings_.decode_kernel, as_stream(stream_));
+    PagedAttentionParams d = calls.decode;
+    if (!calls.run_prefill) add_prefix_pass(batch, d);
+    paged_decode_attention_with(d, settings_.decode_kernel, as_stream(stream_));
   }
   if (calls.run_prefill) {
     paged_prefill_attention_with(calls.prefill, settings_.prefill_kernel, as_stream(stream_));
+  }
+}
+
+void AttentionDispatch::add_prefix_pass(const BatchTensors& batch, PagedAttentionParams& p) {
+  // A captured graph (and the forward that warms it up, kv_len_capacity set) keeps the pass
+  // for every replay: its items come with each upload, none when nothing is shared. An
+  // eager call runs it only when this batch has items.
+  if (!settings_.decode_cascade || settings_.decode_kernel != DecodeKernel::kTma ||
+      batch.prefix_tokens.data == nullptr || p.num_seqs < kDecodeCascadeMinSeqs ||
+      (batch.prefix_item_count == 0 && batch.host->kv_len_capacity == 0 &&
+       !stream_capturing(stream_))) {
+    return;
+  }
+  PagedAttentionParams c = p;
+  c.prefix_items = batch.prefix_items.ptr<int32_t>();
+  c.prefix_tokens = batch.prefix_tokens.ptr<int32_t>();
+  c.max_prefix_items = p.num_seqs;
+  if (decode_cascade_supported(c)) {
+    p = c;
+    ++route().stats.prefix_pass_calls;
   }
 }
 
