@@ -263,6 +263,15 @@ void print_grpo(const GrpoReport& r) {
   std::printf("  prefix hit  %.1f %%  (%lld of %lld looked-up prompt tokens found cached)\n",
               100.0 * r.prefix_hit_rate(), static_cast<long long>(r.prefix_hit_tokens),
               static_cast<long long>(r.prefix_queried_tokens));
+  if (!r.trace_unavailable.empty()) {
+    std::printf("  kernel trace unavailable: %s\n", r.trace_unavailable.c_str());
+  }
+  if (r.trace) {
+    std::printf("  (the rollout figures above include the %d traced steps: the last round's "
+                "first decode-only steps, %.1f decode rows a step)\n",
+                r.trace->steps, static_cast<double>(r.trace_rows) / r.trace->steps);
+    print_trace(r.trace->timeline, r.trace->steps, "decode");
+  }
 }
 
 void print_sleep_wake(const SleepWakeReport& r) {
@@ -322,6 +331,9 @@ void run_bench(const BenchArgs& args) {
     if (args.preset) grpo.preset = *args.preset;
     if (args.seed) grpo.seed = *args.seed;
     grpo.validate();
+    PAGELLM_CHECK(!args.trace_prefill)
+        << "--trace-prefill applies to decode workloads, not to --workload grpo (its "
+           "--trace-steps N traces the last round's first N decode-only steps)";
     EngineConfig config = args.engine.config;
     if (args.engine.kv_cache_gb > 0) {
       config.kv_cache_bytes = static_cast<size_t>(args.engine.kv_cache_gb * 1e9);
@@ -334,8 +346,12 @@ void run_bench(const BenchArgs& args) {
                                        if (total > (size_t{256} << 20)) bar.update(done, total);
                                      });
     }
-    const GrpoReport report = run_grpo_benchmark(*engine, grpo);
+    const GrpoReport report =
+        run_grpo_benchmark(*engine, grpo, /*measure_bandwidth=*/true, args.trace_steps);
     print_grpo(report);
+    if (report.trace && !args.trace_out.empty()) {
+      write_trace_csv(report.trace->spans, args.trace_out);
+    }
     if (!args.json_out.empty()) append_json(args.json_out, grpo_json_line(report));
     return;
   }
@@ -437,7 +453,8 @@ void register_bench_command(CLI::App& app) {
   cmd->add_option("--seed", a->seed, from_workload("weights and prompts seed", std::to_string(w1.seed)));
   cmd->add_option("--json-out", a->json_out, "append a JSON line with the figures");
   cmd->add_option("--trace-steps", a->trace_steps,
-                  "record this many decode steps' kernels (CUPTI) and print where the time goes")
+                  "record this many decode steps' kernels (CUPTI) and print where the time "
+                  "goes (grpo: the last round's first decode-only steps)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--trace-prefill", a->trace_prefill,
                 "record the prefill phase's kernels (every step until each request has its "

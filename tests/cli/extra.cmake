@@ -170,6 +170,9 @@ cli_bench_error(lora_compare_without_rank "^pagellm: error: --lora-compare needs
 cli_bench_error(lora_rank_with_grpo
   "^pagellm: error: --lora-rank and --lora-compare apply to decode workloads .*--workload grpo$"
   --workload grpo --lora-rank 4)
+cli_bench_error(trace_prefill_with_grpo
+  "^pagellm: error: --trace-prefill applies to decode workloads, not to --workload grpo"
+  --workload grpo --trace-prefill)
 # The default is the named workload W1; an unknown name lists the known ones.
 add_test(NAME cli_bench_help COMMAND ${_pl} bench --help)
 set_tests_properties(cli_bench_help PROPERTIES PASS_REGULAR_EXPRESSION

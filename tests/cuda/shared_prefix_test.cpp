@@ -1,6 +1,6 @@
 // Shared-prefix (cascade) decode attention end to end on the CUDA backend: an engine with
-// decode graphs generating n = 8 samples for each of three prompts (24 sequences, past
-// kDecodeCascadeMinSeqs; a prompt's samples share its full pages) gives, with the
+// decode graphs generating n = 8 samples for each of three prompts (24 sequences; the pass's
+// threshold set to 16 for it; a prompt's samples share its full pages) gives, with the
 // shared-prefix pass, the greedy tokens and logits of the same engine without it
 // (PAGELLM_DISABLE_DECODE_CASCADE's setting), and the pass really ran: batches carried
 // items and captured decode calls held the pass. The kernel itself is
@@ -28,8 +28,10 @@ SampleRun generate(bool cascade, const Qwen3Config& c, const testing::HostWeight
                    const std::vector<std::vector<int32_t>>& prompts) {
   cuda::CudaSettings settings = cuda::CudaSettings::from_environment();
   settings.decode_cascade = cascade;
+  settings.decode_cascade_min_seqs = 16;
   auto backend = std::make_unique<cuda::CudaBackend>(0, settings);
   cuda::CudaBackend* gpu = backend.get();
+  EXPECT_EQ(gpu->shared_prefix_min_seqs(), cascade ? 16 : 0);
   auto model = std::make_unique<Qwen3Model>(*backend, c, w.lookup());
   EngineConfig ec;
   ec.backend = "cuda";
@@ -66,6 +68,30 @@ SampleRun generate(bool cascade, const Qwen3Config& c, const testing::HostWeight
   run.stats = gpu->attention_route_stats();
   run.graph_steps = engine.stats().graph_steps;
   return run;
+}
+
+TEST(SharedPrefixDecode, TheBackendSaysWhenItReadsSharedPrefixes) {
+  // What the engine asks before it looks for shared prefixes (build_forward_batch).
+  if (test::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  int cc = 0;
+  cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, 0);
+  if (cc < 9) GTEST_SKIP() << "batch-invariant mode needs sm_90";
+  cuda::CudaSettings settings = cuda::CudaSettings::from_environment();
+  settings.decode_cascade = true;
+  settings.decode_kernel = cuda::DecodeKernel::kTma;
+  settings.decode_cascade_min_seqs = 40;
+  cuda::CudaBackend gpu(0, settings);
+  EXPECT_EQ(gpu.shared_prefix_min_seqs(), 40);
+  gpu.set_batch_invariant(true);
+  EXPECT_EQ(gpu.shared_prefix_min_seqs(), 0) << "batch-invariant mode reads no shared prefix";
+  gpu.set_batch_invariant(false);
+  EXPECT_EQ(gpu.shared_prefix_min_seqs(), 40);
+  settings.decode_kernel = cuda::DecodeKernel::kCpAsync;
+  EXPECT_EQ(cuda::CudaBackend(0, settings).shared_prefix_min_seqs(), 0)
+      << "the cp.async decode kernel has no shared-prefix pass";
+  settings.decode_kernel = cuda::DecodeKernel::kTma;
+  settings.decode_cascade = false;
+  EXPECT_EQ(cuda::CudaBackend(0, settings).shared_prefix_min_seqs(), 0);
 }
 
 TEST(SharedPrefixDecode, SamplesOfAFanOutMatchTheRunWithoutThePass) {

@@ -773,5 +773,47 @@ TEST(BenchmarkTest, PipelinedRunsEndAtTheTraceWindow) {
   }
 }
 
+// W2's --trace-steps: the last round's first decode-only steps after its prefill, each one
+// recorded (StepTracingBackend's span per sampled step) and counted with its decode rows; a
+// window longer than the round ends with it. The trace changes nothing W2 generates.
+TEST(BenchmarkTest, GrpoTracesTheLastRoundsFirstDecodeSteps) {
+  const GrpoWorkload g = tiny_grpo();
+  EngineConfig base = cpu_config();
+  base.num_pages = 64;
+  const EngineConfig config = grpo_engine_config(g, base);
+  const auto engine_with_trace = [&] {
+    auto backend = std::make_unique<StepTracingBackend>();
+    const Qwen3Config mc = preset_config(g.preset);
+    auto model = std::make_unique<Qwen3Model>(*backend, mc,
+                                              random_weight_lookup(mc, g.seed, DType::BF16));
+    return std::make_unique<Engine>(std::move(backend), std::move(model), config);
+  };
+  const GrpoReport plain = run_grpo_benchmark(*engine_with_trace(), g, false);
+  EXPECT_FALSE(plain.trace.has_value());
+  for (const int32_t steps : {3, 1000}) {
+    const GrpoReport r = run_grpo_benchmark(*engine_with_trace(), g, false, steps);
+    ASSERT_TRUE(r.trace.has_value()) << r.trace_unavailable;
+    EXPECT_TRUE(r.trace_unavailable.empty());
+    if (steps == 3) {
+      EXPECT_EQ(r.trace->steps, 3);
+    } else {
+      EXPECT_GT(r.trace->steps, 0);
+      EXPECT_LT(r.trace->steps, r.steps / 2) << "the window ends with the last round";
+    }
+    EXPECT_EQ(r.trace->spans.size(), static_cast<size_t>(r.trace->steps));
+    // Decode-only steps: every traced step has decode rows, at most one per sample.
+    EXPECT_GE(r.trace_rows, r.trace->steps);
+    EXPECT_LE(r.trace_rows, r.trace->steps * r.samples);
+    EXPECT_EQ(r.generated_tokens, plain.generated_tokens);
+  }
+  // A backend without a trace says so, and W2 still runs.
+  std::unique_ptr<Engine> cpu = make_benchmark_engine(g.model_workload(), config);
+  const GrpoReport none = run_grpo_benchmark(*cpu, g, false, 3);
+  EXPECT_FALSE(none.trace.has_value());
+  EXPECT_NE(none.trace_unavailable.find("trace"), std::string::npos) << none.trace_unavailable;
+  EXPECT_EQ(none.generated_tokens, plain.generated_tokens);
+  EXPECT_THROW(run_grpo_benchmark(*cpu, g, false, -1), Error);
+}
+
 }  // namespace
 }  // namespace pagellm

@@ -62,7 +62,7 @@ TEST(BatchBuilder, MixedPrefillChunkAndDecode) {
   // Step 2: a decodes position 5 (page 2, offset 1); b gets positions 3..9: the end of
   // page 3, all of a new page 4 and half of page 5, and samples its first token.
   out = sim.scheduler().schedule();
-  batch = build_forward_batch(out, sim.table(), 4);
+  batch = build_forward_batch(out, sim.table(), 4, /*shared_prefix_min_seqs=*/2);
   tokens = {77};
   for (int32_t tok : prompt_slice(*b, 3, 10)) tokens.push_back(tok);
   EXPECT_EQ(batch.token_ids, tokens);
@@ -197,12 +197,20 @@ TEST(BatchBuilder, FanOutSamplesShareTheirPromptPagesInDecodeSteps) {
     sim.step();
   }
   SchedulerOutput out = sim.scheduler().schedule();
-  ForwardBatch batch = build_forward_batch(out, sim.table(), 4);
+  ForwardBatch batch = build_forward_batch(out, sim.table(), 4, /*shared_prefix_min_seqs=*/3);
   batch.validate();
   ASSERT_EQ(batch.num_seqs(), 3);
   ASSERT_EQ(batch.num_tokens(), 3);
   EXPECT_EQ(batch.shared_prefix_group, (std::vector<int32_t>{0, 0, 0}));
   EXPECT_EQ(batch.shared_prefix_tokens, (std::vector<int32_t>{8, 8, 8}));
+  // A backend that reads no shared prefixes (0), or only from more sequences than the step
+  // has, gets none: the engine does not look for them.
+  for (const int32_t min_seqs : {0, 4}) {
+    const ForwardBatch other = build_forward_batch(out, sim.table(), 4, min_seqs);
+    EXPECT_TRUE(other.shared_prefix_group.empty() && other.shared_prefix_tokens.empty())
+        << "shared_prefix_min_seqs " << min_seqs;
+    EXPECT_EQ(other.token_ids, batch.token_ids);
+  }
 }
 
 }  // namespace

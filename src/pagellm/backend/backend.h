@@ -198,6 +198,11 @@ class Backend {
   /// engine sends only the changed entries to a backend that does, and dense rows to one
   /// that does not.
   virtual bool supports_persistent_page_table() const { return false; }
+  /// The fewest sequences of a decode-only step whose upload_batch() reads
+  /// ForwardBatch::shared_prefix_group / _tokens (an attention that reads a prefix shared by
+  /// a group once for all of it); 0: it never does, and the engine leaves them empty. May
+  /// change with the backend's modes (batch invariance turns the shared reads off).
+  virtual int32_t shared_prefix_min_seqs() const { return 0; }
 
   // ---- operations ---------------------------------------------------------------------
   // Weights (matrices, norm vectors) passed to an operation must not be written by work

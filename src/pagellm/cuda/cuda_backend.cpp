@@ -390,6 +390,13 @@ void CudaBackend::qk_norm_rope_store_kv(const Tensor& qkv, const Tensor& q_norm,
   launch_qk_norm_rope_store_kv(a, as_stream(stream_));
 }
 
+int32_t CudaBackend::shared_prefix_min_seqs() const {
+  // The TMA decode kernel is the one with the pass (AttentionDispatch::add_prefix_pass).
+  const bool on = settings_.decode_cascade && settings_.decode_kernel == DecodeKernel::kTma &&
+                  !attention_->batch_invariant();
+  return on ? std::max(2, settings_.decode_cascade_min_seqs) : 0;
+}
+
 AttentionPlanRef CudaBackend::plan_attention(const BatchTensors& batch,
                                              const AttentionShape& shape, const LayerKv& kv) {
   // Shared-prefix items are packed at upload for the model's heads (from the next batch on:

@@ -127,6 +127,7 @@ class CudaBackend final : public Backend {
   /// match the runs.
   BatchTensors upload_batch(const ForwardBatch& batch) override;
   bool supports_persistent_page_table() const override { return true; }
+  int32_t shared_prefix_min_seqs() const override;
 
   void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;

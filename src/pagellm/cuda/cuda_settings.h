@@ -12,6 +12,7 @@
 // This header includes no CUDA header (cuda_backend.h includes it).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -26,6 +27,15 @@ enum class DecodeKernel { kCpAsync, kTma };
 
 /// The variant paged_decode_attention uses when PAGELLM_DECODE_KERNEL is unset.
 inline constexpr DecodeKernel kDefaultDecodeKernel = DecodeKernel::kTma;
+
+/// Fewest sequences of a decode call that runs the shared-prefix pass
+/// (AttentionDispatch::add_prefix_pass; CudaSettings::decode_cascade_min_seqs's default).
+/// With 16 (H100, 2026-12-06, W2 with the pass against without it), W2's steps of 65+ rows
+/// ran 1.6-3.0 % faster and those of 9-64 rows 0.3-0.5 % slower; 65 against 16 in one
+/// binary, alternating (H100, 2026-12-06, eighteenth session): W1 (32 sequences that share
+/// nothing, whose graphs then hold no pass) 7,197-7,203 against 7,152-7,153 tok/s, W2
+/// 78.52-78.55 against 78.63-78.65 s (docs/PERFORMANCE.md).
+inline constexpr int32_t kDecodeCascadeMinSeqs = 65;
 
 /// The paged prefill kernels (attention_prefill_variants.h says how they differ).
 enum class PrefillKernel { kV2, kWgmma, kWgmmaSerial, kWgmmaHeadMajor, kWgmmaKvMajor };
@@ -74,6 +84,9 @@ struct CudaSettings {
   /// decode attention reads every sequence's shared prefix pages itself instead of once per
   /// group; docs/design.md, "Shared-prefix decode attention").
   bool decode_cascade = true;
+  /// The fewest sequences of a decode call that runs the shared-prefix pass (tests lower it
+  /// to reach the pass with small batches).
+  int32_t decode_cascade_min_seqs = kDecodeCascadeMinSeqs;
   /// False when PAGELLM_DISABLE_LORA_DENSE is anything but empty or "0" (an ablation:
   /// prefill chunks' LoRA runs the shrink and expand kernels instead of cuBLASLt products;
   /// docs/design.md, "The CUDA kernels" of "LoRA").

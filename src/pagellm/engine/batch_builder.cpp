@@ -11,7 +11,7 @@ namespace {
 
 // Everything but the page table: tokens, positions, slots, offsets, lengths, logits rows.
 ForwardBatch build_batch_without_table(const SchedulerOutput& out, const PageTable& page_table,
-                                       int32_t page_size) {
+                                       int32_t page_size, int32_t shared_prefix_min_seqs) {
   PAGELLM_CHECK(page_size >= 1) << "page_size must be at least 1, got " << page_size;
   ForwardBatch batch;
   batch.page_size = page_size;
@@ -53,7 +53,8 @@ ForwardBatch build_batch_without_table(const SchedulerOutput& out, const PageTab
     if (s.samples) batch.logits_indices.insert(batch.logits_indices.end(), 1 + s.fan_out.size(),
                                                batch.num_tokens() - 1);
   }
-  if (num_seqs >= 2 && out.num_tokens == static_cast<int64_t>(num_seqs)) {
+  if (shared_prefix_min_seqs > 0 && num_seqs >= std::max<size_t>(2, shared_prefix_min_seqs) &&
+      out.num_tokens == static_cast<int64_t>(num_seqs)) {
     std::vector<const std::vector<int32_t>*> pages;
     pages.reserve(num_seqs);
     for (const ScheduledSeq& s : out.scheduled) pages.push_back(&s.seq->pages);
@@ -109,8 +110,9 @@ void assign_shared_prefixes(const std::vector<const std::vector<int32_t>*>& page
 }
 
 ForwardBatch build_forward_batch(const SchedulerOutput& out, const PageTable& page_table,
-                                 int32_t page_size) {
-  ForwardBatch batch = build_batch_without_table(out, page_table, page_size);
+                                 int32_t page_size, int32_t shared_prefix_min_seqs) {
+  ForwardBatch batch =
+      build_batch_without_table(out, page_table, page_size, shared_prefix_min_seqs);
   batch.page_table.reserve(out.scheduled.size() * static_cast<size_t>(batch.max_pages_per_seq));
   for (const ScheduledSeq& s : out.scheduled) {
     const int32_t* row = page_table.row(s.seq->slot);
@@ -120,8 +122,9 @@ ForwardBatch build_forward_batch(const SchedulerOutput& out, const PageTable& pa
 }
 
 ForwardBatch build_persistent_forward_batch(const SchedulerOutput& out, PageTable& page_table,
-                                            int32_t page_size) {
-  ForwardBatch batch = build_batch_without_table(out, page_table, page_size);
+                                            int32_t page_size, int32_t shared_prefix_min_seqs) {
+  ForwardBatch batch =
+      build_batch_without_table(out, page_table, page_size, shared_prefix_min_seqs);
   // An empty step uploads nothing, so its changes stay pending for the next batch.
   if (out.scheduled.empty()) return batch;
   batch.page_table_rows = page_table.max_slots();

@@ -23,10 +23,11 @@ namespace pagellm {
 /// (a fan-out samples every sample's first token from it), so logits row r belongs to the
 /// r-th sampled token, as on_step_done() expects. lora_slots holds each sequence's
 /// lora_slot when any of them is not 0, and is empty otherwise. A decode-only step (one
-/// token per sequence) of two or more sequences gets shared_prefix_group / _tokens
-/// (assign_shared_prefixes); other steps leave them empty.
+/// token per sequence) of at least max(2, shared_prefix_min_seqs) sequences gets
+/// shared_prefix_group / _tokens (assign_shared_prefixes) when shared_prefix_min_seqs > 0
+/// (Backend::shared_prefix_min_seqs: what the backend reads); other steps leave them empty.
 ForwardBatch build_forward_batch(const SchedulerOutput& out, const PageTable& page_table,
-                                 int32_t page_size);
+                                 int32_t page_size, int32_t shared_prefix_min_seqs = 0);
 
 /// Fills batch.shared_prefix_group / _tokens for the sequences of `pages` (pages[b]: the
 /// physical pages of the batch's sequence b, in logical order): a group is the sequences
@@ -44,7 +45,8 @@ void assign_shared_prefixes(const std::vector<const std::vector<int32_t>*>& page
 /// (PageTable::take_updates, which marks them uploaded: pass the batch to the backend).
 /// For an empty step it takes nothing and returns a batch without a table.
 ForwardBatch build_persistent_forward_batch(const SchedulerOutput& out, PageTable& page_table,
-                                            int32_t page_size);
+                                            int32_t page_size,
+                                            int32_t shared_prefix_min_seqs = 0);
 
 /// One SamplingRow per sampled token of `out`, in the order of logits_indices: each
 /// sampling sequence's (output index: its outputs plus ScheduledSeq::ahead), then its

@@ -855,8 +855,9 @@ std::optional<double> GrpoReport::fraction_of_limit() const {
 }
 
 GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
-                              bool measure_bandwidth) {
+                              bool measure_bandwidth, int32_t trace_steps) {
   workload.validate();
+  PAGELLM_CHECK(trace_steps >= 0) << "trace steps must be non-negative, got " << trace_steps;
   PAGELLM_CHECK(!engine.has_unfinished())
       << "the grpo benchmark needs an idle engine; this one has unfinished requests";
   const SchedulerConfig& sc = engine.scheduler_config();
@@ -928,6 +929,9 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
                           " rows";
   }
   const PrefixCacheStats prefix_before = engine.prefix_cache_stats();
+  // The trace (trace_steps > 0): the last round's first decode-only steps after its prefill.
+  BenchmarkTrace trace;
+  bool tracing = false;
   for (int32_t round = 0; round < workload.rounds; ++round) {
     if (round > 0) {
       r.weight_update_seconds.push_back(
@@ -999,8 +1003,17 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
     });
     backend.synchronize();
     const HostGap host_before = engine.stats().host_gap;
+    // Armed in the last round; begins after its first decode-only step.
+    bool trace_armed = trace_steps > 0 && round == workload.rounds - 1;
     const auto t0 = Clock::now();
     while (engine.has_unfinished()) {
+      if (trace_armed && !records.empty() &&
+          std::none_of(records.begin(), records.end(),
+                       [](const StepRecord& rec) { return rec.prefill || rec.rows == 0; })) {
+        trace_armed = false;
+        r.trace_unavailable = backend.begin_kernel_trace();
+        tracing = r.trace_unavailable.empty();
+      }
       records.clear();
       const auto step_start = Clock::now();
       engine.step();
@@ -1028,7 +1041,19 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
         classes[c].limit_seconds += step_limit;
         classes[c].per_sample_limit_seconds += per_sample_limit;
         classes[c].decode_tokens += rec.rows;
+        if (tracing) {
+          ++trace.steps;
+          r.trace_rows += rec.rows;
+        }
       }
+      if (tracing && trace.steps >= trace_steps) {
+        trace.spans = backend.end_kernel_trace();
+        tracing = false;
+      }
+    }
+    if (tracing) {  // the round ended first
+      trace.spans = backend.end_kernel_trace();
+      tracing = false;
     }
     backend.synchronize();
     r.rollout_seconds += seconds_between(t0, Clock::now());
@@ -1053,6 +1078,10 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
   const PrefixCacheStats prefix_after = engine.prefix_cache_stats();
   r.prefix_queried_tokens = prefix_after.queried_tokens - prefix_before.queried_tokens;
   r.prefix_hit_tokens = prefix_after.hit_tokens - prefix_before.hit_tokens;
+  if (trace.steps > 0) {
+    trace.timeline = summarize_kernel_timeline(trace.spans);
+    r.trace = std::move(trace);
+  }
   return r;
 }
 

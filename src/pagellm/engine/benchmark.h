@@ -416,6 +416,13 @@ struct GrpoReport {
   std::vector<GrpoStepClass> step_classes;
   int64_t prefix_queried_tokens = 0;
   int64_t prefix_hit_tokens = 0;
+  /// With trace_steps: the kernels of the last round's first decode-only steps after its
+  /// prefill (the round's largest steps; the rollout figures include them), with their
+  /// decode rows (trace_rows, summed over trace->steps forward steps). Absent when the
+  /// backend cannot trace (trace_unavailable says why) or no step was traced.
+  std::optional<BenchmarkTrace> trace;
+  int64_t trace_rows = 0;
+  std::string trace_unavailable;
   double prefix_hit_rate() const {
     return prefix_queried_tokens > 0
                ? static_cast<double>(prefix_hit_tokens) / static_cast<double>(prefix_queried_tokens)
@@ -425,8 +432,10 @@ struct GrpoReport {
 
 /// Runs W2 on an idle engine made for it (grpo_engine_config); throws Error when it cannot
 /// hold a round or a sample ends other than by its length.
+/// With trace_steps > 0 it records the kernels of that many forward steps (GrpoReport::trace;
+/// with pipelined decode, up to the end of the engine step that reaches the count).
 GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
-                              bool measure_bandwidth = true);
+                              bool measure_bandwidth = true, int32_t trace_steps = 0);
 
 /// The report as one JSON line.
 std::string grpo_json_line(const GrpoReport& report);

@@ -239,8 +239,10 @@ ModelRunner::StepResult ModelRunner::run(const SchedulerOutput& out, PageTable& 
 }
 
 ForwardBatch ModelRunner::build_batch(const SchedulerOutput& out, PageTable& page_table) const {
-  return persistent_ ? build_persistent_forward_batch(out, page_table, config_.page_size)
-                     : build_forward_batch(out, page_table, config_.page_size);
+  const int32_t shared_min = backend_->shared_prefix_min_seqs();
+  return persistent_
+             ? build_persistent_forward_batch(out, page_table, config_.page_size, shared_min)
+             : build_forward_batch(out, page_table, config_.page_size, shared_min);
 }
 
 ModelRunner::InFlight ModelRunner::launch(SchedulerOutput out, PageTable& page_table,

@@ -273,7 +273,7 @@ void AttentionDispatch::add_prefix_pass(const BatchTensors& batch, PagedAttentio
   // for every replay: its items come with each upload, none when nothing is shared. An
   // eager call runs it only when this batch has items.
   if (!settings_.decode_cascade || settings_.decode_kernel != DecodeKernel::kTma ||
-      batch.prefix_tokens.data == nullptr || p.num_seqs < kDecodeCascadeMinSeqs ||
+      batch.prefix_tokens.data == nullptr || p.num_seqs < settings_.decode_cascade_min_seqs ||
       (batch.prefix_item_count == 0 && batch.host->kv_len_capacity == 0 &&
        !stream_capturing(stream_))) {
     return;

@@ -25,14 +25,6 @@ namespace cuda {
 class DeviceMemory;
 struct PagedAttentionParams;
 
-/// Fewest sequences of a decode call that runs the shared-prefix pass (add_prefix_pass).
-/// Measured with 16 (H100, 2026-12-06, W2 with the pass against without it in one call):
-/// W2's steps of 65-128, 129-256 and 257+ rows 1.6-3.0 % faster, those of 9-32 and 33-64
-/// rows 0.3-0.5 % slower, and W1 (32 sequences that share nothing, so the pass's CTAs only
-/// exit) 0.5 % slower in another call: the next measurement to make is 65 (graph buckets of
-/// 96 and more; docs/design.md, "Known limits").
-inline constexpr int32_t kDecodeCascadeMinSeqs = 16;
-
 /// What the attention dispatcher did since the backend was made (for tests and logs).
 /// Calls are counted when launched or captured, not when a graph replays them.
 struct AttentionRouteStats {
@@ -92,7 +84,7 @@ class AttentionDispatch {
   Route& route();
   // Gives a decode call `p` the shared-prefix pass (PagedAttentionParams::prefix_tokens)
   // when the batch's items can use it: settings allow, the TMA kernel, at least
-  // kDecodeCascadeMinSeqs sequences, a shape decode_cascade_supported accepts.
+  // settings.decode_cascade_min_seqs sequences, a shape decode_cascade_supported accepts.
   void add_prefix_pass(const BatchTensors& batch, PagedAttentionParams& p);
   void configure(AttentionBackendChoice choice);
 
