@@ -248,16 +248,19 @@ struct SharedBatch {
       cudaFree(p);
     }
   }
+  /// mode 0: no pass; 1: the pass, no member folded into it; 2: the pass with the default
+  /// fold (PagedAttentionParams::prefix_fold_keys).
   pagellm::cuda::PagedAttentionParams params(const Pool& pool, int num_q_heads, int copy,
-                                             bool pass) const {
+                                             int mode) const {
     pagellm::cuda::PagedAttentionParams p = call_params(
         pool, num_q_heads, q, out, query_start, kv_lens,
         tables + static_cast<size_t>(copy) * batch * max_pages, batch, batch, max_pages, 1,
         prefix + suffix, workspace, workspace_bytes);
-    if (pass) {
+    if (mode > 0) {
       p.prefix_items = items;
       p.prefix_tokens = tokens;
       p.max_prefix_items = batch;
+      if (mode == 1) p.prefix_fold_keys = 0;
     }
     return p;
   }
@@ -529,14 +532,16 @@ int run(int argc, char** argv) {
     Pool pool(2 * rotation_tokens + 64 * 2048 + page, hkv, d, page);
     std::printf("\ndecode with shared prefixes: Hq %d, Hkv %d, D %d, page %d, groups of %d "
                 "sequences sharing `prefix` keys, then `suffix` keys each; TMA kernel without "
-                "and with the shared-prefix pass; GB/s and %% of copy over the distinct bytes\n",
-                hq, hkv, d, page, SharedBatch::kGroup);
-    std::printf("%6s %7s %7s | %10s %7s | %10s %7s | %7s\n", "batch", "prefix", "suffix",
-                "plain_us", "of_copy", "pass_us", "of_copy", "speedup");
+                "the shared-prefix pass, with it, and with members of at most %d own keys "
+                "folded into it; %% of copy over the distinct bytes\n",
+                hq, hkv, d, page, SharedBatch::kGroup, pagellm::cuda::kDecodePrefixFoldKeys);
+    std::printf("%6s %7s %7s | %9s %7s | %9s %7s | %9s %7s | %6s %6s\n", "batch", "prefix",
+                "suffix", "plain_us", "of_copy", "pass_us", "of_copy", "fold_us", "of_copy",
+                "pass", "fold");
     const std::vector<int> batches = quick ? std::vector<int>{64, 256}
                                            : std::vector<int>{16, 32, 64, 128, 256, 512};
     for (int prefix : {512, 1024}) {
-      for (int suffix : {32, 256, 768}) {
+      for (int suffix : {8, 32, 256, 768}) {
         for (int b : batches) {
           const int groups = b / SharedBatch::kGroup;
           const double distinct = (double(groups) * prefix + double(b) * suffix) * token_bytes +
@@ -545,27 +550,30 @@ int run(int argc, char** argv) {
               std::ceil(l2_rotation_bytes / (distinct)), 1, 256));
           SharedBatch batch(pool, hq, groups, prefix, suffix, copies, rng);
           const int launches = std::max(batch.copies, 8);
-          double us[2];
+          double us[3];
           size_t bad = 0;
-          for (int pass = 0; pass < 2; ++pass) {
+          for (int mode = 0; mode < 3; ++mode) {
             auto call = [&](int copy) {
               pagellm::cuda::paged_decode_attention_with(
-                  batch.params(pool, hq, copy % batch.copies, pass == 1),
+                  batch.params(pool, hq, copy % batch.copies, mode),
                   pagellm::cuda::DecodeKernel::kTma, stream);
             };
             CHECK_CUDA(cudaMemset(batch.out, 0xff, size_t(b) * hq * d * 2));
             call(0);
             CHECK_CUDA(cudaStreamSynchronize(stream));
             bad += nonfinite(batch.out, size_t(b) * hq * d);
-            us[pass] = 1e3 * time_launches(call, launches, stream, quick ? 5 : 9,
+            us[mode] = 1e3 * time_launches(call, launches, stream, quick ? 5 : 9,
                                            cudaStreamCaptureModeGlobal);
-            const double gbs = distinct / (us[pass] * 1e-6) / 1e9;
-            rows.push_back({pass ? "shared-pass" : "shared-plain", d, hq, hkv, page, b, prefix,
-                            prefix + suffix, 0, us[pass], gbs, gbs / copy_gbs, 0.0});
+            const double gbs = distinct / (us[mode] * 1e-6) / 1e9;
+            static const char* const kKinds[] = {"shared-plain", "shared-pass", "shared-fold"};
+            rows.push_back({kKinds[mode], d, hq, hkv, page, b, prefix, prefix + suffix, 0,
+                            us[mode], gbs, gbs / copy_gbs, 0.0});
           }
-          std::printf("%6d %7d %7d | %10.1f %6.1f%% | %10.1f %6.1f%% | %6.2fx%s\n", b, prefix,
-                      suffix, us[0], 100.0 * distinct / (us[0] * 1e-6) / 1e9 / copy_gbs, us[1],
-                      100.0 * distinct / (us[1] * 1e-6) / 1e9 / copy_gbs, us[0] / us[1],
+          auto frac = [&](double t) { return 100.0 * distinct / (t * 1e-6) / 1e9 / copy_gbs; };
+          std::printf("%6d %7d %7d | %9.1f %6.1f%% | %9.1f %6.1f%% | %9.1f %6.1f%% | %5.2fx "
+                      "%5.2fx%s\n",
+                      b, prefix, suffix, us[0], frac(us[0]), us[1], frac(us[1]), us[2],
+                      frac(us[2]), us[0] / us[1], us[0] / us[2],
                       bad ? "  NON-FINITE OUTPUT" : "");
         }
       }

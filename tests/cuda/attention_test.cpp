@@ -1218,7 +1218,9 @@ SharedProblem make_shared_problem(Case c, const std::vector<int>& sizes, int max
 }
 
 /// Runs `sp` through the TMA decode kernel with the prefix pass (items packed as the CUDA
-/// backend packs them) on a poisoned output and poisoned split partials, and checks it.
+/// backend packs them) on a poisoned output and poisoned split partials, and checks it:
+/// with no member folded into the pass, with those of at most kDecodePrefixFoldKeys keys
+/// after the prefix folded (some of an item, not all), and with every member folded.
 void run_shared_case(const SharedProblem& sp, std::mt19937_64& rng) {
   const Problem& pr = sp.pr;
   SCOPED_TRACE(pr.c.describe());
@@ -1235,18 +1237,26 @@ void run_shared_case(const SharedProblem& sp, std::mt19937_64& rng) {
   p.prefix_tokens = d_tokens.get();
   p.max_prefix_items = B;
   ASSERT_TRUE(decode_cascade_supported(p));
-  for (int run = 0; run < 2; ++run) {  // twice: the counters must be back at zero
-    dev.out.fill_bytes(0xff);
-    // The partials after the split counters: NaN, so that a part merged before it was
-    // written shows.
-    PAGELLM_CUDA_CHECK(cudaMemset(dev.workspace.get() + (256 << 10), 0xff,
-                                  dev.workspace.size() - (256 << 10)));
-    paged_decode_attention_with(p, DecodeKernel::kTma, nullptr);
-    PAGELLM_CUDA_CHECK(cudaGetLastError());
-    PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
-    const CheckResult r = check_output(pr, dev.out.download(), p.scale, rng);
-    EXPECT_TRUE(r.ok) << "with prefix pass (" << n_items << " items), run " << run << ": "
-                      << r.report;
+  int folded_some = 0;
+  for (int b = 0; b < B; ++b) {
+    folded_some += tokens[b] > 0 && pr.kv_lens[b] - tokens[b] <= kDecodePrefixFoldKeys;
+  }
+  for (const int fold : {0, kDecodePrefixFoldKeys, 1 << 20}) {
+    p.prefix_fold_keys = fold;
+    for (int run = 0; run < 2; ++run) {  // twice: the counters must be back at zero
+      dev.out.fill_bytes(0xff);
+      // The partials after the split counters: NaN, so that a part merged before it was
+      // written shows.
+      PAGELLM_CUDA_CHECK(cudaMemset(dev.workspace.get() + (256 << 10), 0xff,
+                                    dev.workspace.size() - (256 << 10)));
+      paged_decode_attention_with(p, DecodeKernel::kTma, nullptr);
+      PAGELLM_CUDA_CHECK(cudaGetLastError());
+      PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
+      const CheckResult r = check_output(pr, dev.out.download(), p.scale, rng);
+      EXPECT_TRUE(r.ok) << "with prefix pass (" << n_items << " items, members of at most "
+                        << fold << " own keys folded: " << (fold == 0 ? 0 : folded_some)
+                        << " at the default), run " << run << ": " << r.report;
+    }
   }
   // The same workspace then serves a call without the pass.
   dev.out.fill_bytes(0xff);

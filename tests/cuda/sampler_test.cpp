@@ -160,6 +160,7 @@ class GpuSamplerTest : public test::CudaOpTest {
       sets.push_back(p);
     };
     add(1.0f, 0, 1.0f, 0.0f, true);       // plain sampling: the race over the whole row
+    add(1.0f, 0, 1.0f, 0.0f, false);      // the same without the normaliser (W2's rows)
     add(0.6f, 20, 0.95f, 0.0f, true);     // Qwen3's recommended settings
     add(0.7f, 0, 0.8f, 0.0f, true);       // top-p alone
     add(1.0f, 50, 1.0f, 0.0f, false);     // top-k alone

@@ -37,6 +37,12 @@ inline constexpr DecodeKernel kDefaultDecodeKernel = DecodeKernel::kTma;
 /// 78.52-78.55 against 78.63-78.65 s (docs/PERFORMANCE.md).
 inline constexpr int32_t kDecodeCascadeMinSeqs = 65;
 
+/// Most keys after its shared prefix for which a sequence's decode attention is done whole
+/// by its prefix item's pass CTAs (PagedAttentionParams::prefix_fold_keys's default). W2 on
+/// an H100 (2026-12-06, nineteenth session, one binary): 74.56-74.60 s with 256 against
+/// 74.91-74.97 with 64, 74.79 with every member folded and 75.13 with none.
+inline constexpr int32_t kDecodePrefixFoldKeys = 256;
+
 /// The paged prefill kernels (attention_prefill_variants.h says how they differ).
 enum class PrefillKernel { kV2, kWgmma, kWgmmaSerial, kWgmmaHeadMajor, kWgmmaKvMajor };
 
@@ -87,6 +93,9 @@ struct CudaSettings {
   /// The fewest sequences of a decode call that runs the shared-prefix pass (tests lower it
   /// to reach the pass with small batches).
   int32_t decode_cascade_min_seqs = kDecodeCascadeMinSeqs;
+  /// PagedAttentionParams::prefix_fold_keys of the decode calls that run the pass (0: no
+  /// member is folded into it).
+  int32_t decode_prefix_fold_keys = kDecodePrefixFoldKeys;
   /// False when PAGELLM_DISABLE_LORA_DENSE is anything but empty or "0" (an ablation:
   /// prefill chunks' LoRA runs the shrink and expand kernels instead of cuBLASLt products;
   /// docs/design.md, "The CUDA kernels" of "LoRA").

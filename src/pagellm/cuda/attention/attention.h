@@ -16,6 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "pagellm/cuda/cuda_settings.h"
+
 namespace pagellm::cuda {
 
 /// Arguments of one paged-attention call. All pointers are device pointers.
@@ -84,6 +86,10 @@ struct PagedAttentionParams {
   const int32_t* prefix_items = nullptr;
   const int32_t* prefix_tokens = nullptr;
   int32_t max_prefix_items = 0;
+  /// With the prefix pass: a member with at most this many keys after its prefix (and a
+  /// prefix of whole 16-key tiles) is attended entirely by its item's pass CTAs, which
+  /// write its rows; its split CTAs exit at once (0: never).
+  int32_t prefix_fold_keys = kDecodePrefixFoldKeys;
 };
 
 /// Layout of PagedAttentionParams::prefix_items (int32): word 0 the number of items n, then

@@ -48,7 +48,10 @@
 //  - Shared-prefix pass (PagedAttentionParams::prefix_tokens; TMA kernel): grid z = 0 holds
 //    one CTA per (item, KV head) that reads an item's shared prefix pages once for all its
 //    member sequences (prefix_pass); the splits then cut only each member's keys after the
-//    prefix, and the pass counts as one more part in the merge (arrive_last).
+//    prefix, and the pass counts as one more part in the merge (arrive_last). A member
+//    with at most prefix_fold_keys keys of its own (a GRPO sample early in its answer) is
+//    folded: the pass CTA streams those keys too, for that member's rows, and writes its
+//    output; the member's split CTAs exit at once (folds_suffix).
 // Roofline: Qwen3-8B (8 KV heads, D = 128) reads 4 KB of K/V per cached token, so a batch
 // of 64 sequences at 4k context moves 1.07 GB: 0.25 ms at the H200's ~4.3 TB/s copy rate.
 #include <cuda_bf16.h>
@@ -133,6 +136,9 @@ struct DecodeArgs {
   float* prefix_o;    // [num_tokens, Hq, D] f32, unnormalised
   float2* prefix_ml;  // [num_tokens, Hq] (max, sum), log2 domain
   int32_t split_base;  // 1 with a prefix pass (grid z 0 runs it; the splits follow), else 0
+  // Members with at most this many keys after their prefix are folded into the pass
+  // (PagedAttentionParams::prefix_fold_keys; folds_suffix).
+  int32_t fold_keys;
 };
 
 /// Whether a decode grid of `ctas` CTAs on a device of `sms` SMs releases its dependents
@@ -200,10 +206,13 @@ struct WarpState {
 /// state: S = Q Kᵀ on tensor cores, online softmax, O += P V. k_base / v_base: shared
 /// addresses of the K and V tiles in the layout tile_offset<D, kHalves> describes. Rows of V
 /// at keys >= end must be finite (zero-filled): P is 0 there, but 0 x NaN is NaN.
-template <int D, bool kHalves>
+/// kRowMask: only rows [row_lo, row_hi) of the tile attend these keys (the prefix pass's
+/// tiles of one member's own keys); the other rows' states are left as they were.
+template <int D, bool kHalves, bool kRowMask = false>
 __device__ __forceinline__ void attend_tile(const uint32_t (&qa)[D / 16][4], uint32_t k_base,
                                             uint32_t v_base, int n0, int end, float scale_log2,
-                                            WarpState<D>& st) {
+                                            WarpState<D>& st, int row_lo = 0,
+                                            int row_hi = kHeadsPerCta) {
   const int lane = threadIdx.x % 32;
   const int t4 = lane % 4;
   const int k_row = (lane & 7) + ((lane >> 4) << 3);
@@ -225,6 +234,16 @@ __device__ __forceinline__ void attend_tile(const uint32_t (&qa)[D / 16][4], uin
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         if (n0 + nt * 8 + t4 * 2 + (e & 1) >= end) s[nt][e] = -INFINITY;
+      }
+    }
+  }
+  if constexpr (kRowMask) {  // C fragments: e < 2 is row lane / 4, e >= 2 row lane / 4 + 8
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = lane / 4 + 8 * h;
+      if (row < row_lo || row >= row_hi) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) s[nt][2 * h] = s[nt][2 * h + 1] = -INFINITY;
       }
     }
   }
@@ -333,6 +352,17 @@ __device__ __forceinline__ void fold_partial(const float* po, const float2* pml,
   mx = m;
 }
 
+/// Output dims d .. d + 3 of `row`: acc / sum in bf16 (zeros when the row saw no key).
+template <int D>
+__device__ __forceinline__ void store_normalised(__nv_bfloat16* out, int64_t row, int d,
+                                                 float sum, float4 acc) {
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  uint2 packed;
+  packed.x = pack_bf16x2(acc.x * inv, acc.y * inv);
+  packed.y = pack_bf16x2(acc.z * inv, acc.w * inv);
+  *reinterpret_cast<uint2*>(out + row * D + d) = packed;
+}
+
 /// The four warps' states of one CTA merged through shared memory at `smem` (kReduceBytes,
 /// free to overwrite: every warp is done with its ring): for each of the first n_rows rows
 /// and each 4 dims d, emit(r, d, mx, sum, acc) with acc and sum relative to 2^mx (to 1 when
@@ -402,11 +432,7 @@ __device__ __forceinline__ void merge_warps_and_store(const DecodeArgs& a, unsig
     const int64_t row = static_cast<int64_t>(token) * p.num_q_heads + head0 + r;
     if (direct) {
       if (fold_prefix) fold_partial<D>(a.prefix_o, a.prefix_ml, row, d, mx, sum, acc);
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      uint2 packed;
-      packed.x = pack_bf16x2(acc.x * inv, acc.y * inv);
-      packed.y = pack_bf16x2(acc.z * inv, acc.w * inv);
-      *reinterpret_cast<uint2*>(out + row * D + d) = packed;
+      store_normalised<D>(out, row, d, sum, acc);
     } else {
       const int64_t prow = static_cast<int64_t>(split) * p.num_tokens * p.num_q_heads + row;
       *reinterpret_cast<float4*>(a.partial_o + prow * D + d) = acc;
@@ -431,6 +457,17 @@ __device__ __forceinline__ void write_zero_rows(const PagedAttentionParams& p, c
   }
 }
 
+/// Whether a member of a prefix item, `own` > 0 keys of whose history the prefix pass
+/// reads, has its keys after the prefix attended by the pass too (folded): one query
+/// token, a prefix of whole tiles and at most a.fold_keys keys after it. The pass then
+/// writes the member's rows, and its split CTAs exit at once: at the start of a GRPO round
+/// the samples' own keys are a few tiles each, and a split CTA per (sample, KV head) would
+/// cost more in its fixed work than in its bytes. The pass and the split CTAs decide it
+/// from the same values.
+__device__ __forceinline__ bool folds_suffix(const DecodeArgs& a, int own, const SeqInfo& seq) {
+  return own > 0 && (own & 15) == 0 && seq.q_len == 1 && seq.kv_len - own <= a.fold_keys;
+}
+
 /// A decode CTA's place in the grid and its share of the sequence's keys (both kernels).
 /// Every tile is 16 keys; warp w owns tiles w, w + 4, w + 8, ... of [key_begin, key_end).
 /// With a shared-prefix pass the splits cut only the keys after the prefix: [prefix, kv).
@@ -439,6 +476,7 @@ struct DecodeCta {
   SeqInfo seq;
   SplitPlan sp;
   int prefix;  // keys [0, prefix) are the prefix pass's (0: none)
+  bool folded;  // the prefix pass attends all of the sequence's keys (folds_suffix)
   int key_begin, key_end;
   const int32_t* page_row;
 
@@ -459,6 +497,7 @@ struct DecodeCta {
     prefix = a.prefix_ml != nullptr ? min(max(a.p.prefix_tokens[b], 0),
                                           max(seq.kv_len - seq.q_len, 0))
                                     : 0;
+    folded = prefix > 0 && folds_suffix(a, prefix, seq);
     sp = plan_split(seq.kv_len - prefix, a.num_splits, cta_keys, kMinKeysPerSplit);
     key_begin = prefix + split * sp.chunk;
     key_end = min(seq.kv_len, key_begin + sp.chunk);
@@ -479,7 +518,7 @@ struct DecodeCta {
   /// (positions before the batch's query tokens, written by earlier steps), which may be
   /// loaded before the PDL wait; 0 for a CTA with nothing to do.
   __device__ __forceinline__ int history_tiles(int most) const {
-    if (!(seq.q_len > 0 && sp.n_active > 0 && split < sp.n_active)) return 0;
+    if (folded || !(seq.q_len > 0 && sp.n_active > 0 && split < sp.n_active)) return 0;
     const int n = min(most, my_tiles(end_for(0)));
     const int old_end = seq.kv_len - seq.q_len;
     int k = 0;
@@ -490,7 +529,7 @@ struct DecodeCta {
   /// token has nothing to write; one with no keys gets zero rows, written here by split 0.
   template <int D>
   __device__ __forceinline__ bool after_wait(const PagedAttentionParams& p) const {
-    if (seq.q_len == 0) return false;
+    if (seq.q_len == 0 || folded) return false;
     if (sp.n_active == 0) {
       if (split == 0) write_zero_rows<D>(p, seq, head0, n_heads);
       return false;
@@ -541,11 +580,7 @@ __device__ __forceinline__ void merge_split_row(const DecodeArgs& a, int n_activ
   }
   if (owns_dims) {
     if (fold_prefix) fold_partial<D>(a.prefix_o, a.prefix_ml, row, d, mx, sum, acc);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    uint2 packed;
-    packed.x = pack_bf16x2(acc.x * inv, acc.y * inv);
-    packed.y = pack_bf16x2(acc.z * inv, acc.w * inv);
-    *reinterpret_cast<uint2*>(out + row * D + d) = packed;
+    store_normalised<D>(out, row, d, sum, acc);
   }
 }
 
@@ -735,10 +770,38 @@ struct DecodeTmaShape {
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/// The prefix pass's tiles, as segments of one list in which warp w takes tiles w, w + 4,
+/// w + 8, ...: segment 0 is the item's prefix [0, prefix) for every row, read through the
+/// first member's page table row; then one segment per folded member (folds_suffix), its
+/// own keys [prefix, kv) for its rows only, through its own row. Built by warp 0 of the
+/// pass CTA (plan_pass), read by all its warps.
+struct PassSegments {
+  static constexpr int kMax = 1 + kHeadsPerCta;
+  int32_t count;             // segments: 1 + folded members
+  uint32_t folded;           // bit m: member m is folded
+  int32_t start[kMax + 1];   // segment s holds tiles [start[s], start[s + 1])
+  int32_t key0[kMax];        // the key of its first tile (a multiple of 16)
+  int32_t end[kMax];         // keys >= end are not its
+  int32_t seq[kMax];         // the sequence whose page table row it reads
+  int32_t row_lo[kMax], row_hi[kMax];  // the tile rows that attend it
+
+  __device__ __forceinline__ int tiles() const { return start[count]; }
+  /// The segment of tile g, searching up from segment s (g never below start[s]).
+  __device__ __forceinline__ int find(int g, int s = 0) const {
+    while (s + 1 < count && g >= start[s + 1]) ++s;
+    return s;
+  }
+  __device__ __forceinline__ int first_key(int g, int s) const {
+    return key0[s] + (g - start[s]) * 16;
+  }
+};
+
 /// One warp's stream of 16-key K/V tiles through its TMA ring (both TMA kernels): tile j
-/// of the warp covers keys key_begin + (warp + 4 j) * 16 .. + 15 of the page table row
-/// `page_row`, for KV head `kv_head`; rows of positions >= key_limit are not looked up.
-struct TmaTileStream {
+/// of the warp is tile g = warp + 4 j of the CTA's list; without segments it covers keys
+/// key_begin + 16 g .. + 15 of the page table row `page_row`, rows of positions >=
+/// key_limit not looked up; with them (kSegmented, the prefix pass), what `segs` says.
+template <bool kSegmented>
+struct TmaTileStreamT {
   const DecodeTmaArgs& t;
   const int32_t* page_row;
   int kv_head, key_begin, key_limit, warp, lane;
@@ -748,19 +811,30 @@ struct TmaTileStream {
   int row_batch = -1;
   int32_t my_row = 0;
   uint32_t phases = 0;  // bit s: the parity the next wait on stage s waits for
+  const PassSegments* segs = nullptr;
 
   /// Pool row of the first key of the warp's tile j; lane l holds tile 32 * batch + l's
   /// (warp-collective).
   __device__ __forceinline__ int tile_row(int j) {
     if ((j >> 5) != row_batch) {
       row_batch = j >> 5;
-      const int pos = key_begin + (warp + ((row_batch << 5) + lane) * kDecodeWarps) * 16;
-      // Rows fit int32: decode_tma_supported checks the pool has fewer than 2^31.
+      const int g = warp + ((row_batch << 5) + lane) * kDecodeWarps;
       const DecodeArgs& a = t.a;
-      my_row = pos < key_limit ? static_cast<int32_t>(kv_row(page_row, pos, a.p.page_size,
-                                                             a.page_shift, a.p.num_kv_heads,
-                                                             kv_head))
-                               : 0;
+      const int32_t* row = page_row;
+      int pos = key_begin + g * 16;
+      bool valid = pos < key_limit;
+      if constexpr (kSegmented) {
+        valid = g < segs->tiles();
+        if (valid) {
+          const int s = segs->find(g);
+          pos = segs->first_key(g, s);
+          row = a.p.page_table + static_cast<int64_t>(segs->seq[s]) * a.p.max_pages_per_seq;
+        }
+      }
+      // Rows fit int32: decode_tma_supported checks the pool has fewer than 2^31.
+      my_row = valid ? static_cast<int32_t>(kv_row(row, pos, a.p.page_size, a.page_shift,
+                                                   a.p.num_kv_heads, kv_head))
+                     : 0;
     }
     return __shfl_sync(0xffffffffu, my_row, j & 31);
   }
@@ -778,13 +852,15 @@ struct TmaTileStream {
       tma_load_hint(dst + T::kTileBytes * 3 / 2, &t.v_map, 64, row, bar, policy);
     }
   }
-  /// Folds the warp's n_mine tiles (keys below `end` count) into st, tiles 0 .. kStages - 2
-  /// already issued. `smem` is the generic address of the CTA's aligned ring base `ring0`.
+  /// Folds the warp's n_mine tiles (keys below `end` count; with segments, each segment's
+  /// end) into st, tiles 0 .. kStages - 2 already issued. `smem` is the generic address of
+  /// the CTA's aligned ring base `ring0`.
   __device__ __forceinline__ void attend(const uint32_t (&qa)[8][4], int n_mine, int end,
                                          unsigned char* smem, uint32_t ring0, WarpState<128>& st) {
     using T = DecodeTmaShape;
     constexpr int D = T::D;
     constexpr int kStages = T::kStages;
+    int seg = 0;
     for (int j = 0; j < n_mine; ++j) {
       if (j + kStages - 1 < n_mine) issue(j + kStages - 1, (j + kStages - 1) % kStages);
       const int stage = j % kStages;
@@ -792,13 +868,19 @@ struct TmaTileStream {
       phases ^= 1u << stage;
       const uint32_t k_base = ring + stage * T::kStageBytes;
       const uint32_t v_base = k_base + T::kTileBytes;
-      const int n0 = key_begin + (warp + j * kDecodeWarps) * 16;
-      if (n0 + 16 > end) {
+      const int g = warp + j * kDecodeWarps;
+      int n0 = key_begin + g * 16, tile_end = end;
+      if constexpr (kSegmented) {
+        seg = segs->find(g, seg);
+        n0 = segs->first_key(g, seg);
+        tile_end = segs->end[seg];
+      }
+      if (n0 + 16 > tile_end) {
         // Rows of keys >= end hold whatever the page holds: zero their V (P is 0 there).
         unsigned char* v_tile = smem + (v_base - ring0);
         for (int idx = lane; idx < 16 * 16; idx += 32) {
           const int r = idx / 16, ch = idx % 16;
-          if (n0 + r >= end) {
+          if (n0 + r >= tile_end) {
             *reinterpret_cast<uint4*>(v_tile + tile_offset<D, true>(r, ch)) =
                 make_uint4(0, 0, 0, 0);
           }
@@ -807,11 +889,17 @@ struct TmaTileStream {
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncwarp();
       }
-      attend_tile<D, true>(qa, k_base, v_base, n0, end, t.a.scale_log2, st);
+      if constexpr (kSegmented) {
+        attend_tile<D, true, true>(qa, k_base, v_base, n0, tile_end, t.a.scale_log2, st,
+                                   segs->row_lo[seg], segs->row_hi[seg]);
+      } else {
+        attend_tile<D, true>(qa, k_base, v_base, n0, tile_end, t.a.scale_log2, st);
+      }
       __syncwarp();  // every lane is done with this stage before it is refilled
     }
   }
 };
+using TmaTileStream = TmaTileStreamT<false>;
 
 /// The TMA kernels' shared memory: the 1024-byte aligned ring, then q, then the mbarriers
 /// (initialised here, with the barrier that publishes them).
@@ -833,11 +921,14 @@ struct TmaSmem {
     }
     __syncthreads();
   }
-  __device__ __forceinline__ TmaTileStream stream(const DecodeTmaArgs& t, const int32_t* page_row,
-                                                  int kv_head, int key_begin, int key_limit) const {
+  template <bool kSegmented = false>
+  __device__ __forceinline__ TmaTileStreamT<kSegmented> stream(const DecodeTmaArgs& t,
+                                                               const int32_t* page_row,
+                                                               int kv_head, int key_begin,
+                                                               int key_limit) const {
     using T = DecodeTmaShape;
     const int warp = threadIdx.x / 32;
-    return TmaTileStream{t,
+    return TmaTileStreamT<kSegmented>{t,
                          page_row,
                          kv_head,
                          key_begin,
@@ -857,10 +948,63 @@ struct TmaSmem {
 // so the CTA reads them once, through the same per-warp TMA ring and tile math as a split
 // CTA, for the query heads of all its members (up to 16 / group, group = Hq / Hkv): the
 // m16 tile that a split CTA fills with one sequence's `group` heads (4 of 16 rows for
-// Qwen3-4B) here holds 4 sequences' heads. Each row's merged, unnormalised result goes to
-// the prefix partials, and the pass counts itself as one more part of each member's rows
-// (arrive_last): whichever part of a row arrives last, a split of the member's own keys
-// [prefix, kv) or this pass, merges them all. CTAs past the item count exit at once.
+// Qwen3-4B) here holds 4 sequences' heads. A member with few keys after the prefix is
+// folded (folds_suffix): the CTA also streams those keys, after the prefix in the same
+// tile list, for that member's rows only, and writes its rows normalised. Every other
+// member's merged, unnormalised result goes to the prefix partials, and the pass counts
+// itself as one more part of its rows (arrive_last): whichever part of a row arrives last,
+// a split of the member's own keys [prefix, kv) or this pass, merges them all. CTAs past
+// the item count exit at once.
+
+/// Fills `plan` for an item of n_members members (warp 0, all lanes): which members fold,
+/// and the segments of the CTA's tile list (PassSegments).
+template <typename Member>
+__device__ __forceinline__ void plan_pass(const DecodeArgs& a, int prefix, int first,
+                                          int n_members, int group, Member&& member,
+                                          PassSegments& plan) {
+  const PagedAttentionParams& p = a.p;
+  const int lane = threadIdx.x % 32;
+  bool fold = false;
+  int own = 0, kv = 0, tiles = 0, b = 0;
+  if (lane < n_members) {
+    b = member(lane);
+    const SeqInfo seq = load_seq_info(p, b);
+    own = min(max(p.prefix_tokens[b], 0), max(seq.kv_len - seq.q_len, 0));
+    fold = folds_suffix(a, own, seq);
+    kv = seq.kv_len;
+    tiles = fold ? (kv - own + 15) / 16 : 0;
+  }
+  const uint32_t folded = __ballot_sync(0xffffffffu, fold);
+  int upto = tiles;  // inclusive prefix sum of the folded members' tiles
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, upto, off);
+    if (lane >= off) upto += v;
+  }
+  const int total = __shfl_sync(0xffffffffu, upto, 31);
+  const int prefix_tiles = (prefix + 15) / 16;
+  if (fold) {
+    const int sg = 1 + __popc(folded & ((1u << lane) - 1u));
+    plan.start[sg] = prefix_tiles + upto - tiles;
+    plan.key0[sg] = own;
+    plan.end[sg] = kv;
+    plan.seq[sg] = b;
+    plan.row_lo[sg] = lane * group;
+    plan.row_hi[sg] = (lane + 1) * group;
+  }
+  if (lane == 0) {
+    plan.count = 1 + __popc(folded);
+    plan.folded = folded;
+    plan.start[0] = 0;
+    plan.key0[0] = 0;
+    plan.end[0] = prefix;
+    plan.seq[0] = first;
+    plan.row_lo[0] = 0;
+    plan.row_hi[0] = kHeadsPerCta;
+    plan.start[plan.count] = prefix_tiles + total;
+  }
+}
+
 __device__ __forceinline__ void prefix_pass(const DecodeTmaArgs& t, unsigned char* smem_raw) {
   using T = DecodeTmaShape;
   constexpr int D = T::D;
@@ -883,19 +1027,31 @@ __device__ __forceinline__ void prefix_pass(const DecodeTmaArgs& t, unsigned cha
   const SeqInfo lead = load_seq_info(p, first);
   // At most the first member's history (its new rows come from the kernel before).
   const int prefix = min(max(it[0], 0), max(lead.kv_len - lead.q_len, 0));
-  const TmaSmem sm(smem_raw);
+  auto member = [&](int m) { return min(max(it[2 + m], 0), p.num_seqs - 1); };
+  __shared__ PassSegments plan;
+  if (threadIdx.x < 32) plan_pass(a, prefix, first, n_members, group, member, plan);
+  const TmaSmem sm(smem_raw);  // its barrier publishes the plan
   const int32_t* page_row = p.page_table + static_cast<int64_t>(first) * p.max_pages_per_seq;
-  TmaTileStream ts = sm.stream(t, page_row, kv_head, 0, prefix);
-  const int n_tiles = (prefix + 15) / 16;
+  TmaTileStreamT<true> ts = sm.stream<true>(t, page_row, kv_head, 0, prefix);
+  ts.segs = &plan;
+  const int n_tiles = plan.tiles();
   const int n_mine =
       n_tiles > ts.warp ? (n_tiles - ts.warp + kDecodeWarps - 1) / kDecodeWarps : 0;
-  for (int j = 0; j < kStages - 1 && j < n_mine; ++j) ts.issue(j, j);
+  // The prefix is history; a folded member's keys end with its newest row, which the
+  // kernel before writes: those tiles go out after the wait.
+  const int prefix_tiles = plan.start[1];
+  int early = 0;
+  while (early < kStages - 1 && early < n_mine &&
+         ts.warp + early * kDecodeWarps < prefix_tiles) {
+    ts.issue(early, early);
+    ++early;
+  }
 
-  pdl_wait();  // q comes from the kernel before
+  pdl_wait();  // q and the newest K/V rows come from the kernel before
   if (a.release_early) pdl_launch_dependents();
+  for (int j = early; j < kStages - 1 && j < n_mine; ++j) ts.issue(j, j);
   // Row r: member r / group, query head kv_head * group + r % group. Its q row (the
   // member's one query token) and its place in the partials.
-  auto member = [&](int m) { return min(max(it[2 + m], 0), p.num_seqs - 1); };
   auto q_row = [&](int r) -> int64_t {
     const int b = member(r / group);
     const int token = min(max(p.query_start[b], 0), p.num_tokens - 1);
@@ -910,15 +1066,23 @@ __device__ __forceinline__ void prefix_pass(const DecodeTmaArgs& t, unsigned cha
   ts.attend(qa, n_mine, prefix, sm.smem, sm.ring, st);
   if (!a.release_early) pdl_launch_dependents();
   __syncthreads();  // every warp is done with q and its ring: reuse them below
+  auto* out = static_cast<__nv_bfloat16*>(p.out);
+  const uint32_t folded = plan.folded;
   merge_warps<D>(sm.smem, st, n_rows, [&](int r, int d, float mx, float sum, float4 acc) {
     const int64_t row = q_row(r);
-    *reinterpret_cast<float4*>(a.prefix_o + row * D + d) = acc;
-    if (d == 0) a.prefix_ml[row] = make_float2(mx, sum);
+    if ((folded >> (r / group)) & 1u) {  // every key of the row is in: the output
+      store_normalised<D>(out, row, d, sum, acc);
+    } else {
+      *reinterpret_cast<float4*>(a.prefix_o + row * D + d) = acc;
+      if (d == 0) a.prefix_ml[row] = make_float2(mx, sum);
+    }
   });
-  // The prefix is one more part of each member's rows: the last part to arrive merges. The
-  // split CTAs count this part exactly when the member's prefix_tokens (clamped as here)
-  // is positive, so the pass arrives for those members only.
+  // The prefix is one more part of each other member's rows: the last part to arrive
+  // merges. The split CTAs count this part exactly when the member's prefix_tokens
+  // (clamped as here) is positive and it is not folded, so the pass arrives for those
+  // members only.
   for (int m = 0; m < n_members; ++m) {
+    if ((folded >> m) & 1u) continue;
     const int b = member(m);
     const SeqInfo seq = load_seq_info(p, b);
     const int own = min(max(p.prefix_tokens[b], 0), max(seq.kv_len - seq.q_len, 0));
@@ -951,6 +1115,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const DecodeArgs& a = t.a;
   const PagedAttentionParams& p = a.p;
   const DecodeCta c(a, S::kCtaKeys);
+  if (c.folded) return;  // the prefix pass attends all of this sequence's keys
   const SeqInfo& seq = c.seq;
   TmaTileStream ts = sm.stream(t, c.page_row, c.kv_head, c.key_begin, seq.kv_len);
 
@@ -1205,6 +1370,7 @@ void paged_decode_attention_with(const PagedAttentionParams& p, DecodeKernel ker
            "num_seqs ("
         << p.num_seqs << ") items (got " << p.max_prefix_items << ")";
     args.split_base = 1;
+    args.fold_keys = std::max(p.prefix_fold_keys, 0);
   }
   if (kernel == DecodeKernel::kTma && decode_tma_supported(p)) {
     attn::launch_decode_tma(args, stream);

@@ -282,6 +282,7 @@ void AttentionDispatch::add_prefix_pass(const BatchTensors& batch, PagedAttentio
   c.prefix_items = batch.prefix_items.ptr<int32_t>();
   c.prefix_tokens = batch.prefix_tokens.ptr<int32_t>();
   c.max_prefix_items = p.num_seqs;
+  c.prefix_fold_keys = settings_.decode_prefix_fold_keys;
   if (decode_cascade_supported(c)) {
     p = c;
     ++route().stats.prefix_pass_calls;

@@ -9,7 +9,10 @@
 // needs (greedy rows need nothing else), is shared by the 8 CTAs of a cluster: each reduces
 // an eighth of the row and they merge through distributed shared memory, so a W1 batch of
 // 32 rows runs that pass on 256 CTAs instead of 32 (sample kernel 33 µs per step before,
-// H200). Rank 0 then does the rest of the row alone; the other seven exit.
+// H200). Rank 0 then does the rest of the row alone; the other seven exit. A plain row
+// (temperature sampling, no penalties, top-k or top-p) is the exception: its kept set needs
+// no further pass (min-p's threshold comes from the maximum), so every CTA races its own
+// slice and rank 0 merges the eight winners (cluster_plain_race).
 //
 // Passes, for a typical Qwen3 request (temperature 0.6, top_k 20, top_p 0.95):
 //   1.   raw max/argmax and sum of exp (raw log-probabilities), one pass;
@@ -22,7 +25,8 @@
 // not fit in shared memory (k > 2048, or a flat distribution under top-p), exact
 // bisection over the float bit patterns finds the same thresholds in <= 32 passes each.
 // With no filter at all the race runs over the whole row, skipping any token whose random
-// bits prove it cannot beat the most likely token (the host's pruning table).
+// bits prove it cannot beat the best score its thread has seen, the most likely token's at
+// first (the host's pruning table).
 //
 // Penalties need a modified copy of the row: rows with penalties get a scratch row
 // (sanitised logits, penalties applied in place by the CTA, then divided by temperature).
@@ -85,6 +89,10 @@ struct SharedState {
   float slice_max;
   int32_t slice_id;
   double slice_sum;
+  // This CTA's slice of a plain row's race (cluster_plain_race).
+  double race_best;
+  int32_t race_id;
+  double race_sum;
 };
 
 // ---- scalar helpers (bit-identical to the host sampler) ----------------------------------
@@ -253,6 +261,23 @@ __device__ ArgMax thread_raw_stats(const float* __restrict__ row, int32_t begin,
   return best;
 }
 
+// This CTA's place in its cluster and its slice [begin, end) of a row: boundaries on
+// multiples of 4 elements (16-byte loads), the last slice taking the remainder.
+struct ClusterSlice {
+  cooperative_groups::cluster_group cluster;
+  int ranks, rank;
+  int32_t begin, end;
+  __device__ __forceinline__ explicit ClusterSlice(int32_t vocab)
+      : cluster(cooperative_groups::this_cluster()),
+        ranks(static_cast<int>(cluster.num_blocks())),
+        rank(static_cast<int>(cluster.block_rank())) {
+    const int32_t quads = vocab / 4;
+    begin = 4 * static_cast<int32_t>(int64_t{quads} * rank / ranks);
+    end = rank == ranks - 1 ? vocab
+                            : 4 * static_cast<int32_t>(int64_t{quads} * (rank + 1) / ranks);
+  }
+};
+
 // The raw statistics of row r, computed by the `ranks` CTAs of this cluster together: each
 // reduces a quarter-aligned slice of the row, then every CTA merges the slices' (max,
 // argmax, sum relative to the slice max) through distributed shared memory in rank order.
@@ -260,14 +285,10 @@ __device__ ArgMax thread_raw_stats(const float* __restrict__ row, int32_t begin,
 // cluster must call it; afterwards only rank 0 goes on (the others may exit).
 __device__ ArgMax cluster_raw_stats(const float* __restrict__ row, int32_t vocab, SharedState& s,
                                     double& log_sum) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int ranks = static_cast<int>(cluster.num_blocks());
-  const int rank = static_cast<int>(cluster.block_rank());
-  // Slice boundaries on multiples of 4 elements; the last slice takes the remainder.
-  const int32_t quads = vocab / 4;
-  const int32_t begin = 4 * static_cast<int32_t>(int64_t{quads} * rank / ranks);
-  const int32_t end = rank == ranks - 1 ? vocab : 4 * static_cast<int32_t>(int64_t{quads} * (rank + 1) / ranks);
+  ClusterSlice cs(vocab);
+  cooperative_groups::cluster_group& cluster = cs.cluster;
+  const int ranks = cs.ranks;
+  const int32_t begin = cs.begin, end = cs.end;
   float thread_sum = 0.0f;
   const ArgMax mine = thread_raw_stats(row, begin, end, thread_sum);
   const ArgMax slice = block_argmax(mine, s);
@@ -457,6 +478,101 @@ __device__ __forceinline__ void consider(double score, int32_t id, ArgMaxD& best
   if (score > best.value || (score == best.value && id < best.id)) best = {score, id};
 }
 
+// This thread's share of the normaliser over tokens [begin, end): the sum of exp(x - m) over
+// the kept ones (finite, x >= threshold).
+__device__ double normaliser_part(const RowView& x, int32_t begin, int32_t end, float m,
+                                  double threshold) {
+  double sum = 0.0;
+  for (int32_t i = begin + static_cast<int32_t>(threadIdx.x); i < end; i += kThreads) {
+    const float v = x(i);
+    if (v > -INFINITY && double(v) >= threshold) sum += exp_nonpositive(v - m);
+  }
+  return sum;
+}
+
+// This thread's share of the Gumbel race over the kept tokens of [begin, end): the best
+// (score, lowest id). A token that cannot beat the best score seen (this thread's, or best0,
+// a real token's score) is skipped without logarithms, and without its random bits when it
+// is out of reach: pruning drops only tokens that cannot win, so the token is the race's.
+__device__ ArgMaxD race_part(const RowView& x, int32_t begin, int32_t end, double threshold,
+                             double best0, uint64_t key, const uint64_t* prune) {
+  ArgMaxD best{-INFINITY, INT32_MAX};
+  for (int32_t i = begin + static_cast<int32_t>(threadIdx.x); i < end; i += kThreads) {
+    const float v = x(i);
+    if (!(v > -INFINITY) || double(v) < threshold) continue;
+    const double gap = fmax(best0, best.value) - double(v);
+    if (race_out_of_reach(gap)) continue;
+    const uint64_t bits = sampling_bits(key, static_cast<uint32_t>(i));
+    if (race_pruned(gap, bits, prune)) continue;
+    consider(double(v) + gumbel_from_bits(bits), i, best);
+  }
+  return best;
+}
+
+// Whether a row is plain temperature sampling: no penalties, top-k or top-p (min-p only sets
+// a threshold from the maximum). Such a row's kept set and race need no decision from a
+// pass over the row, so every CTA of its cluster races its own slice (cluster_plain_race).
+__device__ __forceinline__ bool plain_race_row(const GpuSamplingRow& p, int32_t vocab) {
+  return (p.flags & (kSampleGreedy | kSamplePenalties)) == 0 &&
+         !(p.top_k > 0 && p.top_k < vocab) && !(p.top_p < 1.0f);
+}
+
+// The Gumbel race of a plain row over the cluster: CTA `rank` takes its ClusterSlice (the normaliser's partial sum too, when asked), and rank 0 merges
+// the slices' winners (score, then lowest id: the order a single CTA uses) and sums, and
+// writes the result. The processed maximum needs no pass: x is non-decreasing in the
+// sanitised logit, so x(raw argmax) is the maximum of x. A token is skipped, before its
+// random bits where it can, when it cannot beat the best score its thread has seen (the
+// raw argmax's at first): the pruning only drops tokens that cannot win, so the token is
+// the single-CTA race's. Every CTA of the cluster must call it.
+__device__ void cluster_plain_race(const GpuSamplingRow& p, const float* __restrict__ row_logits,
+                                   int32_t vocab, const ArgMax& raw, double raw_log_sum,
+                                   SharedState& s, const uint64_t* __restrict__ prune_table,
+                                   GpuSampledToken* out, int32_t r) {
+  ClusterSlice cs(vocab);
+  cooperative_groups::cluster_group& cluster = cs.cluster;
+  const int ranks = cs.ranks, rank = cs.rank;
+  const int32_t begin = cs.begin, end = cs.end;
+  for (int j = threadIdx.x; j < kPruneTableSize; j += kThreads) s.prune[j] = prune_table[j];
+  const RowView x{row_logits, nullptr, p.temperature, vocab};
+  const float m = x(raw.id);
+  const double threshold =
+      p.min_p > 0.0f ? double(m) + log(double(p.min_p)) - kThresholdSlack : -INFINITY;
+  const bool want_normalizer = (p.flags & kSampleProcessedLogprobs) != 0;
+  // Its barriers also publish s.prune.
+  const double slice_sum =
+      block_sum(want_normalizer ? normaliser_part(x, begin, end, m, threshold) : 0.0, s);
+  const uint64_t key = p.stream_key;
+  const double best0 =
+      double(m) + gumbel_from_bits(sampling_bits(key, static_cast<uint32_t>(raw.id)));
+  const ArgMaxD best =
+      block_argmax(race_part(x, begin, end, threshold, best0, key, s.prune), s);
+  if (threadIdx.x == 0) {
+    s.race_best = best.value;
+    s.race_id = best.id;
+    s.race_sum = slice_sum;
+  }
+  cluster.sync();  // every slice is published
+  if (rank == 0 && threadIdx.x == 0) {
+    ArgMaxD winner{-INFINITY, INT32_MAX};
+    double total = 0.0;
+    for (int q = 0; q < ranks; ++q) {
+      const SharedState* other = cluster.map_shared_rank(&s, q);
+      if (before(other->race_best, other->race_id, winner.value, winner.id)) {
+        winner = {other->race_best, other->race_id};
+      }
+      total += other->race_sum;
+    }
+    GpuSampledToken result;
+    result.token = winner.id;
+    result.logprob = static_cast<float>(double(sanitize(row_logits[winner.id])) - raw.value -
+                                        raw_log_sum);
+    result.processed_logprob =
+        want_normalizer ? static_cast<float>(double(x(winner.id)) - m - log(total)) : 0.0f;
+    out[r] = result;
+  }
+  cluster.sync();  // no CTA leaves while rank 0 may still read its slice
+}
+
 __global__ void __launch_bounds__(kThreads)
     sample_rows_kernel(const float* __restrict__ logits, int32_t vocab,
                        const GpuSamplingRow* __restrict__ rows,
@@ -474,6 +590,15 @@ __global__ void __launch_bounds__(kThreads)
   // Shared by the cluster's CTAs; the rest of the row's work is rank 0's alone.
   double raw_log_sum = 0.0;
   const ArgMax raw = cluster_raw_stats(row_logits, vocab, s, raw_log_sum);
+  // Every CTA of the cluster sees the same raw statistics and parameters, so all of them
+  // agree on whether they race together.
+  // (A row whose tempered maximum overflows to -inf takes the single-CTA path's error.)
+  const bool plain = raw.value > -INFINITY && plain_race_row(p, vocab) &&
+                     RowView{row_logits, nullptr, p.temperature, vocab}(raw.id) > -INFINITY;
+  if (plain) {
+    cluster_plain_race(p, row_logits, vocab, raw, raw_log_sum, s, prune_table, out, r);
+    return;
+  }
   if (blockIdx.y != 0) return;
   if (!(raw.value > -INFINITY)) {
     if (threadIdx.x == 0) {
@@ -694,25 +819,12 @@ __global__ void __launch_bounds__(kThreads)
     }
   } else {
     if (want_normalizer) {
-      double sum = 0.0;
-      for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
-        const float v = x(i);
-        if (v > -INFINITY && double(v) >= threshold) sum += exp_nonpositive(v - m);
-      }
-      log_normalizer = log(block_sum(sum, s));
+      log_normalizer = log(block_sum(normaliser_part(x, 0, vocab, m, threshold), s));
     }
-    // The most likely token is always kept; any token that cannot beat its score is
-    // skipped without evaluating logarithms.
-    const double best0 = double(m) + gumbel_from_bits(sampling_bits(key, static_cast<uint32_t>(top.id)));
-    for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
-      const float v = x(i);
-      if (!(v > -INFINITY) || double(v) < threshold) continue;
-      const double gap = best0 - double(v);
-      if (race_out_of_reach(gap)) continue;
-      const uint64_t bits = sampling_bits(key, static_cast<uint32_t>(i));
-      if (race_pruned(gap, bits, s.prune)) continue;
-      consider(double(v) + gumbel_from_bits(bits), i, best);
-    }
+    // The most likely token is always kept: its score starts the pruning.
+    const double best0 =
+        double(m) + gumbel_from_bits(sampling_bits(key, static_cast<uint32_t>(top.id)));
+    best = race_part(x, 0, vocab, threshold, best0, key, s.prune);
   }
   best = block_argmax(best, s);
 
