@@ -239,6 +239,14 @@ void print_grpo(const GrpoReport& r) {
     std::printf("  per sample  %.2f s: %.1f %% if every sample read its whole context, shared "
                 "prompt pages included (W2's limit before 2026-12-06)\n",
                 r.per_sample_limit_seconds, 100.0 * r.per_sample_limit_seconds / r.rollout_seconds);
+    if (r.matmul_flops_per_s) {
+      std::printf("  roofline    %.2f s step by step: %.1f %% (each step the longer of its bytes "
+                  "and its %.4g TFLOP in all at %.4g TFLOP/s, the backend's products at %lld "
+                  "rows)\n",
+                  r.roofline_seconds, 100.0 * r.roofline_seconds / r.rollout_seconds,
+                  r.flops / 1e12, *r.matmul_flops_per_s / 1e12,
+                  static_cast<long long>(r.matmul_rate_rows));
+    }
   }
   std::printf("  host gap    %.2f s (%.1f %% of the rollout: the engine's host work while the "
               "device waits): schedule %.2f s, batch build and launch %.2f s, after the "
@@ -254,6 +262,9 @@ void print_grpo(const GrpoReport& r) {
       std::printf(", limit %6.2f s = %4.1f %% (per sample %5.1f %%)", c.limit_seconds,
                   100.0 * c.limit_seconds / c.seconds,
                   100.0 * c.per_sample_limit_seconds / c.seconds);
+      if (r.matmul_flops_per_s) {
+        std::printf(", roofline %5.1f %%", 100.0 * c.roofline_seconds / c.seconds);
+      }
     }
     std::printf(", %lld decode tokens\n", static_cast<long long>(c.decode_tokens));
   }

@@ -490,11 +490,16 @@ GrpoWorkload tiny_grpo() {
   return g;
 }
 
-TEST(BenchmarkTest, GrpoRunsTwoSeededRoundsAroundAWeightUpdate) {
-  const GrpoWorkload g = tiny_grpo();
+/// The engine config of tiny_grpo's runs: the cpu config with 64 pages.
+EngineConfig tiny_grpo_config(const GrpoWorkload& g) {
   EngineConfig base = cpu_config();
   base.num_pages = 64;
-  const EngineConfig config = grpo_engine_config(g, base);
+  return grpo_engine_config(g, base);
+}
+
+TEST(BenchmarkTest, GrpoRunsTwoSeededRoundsAroundAWeightUpdate) {
+  const GrpoWorkload g = tiny_grpo();
+  const EngineConfig config = tiny_grpo_config(g);
   EXPECT_EQ(config.max_num_seqs, 6);
   EXPECT_EQ(config.max_model_len, 9 + 12);
   std::unique_ptr<Engine> engine = make_benchmark_engine(g.model_workload(), config);
@@ -581,6 +586,69 @@ TEST(BenchmarkTest, GrpoLimitCountsASharedPageOncePerStep) {
     }
     EXPECT_EQ(engine->allocator().num_free(), engine->allocator().num_usable());
   }
+}
+
+/// A cpu backend whose products run at a rate the test chooses (measure_matmul_rate).
+class FixedRateBackend : public CpuBackend {
+ public:
+  explicit FixedRateBackend(double flops_per_s) : rate_(flops_per_s) {}
+  MatmulRate measure_matmul_rate(int64_t rows, int64_t n, int64_t k) override {
+    EXPECT_GT(n, 0);
+    EXPECT_GT(k, 0);
+    return {rate_, rows};
+  }
+
+ private:
+  double rate_;
+};
+
+// W2's roofline: each step the longer of its bytes at the copy rate and its FLOPs at the
+// products' rate. At a rate no step can be bound by, it is the limit; at 1 kFLOP/s every
+// step is bound by its FLOPs, so it is the FLOPs over the rate. The FLOPs are at least
+// every generated token's forward after the first (one per sample from the prefill).
+TEST(BenchmarkTest, GrpoRooflineIsEachStepsLongerBound) {
+  const GrpoWorkload g = tiny_grpo();
+  const EngineConfig config = tiny_grpo_config(g);
+  const Qwen3Config mc = preset_config(g.preset);
+  const double token_flops =
+      2.0 * static_cast<double>(mc.num_hidden_layers) *
+      static_cast<double>(mc.hidden_size * mc.qkv_size() + mc.q_size() * mc.hidden_size +
+                          3 * mc.hidden_size * mc.intermediate_size);
+  for (double rate : {1e30, 1e3}) {
+    SCOPED_TRACE("rate " + std::to_string(rate));
+    auto backend = std::make_unique<FixedRateBackend>(rate);
+    auto model = std::make_unique<Qwen3Model>(*backend, mc,
+                                              random_weight_lookup(mc, g.seed, DType::BF16));
+    Engine engine(std::move(backend), std::move(model), config);
+    const GrpoReport r = run_grpo_benchmark(engine, g);
+    ASSERT_TRUE(r.matmul_flops_per_s.has_value());
+    EXPECT_EQ(*r.matmul_flops_per_s, rate);
+    EXPECT_EQ(r.matmul_rate_rows, 8192);
+    EXPECT_GE(r.flops, token_flops * static_cast<double>(r.generated_tokens - r.samples *
+                                                                             g.rounds));
+    double classes = 0;
+    for (const GrpoStepClass& c : r.step_classes) {
+      EXPECT_GE(c.roofline_seconds, c.limit_seconds) << c.name;
+      classes += c.roofline_seconds;
+    }
+    EXPECT_NEAR(classes, r.roofline_seconds, 1e-9 * r.roofline_seconds);
+    if (rate > 1e20) {
+      EXPECT_NEAR(r.roofline_seconds, r.limit_seconds, 1e-9 * r.limit_seconds);
+    } else {
+      EXPECT_NEAR(r.roofline_seconds, r.flops / rate, 1e-9 * r.roofline_seconds);
+      EXPECT_GT(r.roofline_seconds, r.limit_seconds);
+    }
+  }
+}
+
+// The generic measurement runs the backend's own matmul: a positive rate on the cpu
+// backend, at the rows asked for when they fit.
+TEST(BenchmarkTest, MatmulRateIsMeasuredWithTheBackendsProduct) {
+  CpuBackend backend;
+  const Backend::MatmulRate rate = backend.measure_matmul_rate(64, 96, 32);
+  EXPECT_GT(rate.flops_per_s, 0.0);
+  EXPECT_EQ(rate.rows, 64);
+  EXPECT_THROW(backend.measure_matmul_rate(0, 96, 32), Error);
 }
 
 TEST(BenchmarkTest, PromptSamplesAreRequestsWithSeedsSPlusJ) {
@@ -778,9 +846,7 @@ TEST(BenchmarkTest, PipelinedRunsEndAtTheTraceWindow) {
 // window longer than the round ends with it. The trace changes nothing W2 generates.
 TEST(BenchmarkTest, GrpoTracesTheLastRoundsFirstDecodeSteps) {
   const GrpoWorkload g = tiny_grpo();
-  EngineConfig base = cpu_config();
-  base.num_pages = 64;
-  const EngineConfig config = grpo_engine_config(g, base);
+  const EngineConfig config = tiny_grpo_config(g);
   const auto engine_with_trace = [&] {
     auto backend = std::make_unique<StepTracingBackend>();
     const Qwen3Config mc = preset_config(g.preset);

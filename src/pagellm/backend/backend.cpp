@@ -227,6 +227,47 @@ double Backend::measure_copy_bandwidth() {
   return 2.0 * static_cast<double>(bytes) / times[3];
 }
 
+Backend::MatmulRate Backend::measure_matmul_rate(int64_t rows, int64_t n, int64_t k) {
+  PAGELLM_CHECK(rows > 0 && n > 0 && k > 0)
+      << name() << " backend: measure_matmul_rate needs a positive shape, got " << rows << " x "
+      << n << " x " << k;
+  const DType act = activation_dtype(), wt = weight_dtype();
+  for (int64_t m = rows; m >= std::min<int64_t>(rows, 256); m /= 2) {
+    const size_t x_bytes = static_cast<size_t>(m * k) * dtype_size(act);
+    const size_t w_bytes = static_cast<size_t>(n * k) * dtype_size(wt);
+    const size_t out_bytes = static_cast<size_t>(m * n) * dtype_size(act);
+    DeviceBuffer x, w, out;
+    try {
+      x = DeviceBuffer(this, x_bytes);
+      w = DeviceBuffer(this, w_bytes);
+      out = DeviceBuffer(this, out_bytes);
+    } catch (const Error&) {
+      continue;  // memory is short: fewer rows
+    }
+    const std::vector<uint8_t> zeros(std::max(x_bytes, w_bytes), 0);
+    copy_to_device(x.get(), zeros.data(), x_bytes);
+    copy_to_device(w.get(), zeros.data(), w_bytes);
+    const Tensor tx = x.tensor(act, {m, k});
+    const Tensor tw = w.tensor(wt, {n, k});
+    Tensor to = out.tensor(act, {m, n});
+    matmul(tx, tw, to);  // plans and autotunes the shape
+    synchronize();
+    std::vector<double> times;
+    for (int i = 0; i < 5; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      matmul(tx, tw, to);
+      synchronize();
+      times.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(times.begin(), times.end());
+    return {2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) /
+                times[2],
+            m};
+  }
+  return {};
+}
+
 void Backend::write_weights_2d(Tensor& dst, int64_t dst_offset, const void* src,
                                DType src_dtype, int64_t rows, int64_t cols,
                                int64_t src_row_stride, TensorMemory memory) {

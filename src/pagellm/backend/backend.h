@@ -427,6 +427,16 @@ class Backend {
   /// Measures device memory bandwidth with a large copy: (bytes read + bytes written) per
   /// second. The limit that bandwidth-bound work (decode) is measured against.
   virtual double measure_copy_bandwidth();
+  /// The rate of this backend's own matmul (2·M·N·K FLOP per product, median of 5 after a
+  /// warm-up that plans and autotunes the shape) on zero operands of [M, k] activations by
+  /// [n, k] weights: the ceiling of the model's products, for a step's FLOP bound. M starts
+  /// at `rows` and halves while memory is short (the KV cache may hold most of it), down
+  /// to 256 or `rows` if smaller; `rows` says what it ran. {0, 0} when nothing fit.
+  struct MatmulRate {
+    double flops_per_s = 0;
+    int64_t rows = 0;
+  };
+  virtual MatmulRate measure_matmul_rate(int64_t rows, int64_t n, int64_t k);
 
   // ---- kernel trace (optional, for benchmarks) ---------------------------------------
   /// Starts recording every kernel and copy the device runs (graphs included) and the

@@ -873,7 +873,24 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
   r.batched_tokens = engine.config().max_num_batched_tokens;
   r.samples = static_cast<int64_t>(workload.prompts) * workload.n;
   r.usable_kv_pages = engine.allocator().num_usable();
-  if (measure_bandwidth) r.bandwidth_bytes_per_s = backend.measure_copy_bandwidth();
+  if (measure_bandwidth) {
+    r.bandwidth_bytes_per_s = backend.measure_copy_bandwidth();
+    // The model's widest product (gate|up) at 8,192 rows: the products' ceiling.
+    const Backend::MatmulRate rate =
+        backend.measure_matmul_rate(8192, 2 * mc.intermediate_size, mc.hidden_size);
+    if (rate.flops_per_s > 0) {
+      r.matmul_flops_per_s = rate.flops_per_s;
+      r.matmul_rate_rows = rate.rows;
+    }
+  }
+  // FLOPs a step does at least: per new token every layer's products (2 per weight) and
+  // its attention (4 x heads x head_dim per key it attends), per logits row the lm_head.
+  const double layer_weights = static_cast<double>(
+      mc.hidden_size * mc.qkv_size() + mc.q_size() * mc.hidden_size +
+      mc.hidden_size * 2 * mc.intermediate_size + mc.intermediate_size * mc.hidden_size);
+  const double token_flops = 2.0 * layer_weights * static_cast<double>(mc.num_hidden_layers);
+  const double key_flops = 4.0 * static_cast<double>(mc.q_size() * mc.num_hidden_layers);
+  const double logits_flops = 2.0 * static_cast<double>(mc.vocab_size * mc.hidden_size);
 
   // Bytes every step reads at least: each weight once (an untied embedding table is only
   // gathered), plus per running sequence the K/V of its context.
@@ -968,6 +985,7 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
       int64_t rows = 0;
       double kv_tokens = 0;
       double per_sample_kv_tokens = 0;
+      double flops = 0;  // token_flops, key_flops and logits_flops as the step needs them
     };
     std::vector<StepRecord> records;
     const StepObserverScope observer(engine, [&](const SchedulerOutput& out) {
@@ -982,6 +1000,13 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
         }
         const int64_t context = seq.num_computed + s.num_new_tokens;
         rec.per_sample_kv_tokens += static_cast<double>(context);
+        // New token i (1-based) attends num_computed + i keys; a chunk that reaches past
+        // the prompt gives one logits row.
+        const double n_new = static_cast<double>(s.num_new_tokens);
+        rec.flops += n_new * token_flops +
+                     key_flops * (n_new * static_cast<double>(seq.num_computed) +
+                                  n_new * (n_new + 1.0) / 2.0);
+        if (context > static_cast<int64_t>(seq.prompt.size())) rec.flops += logits_flops;
         const int64_t pages =
             std::min<int64_t>((context + page_size - 1) / page_size,
                               static_cast<int64_t>(seq.pages.size()));
@@ -1031,6 +1056,11 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
           r.limit_seconds += step_limit;
           r.per_sample_limit_seconds += per_sample_limit;
         }
+        // The roofline: the longer of the step's bytes and its FLOPs.
+        const double step_roofline =
+            r.matmul_flops_per_s ? std::max(step_limit, rec.flops / *r.matmul_flops_per_s) : 0.0;
+        r.roofline_seconds += step_roofline;
+        r.flops += rec.flops;
         size_t c = 0;
         if (!rec.prefill) {
           while (rec.rows > row_bounds[c]) ++c;
@@ -1040,6 +1070,7 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
         classes[c].seconds += call_seconds / static_cast<double>(records.size());
         classes[c].limit_seconds += step_limit;
         classes[c].per_sample_limit_seconds += per_sample_limit;
+        classes[c].roofline_seconds += step_roofline;
         classes[c].decode_tokens += rec.rows;
         if (tracing) {
           ++trace.steps;
@@ -1100,6 +1131,11 @@ std::string grpo_json_line(const GrpoReport& r) {
        r.fraction_of_limit() ? nlohmann::json(*r.fraction_of_limit()) : nlohmann::json(nullptr)},
       {"limit_s", r.limit_seconds},
       {"per_sample_limit_s", r.per_sample_limit_seconds},
+      {"matmul_tflops",
+       r.matmul_flops_per_s ? nlohmann::json(*r.matmul_flops_per_s / 1e12) : nlohmann::json(nullptr)},
+      {"roofline_s", r.matmul_flops_per_s ? nlohmann::json(r.roofline_seconds)
+                                          : nlohmann::json(nullptr)},
+      {"tflop", r.flops / 1e12},
       {"peak_kv_pages", r.peak_kv_pages},
       {"preemptions", r.preemptions},
       {"weight_update_s", r.weight_update_seconds},
@@ -1118,6 +1154,7 @@ std::string grpo_json_line(const GrpoReport& r) {
                        {"seconds", c.seconds},
                        {"limit_s", c.limit_seconds},
                        {"per_sample_limit_s", c.per_sample_limit_seconds},
+                       {"roofline_s", c.roofline_seconds},
                        {"decode_tokens", c.decode_tokens}});
   }
   nlohmann::json out = j;

@@ -373,6 +373,7 @@ struct GrpoStepClass {
                             // run's time shared evenly by its steps)
   double limit_seconds = 0; // their share of GrpoReport::limit_seconds
   double per_sample_limit_seconds = 0;  // their share of GrpoReport::per_sample_limit_seconds
+  double roofline_seconds = 0;          // their share of GrpoReport::roofline_seconds
   int64_t decode_tokens = 0;
 };
 
@@ -400,6 +401,17 @@ struct GrpoReport {
   std::optional<double> bandwidth_bytes_per_s;
   /// limit_seconds / rollout_seconds (absent without a bandwidth).
   std::optional<double> fraction_of_limit() const;
+  /// The FLOPs the rollout's steps do at least: per new token every layer's products and
+  /// its attention over the keys it sees, per logits row the lm_head.
+  double flops = 0;
+  /// The rate of the backend's own products (Backend::measure_matmul_rate on the model's
+  /// gate|up shape at matmul_rate_rows rows), measured with the bandwidth; absent without.
+  std::optional<double> matmul_flops_per_s;
+  int64_t matmul_rate_rows = 0;
+  /// The step-by-step roofline: each step the longer of its limit (bytes at the copy
+  /// rate) and its FLOPs at matmul_flops_per_s. A step of many rows with short contexts
+  /// (a GRPO round's first steps) is bound by its FLOPs, which limit_seconds ignores.
+  double roofline_seconds = 0;
   /// Engine host time while the device waited over the rollouts (EngineStats::host_gap's
   /// three parts: scheduling, batch building and bookkeeping of every step).
   HostGap host_gap;
