@@ -1131,8 +1131,8 @@ std::string grpo_json_line(const GrpoReport& r) {
        r.fraction_of_limit() ? nlohmann::json(*r.fraction_of_limit()) : nlohmann::json(nullptr)},
       {"limit_s", r.limit_seconds},
       {"per_sample_limit_s", r.per_sample_limit_seconds},
-      {"matmul_tflops",
-       r.matmul_flops_per_s ? nlohmann::json(*r.matmul_flops_per_s / 1e12) : nlohmann::json(nullptr)},
+      {"matmul_tflops", r.matmul_flops_per_s ? nlohmann::json(*r.matmul_flops_per_s / 1e12)
+                                             : nlohmann::json(nullptr)},
       {"roofline_s", r.matmul_flops_per_s ? nlohmann::json(r.roofline_seconds)
                                           : nlohmann::json(nullptr)},
       {"tflop", r.flops / 1e12},

@@ -517,9 +517,9 @@ __device__ __forceinline__ bool plain_race_row(const GpuSamplingRow& p, int32_t 
          !(p.top_k > 0 && p.top_k < vocab) && !(p.top_p < 1.0f);
 }
 
-// The Gumbel race of a plain row over the cluster: CTA `rank` takes its ClusterSlice (the normaliser's partial sum too, when asked), and rank 0 merges
-// the slices' winners (score, then lowest id: the order a single CTA uses) and sums, and
-// writes the result. The processed maximum needs no pass: x is non-decreasing in the
+// The Gumbel race of a plain row over the cluster: each CTA races its ClusterSlice (and
+// sums its part of the normaliser, when asked), and rank 0 merges the slices' winners
+// (score, then lowest id: the order a single CTA uses) and sums, and writes the result. The processed maximum needs no pass: x is non-decreasing in the
 // sanitised logit, so x(raw argmax) is the maximum of x. A token is skipped, before its
 // random bits where it can, when it cannot beat the best score its thread has seen (the
 // raw argmax's at first): the pruning only drops tokens that cannot win, so the token is
