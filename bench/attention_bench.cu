@@ -3,7 +3,7 @@
 //
 //   attention_bench [--quick] [--decode-only | --prefill-only | --chunks-only |
 //                   --shared-only] [--single] [--prefill-shape HQ:HKV:BATCH:Q:KV]
-//                   [--out FILE.csv]
+//                   [--pass-rows 16|32] [--out FILE.csv]
 //
 // Decode (Qwen3-8B attention: 32 query heads, 8 KV heads, head_dim 128, 16-token pages):
 // bytes = K/V rows read + q read + out written; time = median over graph replays of a graph
@@ -38,7 +38,9 @@
 // a GRPO prompt's samples) and then hold `suffix` keys each, through the TMA decode kernel
 // without and with the shared-prefix pass (PagedAttentionParams::prefix_tokens). Bytes are
 // the distinct K/V (each shared page once, every suffix) + q + out, as W2's limit counts
-// them; rotating over copies on disjoint pages as decode does.
+// them; rotating over copies on disjoint pages as decode does. Items are packed as the CUDA
+// backend packs them (PrefixItemSizes: 16-row items while their pass CTAs fit one wave of
+// CTA slots, else 32-row ones; the `rows` column), or all of --pass-rows rows.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -187,8 +189,9 @@ struct SharedBatch {
     CHECK_CUDA(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
     return d;
   }
+  int pass_rows = 0;  // rows of the items' pass CTAs (members x group)
   SharedBatch(const Pool& pool, int num_q_heads, int groups, int pre, int suf, int n_copies,
-              std::mt19937& rng)
+              int force_rows, std::mt19937& rng)
       : batch(groups * kGroup), prefix(pre), suffix(suf), copies(n_copies) {
     const int page = pool.page_size;
     const int pre_pages = prefix / page, suf_pages = (suffix + page - 1) / page;
@@ -223,9 +226,18 @@ struct SharedBatch {
     fb.query_start.push_back(batch);
     std::vector<int32_t> packed(static_cast<size_t>(pagellm::cuda::prefix_items_words(batch)));
     std::vector<int32_t> covered(static_cast<size_t>(batch));
-    pagellm::cuda::BatchStaging::pack_prefix_items(
-        fb, pagellm::cuda::decode_prefix_item_members(num_q_heads, pool.num_kv_heads),
-        packed.data(), covered.data());
+    namespace pc = pagellm::cuda;
+    pc::PrefixItemSizes sizes;
+    sizes.members = pc::decode_prefix_item_members(num_q_heads, pool.num_kv_heads);
+    sizes.half_members = pc::decode_prefix_item_members(num_q_heads, pool.num_kv_heads,
+                                                        pc::kDecodePassRows / 2);
+    sizes.kv_heads = pool.num_kv_heads;
+    sizes.max_half_ctas = pc::decode_prefix_half_item_ctas();
+    const int members = force_rows == 16   ? sizes.half_members
+                        : force_rows == 32 ? sizes.members
+                                           : pc::BatchStaging::prefix_item_members(fb, sizes);
+    pass_rows = members * (num_q_heads / pool.num_kv_heads);
+    pc::BatchStaging::pack_prefix_items(fb, members, packed.data(), covered.data());
     query_start = upload(fb.query_start);
     kv_lens = upload(fb.kv_lens);
     tables = upload(table);
@@ -307,6 +319,7 @@ int run(int argc, char** argv) {
   std::string out_path;
   bool quick = false, decode_only = false, prefill_only = false, single = false, chunks = false,
        shared = false;
+  int pass_rows = 0;  // --pass-rows: 0 packs items as the backend does
   int shape[5] = {0, 0, 0, 0, 0};  // --prefill-shape: hq, hkv, batch, q, kv
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) {
@@ -324,6 +337,9 @@ int run(int argc, char** argv) {
       decode_only = true;
     } else if (!std::strcmp(argv[i], "--prefill-only")) {
       prefill_only = true;
+    } else if (!std::strcmp(argv[i], "--pass-rows") && i + 1 < argc &&
+               (!std::strcmp(argv[i + 1], "16") || !std::strcmp(argv[i + 1], "32"))) {
+      pass_rows = std::atoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--single")) {
       single = true;
     } else if (!std::strcmp(argv[i], "--chunks-only")) {
@@ -336,7 +352,7 @@ int run(int argc, char** argv) {
                    "usage: %s [--quick] [--decode-only | --prefill-only | --chunks-only | "
                    "--shared-only] "
                    "[--single] [--prefill-shape HQ:HKV:BATCH:Q:KV (HKV divides HQ, KV >= Q)] "
-                   "[--out FILE.csv]\n",
+                   "[--pass-rows 16|32] [--out FILE.csv]\n",
                    argv[0]);
       return 2;
     }
@@ -535,9 +551,9 @@ int run(int argc, char** argv) {
                 "the shared-prefix pass, with it, and with members of at most %d own keys "
                 "folded into it; %% of copy over the distinct bytes\n",
                 hq, hkv, d, page, SharedBatch::kGroup, pagellm::cuda::kDecodePrefixFoldKeys);
-    std::printf("%6s %7s %7s | %9s %7s | %9s %7s | %9s %7s | %6s %6s\n", "batch", "prefix",
-                "suffix", "plain_us", "of_copy", "pass_us", "of_copy", "fold_us", "of_copy",
-                "pass", "fold");
+    std::printf("%6s %7s %7s %4s | %9s %7s | %9s %7s | %9s %7s | %6s %6s\n", "batch",
+                "prefix", "suffix", "rows", "plain_us", "of_copy", "pass_us", "of_copy",
+                "fold_us", "of_copy", "pass", "fold");
     const std::vector<int> batches = quick ? std::vector<int>{64, 256}
                                            : std::vector<int>{16, 32, 64, 128, 256, 512};
     for (int prefix : {512, 1024}) {
@@ -548,7 +564,7 @@ int run(int argc, char** argv) {
                                   double(b) * hq * d * 2 * 2;
           const int copies = static_cast<int>(std::clamp<double>(
               std::ceil(l2_rotation_bytes / (distinct)), 1, 256));
-          SharedBatch batch(pool, hq, groups, prefix, suffix, copies, rng);
+          SharedBatch batch(pool, hq, groups, prefix, suffix, copies, pass_rows, rng);
           const int launches = std::max(batch.copies, 8);
           double us[3];
           size_t bad = 0;
@@ -570,10 +586,10 @@ int run(int argc, char** argv) {
                             us[mode], gbs, gbs / copy_gbs, 0.0});
           }
           auto frac = [&](double t) { return 100.0 * distinct / (t * 1e-6) / 1e9 / copy_gbs; };
-          std::printf("%6d %7d %7d | %9.1f %6.1f%% | %9.1f %6.1f%% | %9.1f %6.1f%% | %5.2fx "
-                      "%5.2fx%s\n",
-                      b, prefix, suffix, us[0], frac(us[0]), us[1], frac(us[1]), us[2],
-                      frac(us[2]), us[0] / us[1], us[0] / us[2],
+          std::printf("%6d %7d %7d %4d | %9.1f %6.1f%% | %9.1f %6.1f%% | %9.1f %6.1f%% | "
+                      "%5.2fx %5.2fx%s\n",
+                      b, prefix, suffix, batch.pass_rows, us[0], frac(us[0]), us[1],
+                      frac(us[1]), us[2], frac(us[2]), us[0] / us[1], us[0] / us[2],
                       bad ? "  NON-FINITE OUTPUT" : "");
         }
       }

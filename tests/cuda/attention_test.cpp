@@ -1217,18 +1217,13 @@ SharedProblem make_shared_problem(Case c, const std::vector<int>& sizes, int max
   return sp;
 }
 
-/// Runs `sp` through the TMA decode kernel with the prefix pass (items packed as the CUDA
-/// backend packs them) on a poisoned output and poisoned split partials, and checks it:
-/// with no member folded into the pass, with those of at most kDecodePrefixFoldKeys keys
-/// after the prefix folded (some of an item, not all), and with every member folded.
-void run_shared_case(const SharedProblem& sp, std::mt19937_64& rng) {
+/// One packing of `sp` (run_shared_case).
+void run_shared_items(const SharedProblem& sp, int32_t members, std::mt19937_64& rng) {
   const Problem& pr = sp.pr;
-  SCOPED_TRACE(pr.c.describe());
+  SCOPED_TRACE("members per item " + std::to_string(members));
   DeviceProblem dev(pr);
   const int B = static_cast<int>(pr.kv_lens.size());
   std::vector<int32_t> items(static_cast<size_t>(prefix_items_words(B))), tokens(B);
-  const int32_t members = decode_prefix_item_members(pr.c.num_q_heads, pr.c.num_kv_heads);
-  ASSERT_GE(members, 1);
   const int32_t n_items = BatchStaging::pack_prefix_items(sp.batch, members, items.data(),
                                                           tokens.data());
   DeviceArray<int32_t> d_items(items), d_tokens(tokens);
@@ -1264,6 +1259,24 @@ void run_shared_case(const SharedProblem& sp, std::mt19937_64& rng) {
   PAGELLM_CUDA_CHECK(cudaDeviceSynchronize());
   const CheckResult r = check_output(pr, dev.out.download(), p.scale, rng);
   EXPECT_TRUE(r.ok) << "after the prefix pass, without it: " << r.report;
+}
+
+/// Runs `sp` through the TMA decode kernel with the prefix pass (items packed as the CUDA
+/// backend packs them, of both sizes: 16-row and 32-row pass CTAs) on a poisoned output and
+/// poisoned split partials, and checks it: with no member folded into the pass, with those
+/// of at most kDecodePrefixFoldKeys keys after the prefix folded (some of an item, not
+/// all), and with every member folded.
+void run_shared_case(const SharedProblem& sp, std::mt19937_64& rng) {
+  const Problem& pr = sp.pr;
+  SCOPED_TRACE(pr.c.describe());
+  int32_t last = 0;
+  for (const int32_t rows : {kDecodePassRows / 2, kDecodePassRows}) {
+    const int32_t members =
+        decode_prefix_item_members(pr.c.num_q_heads, pr.c.num_kv_heads, rows);
+    ASSERT_GE(members, 1);
+    if (members != last) run_shared_items(sp, members, rng);  // 16 either way at group 1
+    last = members;
+  }
 }
 
 TEST_F(PagedAttention, DecodeSharedPrefixPassMatchesTheReference) {
@@ -1396,6 +1409,43 @@ TEST(PrefixItems, PackedAsTheGroupsSay) {
   fb.query_start.back() = B + 1;
   EXPECT_EQ(BatchStaging::pack_prefix_items(fb, 4, items.data(), tokens.data()), 0);
   EXPECT_EQ(items[0], 0);
+}
+
+TEST(PrefixItems, SixteenRowItemsWhileTheirPassFitsAWave) {
+  // Host only. The group of 9 and the pair make 3 + 1 items of up to 4 members (16 rows at
+  // 4 query heads per KV head) or 2 + 1 of up to 8 (32 rows); 8 KV heads.
+  ForwardBatch fb;
+  fb.page_size = 16;
+  const int B = 12;
+  for (int b = 0; b < B; ++b) {
+    fb.query_start.push_back(b);
+    fb.kv_lens.push_back(100);
+    fb.token_ids.push_back(0);
+  }
+  fb.query_start.push_back(B);
+  fb.shared_prefix_group = {0, 0, 0, 0, 0, 0, 0, 0, 0, 9, 10, 9};
+  fb.shared_prefix_tokens = {64, 64, 64, 64, 64, 64, 64, 64, 64, 32, 0, 32};
+  EXPECT_EQ(decode_prefix_item_members(32, 8, kDecodePassRows / 2), 4);
+  EXPECT_EQ(decode_prefix_item_members(32, 8), 8);
+  PrefixItemSizes sizes;
+  sizes.members = 8;
+  sizes.half_members = 4;
+  sizes.kv_heads = 8;
+  sizes.max_half_ctas = 32;  // 4 half items x 8 KV heads: exactly one wave
+  EXPECT_EQ(BatchStaging::prefix_item_members(fb, sizes), 4);
+  sizes.max_half_ctas = 31;
+  EXPECT_EQ(BatchStaging::prefix_item_members(fb, sizes), 8);
+  std::vector<int32_t> items(static_cast<size_t>(prefix_items_words(B))), tokens(B);
+  ASSERT_EQ(BatchStaging::pack_prefix_items(fb, 8, items.data(), tokens.data()), 3);
+  EXPECT_EQ(items[kPrefixItemsHeader + 1], 5);  // 9 members: 5 and 4
+  EXPECT_EQ(items[kPrefixItemsHeader + kPrefixItemInts + 1], 4);
+  // A model whose groups fill 16 rows either way, and a batch that shares nothing, keep
+  // `members`.
+  sizes.half_members = 8;
+  EXPECT_EQ(BatchStaging::prefix_item_members(fb, sizes), 8);
+  sizes.half_members = 4;
+  fb.shared_prefix_tokens.assign(B, 0);
+  EXPECT_EQ(BatchStaging::prefix_item_members(fb, sizes), 8);
 }
 
 TEST(PagedAttentionPlan, SplitsFitTheWorkspaceAndFillTheDevice) {

@@ -240,8 +240,9 @@ BatchTensors BatchStaging::upload(const ForwardBatch& batch) {
   put(l.logits_indices, batch.logits_indices);
   const bool lora = !batch.lora_slots.empty();
   if (lora) batch.lora_token_slots(staged + l.lora_slots);
-  const int32_t prefix_items = pack_prefix_items(batch, prefix_members_, staged + l.prefix_items,
-                                                 staged + l.prefix_tokens);
+  const int32_t prefix_items =
+      pack_prefix_items(batch, prefix_item_members(batch, prefix_sizes_),
+                        staged + l.prefix_items, staged + l.prefix_tokens);
   size_t used = 0;
   bool runs_overlap = false;
   if (persistent) {
@@ -299,6 +300,25 @@ BatchTensors BatchStaging::upload(const ForwardBatch& batch) {
   bt.prefix_items = Tensor(device_ + l.prefix_items, DType::I32, {prefix_items_words(B)});
   bt.prefix_item_count = prefix_items;
   return bt;
+}
+
+int32_t BatchStaging::prefix_item_members(const ForwardBatch& batch,
+                                          const PrefixItemSizes& sizes) {
+  if (sizes.half_members < 2 || sizes.half_members >= sizes.members ||
+      !batch.has_shared_prefix()) {
+    return sizes.members;
+  }
+  const int32_t B = batch.num_seqs();
+  std::vector<int32_t> count(static_cast<size_t>(B), 0);
+  for (int32_t b = 0; b < B; ++b) {
+    if (batch.shared_prefix_tokens[b] > 0) ++count[batch.shared_prefix_group[b]];
+  }
+  int64_t half_items = 0;
+  for (const int32_t n : count) {
+    if (n >= 2) half_items += (n + sizes.half_members - 1) / sizes.half_members;
+  }
+  return half_items * sizes.kv_heads <= sizes.max_half_ctas ? sizes.half_members
+                                                             : sizes.members;
 }
 
 int32_t BatchStaging::pack_prefix_items(const ForwardBatch& batch, int32_t members,

@@ -16,6 +16,19 @@ struct CUstream_st;
 
 namespace pagellm::cuda {
 
+/// How BatchStaging packs shared-prefix items (PagedAttentionParams::prefix_items): items of
+/// up to `members` sequences (a pass CTA of 32 rows), but of up to `half_members` (16 rows)
+/// while those would launch at most `max_half_ctas` pass CTAs (items x kv_heads). Within one
+/// wave of CTA slots, two 16-row CTAs finish an item sooner than one of 32 rows, whose warps
+/// do twice the tile math; past it, one CTA reading the prefix once for 32 rows halves the
+/// waves (docs/design.md, "Decode").
+struct PrefixItemSizes {
+  int32_t members = 0;       // 0: no items
+  int32_t half_members = 0;
+  int32_t kv_heads = 0;
+  int64_t max_half_ctas = 0;
+};
+
 /// Batch metadata on the device (CudaBackend::upload_batch documents the contract). Not
 /// thread-safe (one per backend).
 class BatchStaging {
@@ -34,9 +47,12 @@ class BatchStaging {
   /// Sizes the regions for batches up to these sizes (Backend::reserve_batch).
   void reserve(int32_t max_tokens, int32_t max_seqs, int32_t max_pages_per_seq,
                int32_t max_rows);
-  /// Members per shared-prefix item (decode_prefix_item_members of the model's heads; 0,
-  /// the default, packs no items). Takes effect from the next upload.
-  void set_prefix_item_members(int32_t members) { prefix_members_ = members; }
+  /// How shared-prefix items are packed (members 0, the default, packs none). Takes effect
+  /// from the next upload.
+  void set_prefix_item_sizes(const PrefixItemSizes& sizes) { prefix_sizes_ = sizes; }
+  /// The members per item `batch` is packed with under `sizes`: half_members while the
+  /// items that makes, times kv_heads, stay within max_half_ctas, else members.
+  static int32_t prefix_item_members(const ForwardBatch& batch, const PrefixItemSizes& sizes);
   /// Packs the items of a decode batch's shared prefixes (ForwardBatch::shared_prefix_*)
   /// into `items` (PagedAttentionParams::prefix_items' layout) and each sequence's covered
   /// keys into `tokens` [B]: a group of n >= 2 members splits into ceil(n / members) items
@@ -79,7 +95,7 @@ class BatchStaging {
   int64_t reserved_seqs_ = 0, reserved_pages_per_seq_ = 0;  // reserve's largest
   PinnedSlot staging_[2];
   int slot_ = 0;
-  int32_t prefix_members_ = 0;
+  PrefixItemSizes prefix_sizes_;
 
   // The persistent page table [table_rows_, table_cols_] (device, int32, zero-filled at
   // allocation), and which rows this step's runs named (a stamp per row).

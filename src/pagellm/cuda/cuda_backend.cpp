@@ -401,11 +401,16 @@ AttentionPlanRef CudaBackend::plan_attention(const BatchTensors& batch,
                                              const AttentionShape& shape, const LayerKv& kv) {
   // Shared-prefix items are packed at upload for the model's heads (from the next batch on:
   // the first forward, a prefill, has none to pack).
-  batch_->set_prefix_item_members(
-      settings_.decode_cascade && !attention_->batch_invariant()
-          ? decode_prefix_item_members(static_cast<int32_t>(shape.num_q_heads),
-                                       static_cast<int32_t>(shape.num_kv_heads))
-          : 0);
+  PrefixItemSizes sizes;
+  if (settings_.decode_cascade && !attention_->batch_invariant()) {
+    const auto hq = static_cast<int32_t>(shape.num_q_heads);
+    const auto hkv = static_cast<int32_t>(shape.num_kv_heads);
+    sizes.members = decode_prefix_item_members(hq, hkv);
+    sizes.half_members = decode_prefix_item_members(hq, hkv, kDecodePassRows / 2);
+    sizes.kv_heads = hkv;
+    sizes.max_half_ctas = decode_prefix_half_item_ctas();
+  }
+  batch_->set_prefix_item_sizes(sizes);
   return attention_->plan(batch, shape, kv);
 }
 

@@ -142,10 +142,19 @@ int32_t plan_decode_splits(const PagedAttentionParams& p);
 /// pagellm::Error for unsupported shapes or a workspace too small for p.num_splits.
 void paged_decode_attention(const PagedAttentionParams& p, cudaStream_t stream);
 
-/// Members per prefix item for a model of num_q_heads / num_kv_heads query heads per KV head:
-/// the sequences whose query heads fill one 16-row tile (16 / group); 0 when the group is
-/// larger than 16 or the heads do not divide.
-int32_t decode_prefix_item_members(int32_t num_q_heads, int32_t num_kv_heads);
+/// Query rows of a shared-prefix pass CTA: two 16-row mma tiles.
+inline constexpr int32_t kDecodePassRows = 32;
+
+/// Members per prefix item for a model of num_q_heads / num_kv_heads query heads per KV head
+/// whose query heads fill `rows` rows of a pass CTA (16 or kDecodePassRows): rows / group, at
+/// most kPrefixItemMaxMembers; 0 when the group is larger than 16 or the heads do not divide.
+int32_t decode_prefix_item_members(int32_t num_q_heads, int32_t num_kv_heads,
+                                   int32_t rows = kDecodePassRows);
+
+/// Pass CTAs of 16-row items the decode kernel runs in one wave on the current device (its
+/// CTA slots): BatchStaging packs 16-row items while they launch at most this many
+/// (PrefixItemSizes).
+int64_t decode_prefix_half_item_ctas();
 
 /// Whether paged_decode_attention can run `p` with a shared-prefix pass (p.prefix_tokens
 /// set): one query token per sequence (max_query_len 1), at most 16 query heads per KV head,

@@ -77,6 +77,10 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 // Query heads per CTA: the rows of one m16 mma tile.
 constexpr int kHeadsPerCta = 16;
+// Rows of a prefix-pass CTA: two m16 tiles, so that a GRPO prompt's 8 samples on a model of
+// 4 query heads per KV head are one item, whose prefix the CTA reads once for all 32 rows.
+constexpr int kPassRowTiles = 2;
+constexpr int kPassRows = kPassRowTiles * kHeadsPerCta;
 // Planning: split until the CTAs fill (without exceeding) this many per SM, each split
 // holding at least this many keys. The host applies the minimum to max_kv_len (in a
 // graph: the capacity), the kernel to each sequence's real kv_len, so a short sequence in
@@ -762,7 +766,7 @@ struct DecodeTmaShape {
   static constexpr int kTileBytes = 16 * D * 2;   // one K (or V) tile: 4 KB
   static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr int kRingBytes = kDecodeWarps * kStages * kStageBytes;
-  static constexpr int kQBytes = kHeadsPerCta * D * 2;
+  static constexpr int kQBytes = kPassRows * D * 2;  // a split CTA uses the first half
   static constexpr int kBarBytes = kDecodeWarps * kStages * 8;
   static constexpr int kAlign = 1024;  // 128-byte swizzle atoms
   static constexpr int kSmemBytes = kRingBytes + kQBytes + kBarBytes + kAlign;
@@ -776,14 +780,20 @@ struct DecodeTmaShape {
 /// own keys [prefix, kv) for its rows only, through its own row. Built by warp 0 of the
 /// pass CTA (plan_pass), read by all its warps.
 struct PassSegments {
-  static constexpr int kMax = 1 + kHeadsPerCta;
+  static constexpr int kMax = 1 + kPrefixItemMaxMembers;
   int32_t count;             // segments: 1 + folded members
   uint32_t folded;           // bit m: member m is folded
   int32_t start[kMax + 1];   // segment s holds tiles [start[s], start[s + 1])
   int32_t key0[kMax];        // the key of its first tile (a multiple of 16)
   int32_t end[kMax];         // keys >= end are not its
   int32_t seq[kMax];         // the sequence whose page table row it reads
-  int32_t row_lo[kMax], row_hi[kMax];  // the tile rows that attend it
+  int32_t row_lo[kMax], row_hi[kMax];  // the CTA's rows (0 .. kPassRows) that attend it
+  // Per member m (lane m of plan_pass): its sequence index, its batch row and its keys
+  // before its own (the item's prefix, clamped to its history), read again by the pass's
+  // q loads and arrivals.
+  int32_t member_b[kPrefixItemMaxMembers];
+  SeqInfo member_seq[kPrefixItemMaxMembers];
+  int32_t member_prefix[kPrefixItemMaxMembers];
 
   __device__ __forceinline__ int tiles() const { return start[count]; }
   /// The segment of tile g, searching up from segment s (g never below start[s]).
@@ -852,11 +862,15 @@ struct TmaTileStreamT {
       tma_load_hint(dst + T::kTileBytes * 3 / 2, &t.v_map, 64, row, bar, policy);
     }
   }
-  /// Folds the warp's n_mine tiles (keys below `end` count; with segments, each segment's
-  /// end) into st, tiles 0 .. kStages - 2 already issued. `smem` is the generic address of
-  /// the CTA's aligned ring base `ring0`.
-  __device__ __forceinline__ void attend(const uint32_t (&qa)[8][4], int n_mine, int end,
-                                         unsigned char* smem, uint32_t ring0, WarpState<128>& st) {
+  /// Runs the warp's n_mine tiles through its ring, tiles 0 .. kStages - 2 already issued:
+  /// for each, once it has landed, fn(k_base, v_base, n0, tile_end, seg) with the shared
+  /// addresses of its K and V, its first key, the end of its keys (keys below `end` count;
+  /// with segments, each segment's end) and its segment (0 without). V rows of keys >=
+  /// tile_end are zeroed first. `smem` is the generic address of the CTA's aligned ring base
+  /// `ring0`.
+  template <typename TileFn>
+  __device__ __forceinline__ void for_each_tile(int n_mine, int end, unsigned char* smem,
+                                                uint32_t ring0, TileFn&& fn) {
     using T = DecodeTmaShape;
     constexpr int D = T::D;
     constexpr int kStages = T::kStages;
@@ -889,14 +903,42 @@ struct TmaTileStreamT {
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncwarp();
       }
-      if constexpr (kSegmented) {
-        attend_tile<D, true, true>(qa, k_base, v_base, n0, tile_end, t.a.scale_log2, st,
-                                   segs->row_lo[seg], segs->row_hi[seg]);
-      } else {
-        attend_tile<D, true>(qa, k_base, v_base, n0, tile_end, t.a.scale_log2, st);
-      }
+      fn(k_base, v_base, n0, tile_end, seg);
       __syncwarp();  // every lane is done with this stage before it is refilled
     }
+  }
+  /// A split CTA's tiles (no segments) folded into st.
+  __device__ __forceinline__ void attend(const uint32_t (&qa)[8][4], int n_mine, int end,
+                                         unsigned char* smem, uint32_t ring0, WarpState<128>& st) {
+    const float scale_log2 = t.a.scale_log2;
+    for_each_tile(n_mine, end, smem, ring0,
+                  [&](uint32_t k_base, uint32_t v_base, int n0, int tile_end, int) {
+                    attend_tile<128, true>(qa, k_base, v_base, n0, tile_end, scale_log2, st);
+                  });
+  }
+  /// The prefix pass's tiles (segments) folded into the states of its two m16 row tiles
+  /// (rows 0-15 and 16-31), each for the rows of the tile's segment only; the second
+  /// tile only when the CTA has more than 16 rows. The q fragments are read from q_smem
+  /// ([kPassRows][D]) for each tile: two tiles' in registers beside two states would take
+  /// the whole kernel's (the split CTAs' too) to 255.
+  __device__ __forceinline__ void attend_pass(const __nv_bfloat16* q_smem, int n_rows,
+                                              int n_mine, unsigned char* smem, uint32_t ring0,
+                                              WarpState<128> (&st)[kPassRowTiles]) {
+    static_assert(kSegmented, "the pass's tile list");
+    const float scale_log2 = t.a.scale_log2;
+    for_each_tile(n_mine, 0, smem, ring0,
+                  [&](uint32_t k_base, uint32_t v_base, int n0, int tile_end, int seg) {
+#pragma unroll
+                    for (int rt = 0; rt < kPassRowTiles; ++rt) {
+                      const int lo = max(segs->row_lo[seg] - rt * kHeadsPerCta, 0);
+                      const int hi = min(segs->row_hi[seg], n_rows) - rt * kHeadsPerCta;
+                      if (lo >= min(hi, kHeadsPerCta)) continue;  // none of its rows
+                      uint32_t qa[8][4];
+                      load_q_fragments<128>(q_smem + rt * kHeadsPerCta * 128, qa);
+                      attend_tile<128, true, true>(qa, k_base, v_base, n0, tile_end,
+                                                   scale_log2, st[rt], lo, hi);
+                    }
+                  });
   }
 };
 using TmaTileStream = TmaTileStreamT<false>;
@@ -946,9 +988,12 @@ struct TmaSmem {
 // The CTAs of grid z = 0 of decode_split_tma_kernel when the call has a prefix pass: CTA
 // (item, KV head). An item's first prefix keys lie in the same pages for all its members,
 // so the CTA reads them once, through the same per-warp TMA ring and tile math as a split
-// CTA, for the query heads of all its members (up to 16 / group, group = Hq / Hkv): the
-// m16 tile that a split CTA fills with one sequence's `group` heads (4 of 16 rows for
-// Qwen3-4B) here holds 4 sequences' heads. A member with few keys after the prefix is
+// CTA, for the query heads of all its members (up to 32 / group, group = Hq / Hkv): where
+// a split CTA fills one m16 tile with one sequence's `group` heads (4 of 16 rows for
+// Qwen3-4B), the pass fills two (rows 0-15 and 16-31; 8 sequences' heads for Qwen3-4B,
+// all of a GRPO prompt's samples), and each warp runs every tile it streams through both.
+// Items of 16 rows (one tile) are what the host packs while their CTAs fit one wave
+// (PrefixItemSizes). A member with few keys after the prefix is
 // folded (folds_suffix): the CTA also streams those keys, after the prefix in the same
 // tile list, for that member's rows only, and writes its rows normalised. Every other
 // member's merged, unnormalised result goes to the prefix partials, and the pass counts
@@ -973,6 +1018,9 @@ __device__ __forceinline__ void plan_pass(const DecodeArgs& a, int prefix, int f
     fold = folds_suffix(a, own, seq);
     kv = seq.kv_len;
     tiles = fold ? (kv - own + 15) / 16 : 0;
+    plan.member_b[lane] = b;
+    plan.member_seq[lane] = seq;
+    plan.member_prefix[lane] = own;
   }
   const uint32_t folded = __ballot_sync(0xffffffffu, fold);
   int upto = tiles;  // inclusive prefix sum of the folded members' tiles
@@ -1000,7 +1048,7 @@ __device__ __forceinline__ void plan_pass(const DecodeArgs& a, int prefix, int f
     plan.end[0] = prefix;
     plan.seq[0] = first;
     plan.row_lo[0] = 0;
-    plan.row_hi[0] = kHeadsPerCta;
+    plan.row_hi[0] = kPassRows;
     plan.start[plan.count] = prefix_tiles + total;
   }
 }
@@ -1019,7 +1067,7 @@ __device__ __forceinline__ void prefix_pass(const DecodeTmaArgs& t, unsigned cha
   const int group = p.num_q_heads / p.num_kv_heads;
   if (item >= min(p.prefix_items[0], p.max_prefix_items)) return;
   const int32_t* it = p.prefix_items + kPrefixItemsHeader + item * kPrefixItemInts;
-  const int n_members = min(it[1], kHeadsPerCta / group);
+  const int n_members = min(it[1], min(kPassRows / group, kPrefixItemMaxMembers));
   if (n_members <= 0) return;
   const int n_rows = n_members * group;
   const int first = it[2];
@@ -1053,39 +1101,49 @@ __device__ __forceinline__ void prefix_pass(const DecodeTmaArgs& t, unsigned cha
   // Row r: member r / group, query head kv_head * group + r % group. Its q row (the
   // member's one query token) and its place in the partials.
   auto q_row = [&](int r) -> int64_t {
-    const int b = member(r / group);
-    const int token = min(max(p.query_start[b], 0), p.num_tokens - 1);
+    const int token = min(plan.member_seq[r / group].q_begin, p.num_tokens - 1);
     return static_cast<int64_t>(token) * p.num_q_heads + kv_head * group + r % group;
   };
-  load_q_rows<D>(p, n_rows, q_row, sm.q);
+  // Rows 0-15 and 16-31 as two [16][D] q tiles (the second all zeros with <= 16 rows).
+#pragma unroll
+  for (int rt = 0; rt < kPassRowTiles; ++rt) {
+    load_q_rows<D>(p, n_rows - rt * kHeadsPerCta,
+                   [&](int r) { return q_row(r + rt * kHeadsPerCta); },
+                   sm.q + rt * kHeadsPerCta * D);
+  }
   __syncthreads();  // q is in shared memory
-  uint32_t qa[D / 16][4];
-  load_q_fragments<D>(sm.q, qa);
-  WarpState<D> st;
-  st.reset();
-  ts.attend(qa, n_mine, prefix, sm.smem, sm.ring, st);
+  WarpState<D> st[kPassRowTiles];
+#pragma unroll
+  for (int rt = 0; rt < kPassRowTiles; ++rt) st[rt].reset();
+  ts.attend_pass(sm.q, n_rows, n_mine, sm.smem, sm.ring, st);
   if (!a.release_early) pdl_launch_dependents();
   __syncthreads();  // every warp is done with q and its ring: reuse them below
   auto* out = static_cast<__nv_bfloat16*>(p.out);
   const uint32_t folded = plan.folded;
-  merge_warps<D>(sm.smem, st, n_rows, [&](int r, int d, float mx, float sum, float4 acc) {
-    const int64_t row = q_row(r);
-    if ((folded >> (r / group)) & 1u) {  // every key of the row is in: the output
-      store_normalised<D>(out, row, d, sum, acc);
-    } else {
-      *reinterpret_cast<float4*>(a.prefix_o + row * D + d) = acc;
-      if (d == 0) a.prefix_ml[row] = make_float2(mx, sum);
-    }
-  });
+#pragma unroll
+  for (int rt = 0; rt < kPassRowTiles; ++rt) {
+    if (rt * kHeadsPerCta >= n_rows) break;
+    merge_warps<D>(sm.smem, st[rt], min(n_rows - rt * kHeadsPerCta, kHeadsPerCta),
+                   [&](int tile_row, int d, float mx, float sum, float4 acc) {
+                     const int r = tile_row + rt * kHeadsPerCta;
+                     const int64_t row = q_row(r);
+                     if ((folded >> (r / group)) & 1u) {  // every key of the row is in
+                       store_normalised<D>(out, row, d, sum, acc);
+                     } else {
+                       *reinterpret_cast<float4*>(a.prefix_o + row * D + d) = acc;
+                       if (d == 0) a.prefix_ml[row] = make_float2(mx, sum);
+                     }
+                   });
+  }
   // The prefix is one more part of each other member's rows: the last part to arrive
   // merges. The split CTAs count this part exactly when the member's prefix_tokens
   // (clamped as here) is positive and it is not folded, so the pass arrives for those
   // members only.
   for (int m = 0; m < n_members; ++m) {
     if ((folded >> m) & 1u) continue;
-    const int b = member(m);
-    const SeqInfo seq = load_seq_info(p, b);
-    const int own = min(max(p.prefix_tokens[b], 0), max(seq.kv_len - seq.q_len, 0));
+    const int b = plan.member_b[m];
+    const SeqInfo seq = plan.member_seq[m];
+    const int own = plan.member_prefix[m];
     if (own <= 0 || seq.q_len <= 0) continue;
     const int n_active =
         plan_split(seq.kv_len - own, a.num_splits, S::kCtaKeys, kMinKeysPerSplit)
@@ -1241,10 +1299,18 @@ bool decode_tma_supported(const PagedAttentionParams& p) {
          rows < (int64_t{1} << 31) && current_device_info(nullptr) >= 90;
 }
 
-int32_t decode_prefix_item_members(int32_t num_q_heads, int32_t num_kv_heads) {
+int32_t decode_prefix_item_members(int32_t num_q_heads, int32_t num_kv_heads, int32_t rows) {
+  static_assert(kDecodePassRows == attn::kPassRows, "the kernel's pass rows");
   if (num_kv_heads <= 0 || num_q_heads <= 0 || num_q_heads % num_kv_heads != 0) return 0;
   const int32_t group = num_q_heads / num_kv_heads;
-  return group <= attn::kHeadsPerCta ? attn::kHeadsPerCta / group : 0;
+  rows = std::clamp(rows, 0, attn::kPassRows);
+  return group <= attn::kHeadsPerCta ? std::min(rows / group, kPrefixItemMaxMembers) : 0;
+}
+
+int64_t decode_prefix_half_item_ctas() {
+  int sms = 0;
+  current_device_info(&sms);
+  return static_cast<int64_t>(attn::kTargetCtasPerSm) * std::max(sms, 0);
 }
 
 bool decode_cascade_supported(const PagedAttentionParams& p) {
