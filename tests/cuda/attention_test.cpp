@@ -1373,8 +1373,9 @@ TEST_F(PagedAttention, DecodeSharedPrefixPassInAGraphWithNewItems) {
   cudaStreamDestroy(stream);
 }
 
-TEST(PrefixItems, PackedAsTheGroupsSay) {
-  // Host only: the staging's packing of assign_shared_prefixes' groups.
+/// A decode batch of 12 sequences as assign_shared_prefixes groups them: a group of 9
+/// (sequences 0-8, 64 tokens), a group of 2 (9 and 11, 32 tokens) and a single.
+ForwardBatch grouped_decode_batch() {
   ForwardBatch fb;
   fb.page_size = 16;
   const int B = 12;
@@ -1384,9 +1385,15 @@ TEST(PrefixItems, PackedAsTheGroupsSay) {
     fb.token_ids.push_back(0);
   }
   fb.query_start.push_back(B);
-  // A group of 9 (sequences 0-8, 64 tokens), a group of 2 (9 and 11, 32 tokens), a single.
   fb.shared_prefix_group = {0, 0, 0, 0, 0, 0, 0, 0, 0, 9, 10, 9};
   fb.shared_prefix_tokens = {64, 64, 64, 64, 64, 64, 64, 64, 64, 32, 0, 32};
+  return fb;
+}
+
+TEST(PrefixItems, PackedAsTheGroupsSay) {
+  // Host only: the staging's packing of assign_shared_prefixes' groups.
+  ForwardBatch fb = grouped_decode_batch();
+  const int B = fb.num_seqs();
   std::vector<int32_t> items(static_cast<size_t>(prefix_items_words(B))), tokens(B);
   // 4 members an item: 9 splits into 3 items of 3; the pair is one item.
   ASSERT_EQ(BatchStaging::pack_prefix_items(fb, 4, items.data(), tokens.data()), 4);
@@ -1414,17 +1421,8 @@ TEST(PrefixItems, PackedAsTheGroupsSay) {
 TEST(PrefixItems, SixteenRowItemsWhileTheirPassFitsAWave) {
   // Host only. The group of 9 and the pair make 3 + 1 items of up to 4 members (16 rows at
   // 4 query heads per KV head) or 2 + 1 of up to 8 (32 rows); 8 KV heads.
-  ForwardBatch fb;
-  fb.page_size = 16;
-  const int B = 12;
-  for (int b = 0; b < B; ++b) {
-    fb.query_start.push_back(b);
-    fb.kv_lens.push_back(100);
-    fb.token_ids.push_back(0);
-  }
-  fb.query_start.push_back(B);
-  fb.shared_prefix_group = {0, 0, 0, 0, 0, 0, 0, 0, 0, 9, 10, 9};
-  fb.shared_prefix_tokens = {64, 64, 64, 64, 64, 64, 64, 64, 64, 32, 0, 32};
+  ForwardBatch fb = grouped_decode_batch();
+  const int B = fb.num_seqs();
   EXPECT_EQ(decode_prefix_item_members(32, 8, kDecodePassRows / 2), 4);
   EXPECT_EQ(decode_prefix_item_members(32, 8), 8);
   PrefixItemSizes sizes;

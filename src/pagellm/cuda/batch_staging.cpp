@@ -22,6 +22,16 @@ cudaStream_t as_stream(CUstream_st* s) { return s; }
 cudaEvent_t as_event(CUevent_st* e) { return e; }
 int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
+/// Members of each shared-prefix group, indexed by the group's id (a sequence index).
+std::vector<int32_t> shared_prefix_group_sizes(const ForwardBatch& batch) {
+  const int32_t B = batch.num_seqs();
+  std::vector<int32_t> count(static_cast<size_t>(B), 0);
+  for (int32_t b = 0; b < B; ++b) {
+    if (batch.shared_prefix_tokens[b] > 0) ++count[batch.shared_prefix_group[b]];
+  }
+  return count;
+}
+
 }  // namespace
 
 BatchStaging::BatchStaging(DeviceMemory& memory, CUstream_st* stream)
@@ -308,11 +318,7 @@ int32_t BatchStaging::prefix_item_members(const ForwardBatch& batch,
       !batch.has_shared_prefix()) {
     return sizes.members;
   }
-  const int32_t B = batch.num_seqs();
-  std::vector<int32_t> count(static_cast<size_t>(B), 0);
-  for (int32_t b = 0; b < B; ++b) {
-    if (batch.shared_prefix_tokens[b] > 0) ++count[batch.shared_prefix_group[b]];
-  }
+  const std::vector<int32_t> count = shared_prefix_group_sizes(batch);
   int64_t half_items = 0;
   for (const int32_t n : count) {
     if (n >= 2) half_items += (n + sizes.half_members - 1) / sizes.half_members;
@@ -329,10 +335,8 @@ int32_t BatchStaging::pack_prefix_items(const ForwardBatch& batch, int32_t membe
   if (members < 2 || !batch.has_shared_prefix() || batch.num_tokens() != B) return 0;
   members = std::min(members, kPrefixItemMaxMembers);
   // Members per group, then each group's items filled in batch order.
-  std::vector<int32_t> count(static_cast<size_t>(B), 0), first_item(static_cast<size_t>(B), -1);
-  for (int32_t b = 0; b < B; ++b) {
-    if (batch.shared_prefix_tokens[b] > 0) ++count[batch.shared_prefix_group[b]];
-  }
+  const std::vector<int32_t> count = shared_prefix_group_sizes(batch);
+  std::vector<int32_t> first_item(static_cast<size_t>(B), -1);
   int32_t n_items = 0;
   std::vector<int32_t> seen(static_cast<size_t>(B), 0);
   for (int32_t b = 0; b < B; ++b) {
