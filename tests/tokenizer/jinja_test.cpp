@@ -99,6 +99,21 @@ TEST(Jinja, ErrorsNameTheConstruct) {
   EXPECT_NE(error_of("{{ 'x' % 3 }}").find("printf-style"), std::string::npos);
 }
 
+TEST(Jinja, IntegerResultsPast64BitsAreErrors) {
+  // Python's ints are unbounded; ours are 64-bit, and a result past them is an error (a
+  // fuzzer's input, `72 ** 10 * 3`, once overflowed silently).
+  const std::string min = "(-9223372036854775807 - 1)";
+  EXPECT_EQ(render("{{ " + min + " }} {{ 9223372036854775806 + 1 }} {{ " + min + " // 1 }} {{ " +
+                   min + " % -1 }} {{ -7 // -1 }}"),
+            "-9223372036854775808 9223372036854775807 -9223372036854775808 0 7");
+  for (const std::string& source : std::vector<std::string>{
+           "{{ 72 ** 10 * 3 }}", "{{ 9223372036854775807 + 1 }}", "{{ " + min + " - 1 }}",
+           "{{ " + min + " // -1 }}", "{{ -" + min + " }}", "{{ 4611686018427387904 * 2 }}"}) {
+    EXPECT_NE(error_of(source).find("overflows 64 bits"), std::string::npos)
+        << source << ": " << error_of(source);
+  }
+}
+
 TEST(Jinja, FloatRepr) {
   EXPECT_EQ(float_repr(1.0), "1.0");
   EXPECT_EQ(float_repr(0.1), "0.1");

@@ -365,6 +365,14 @@ int64_t float_to_int(double f, int line) {
   return static_cast<int64_t>(f);
 }
 
+// Python's ints have no bound; this interpreter's are 64-bit, and a result past them is an
+// error naming the operator rather than a wrapped (and undefined) value. Call with the
+// overflow flag computed first: the result is written by the same builtin.
+int64_t checked_int(bool overflowed, int64_t value, const std::string& op, int line) {
+  if (overflowed) fail(line, "integer result of '" + op + "' overflows 64 bits");
+  return value;
+}
+
 Value arithmetic(const std::string& op, const Value& a, const Value& b, int line) {
   if (a.is_undefined()) fail(line, undefined_message(a));
   if (b.is_undefined()) fail(line, undefined_message(b));
@@ -387,7 +395,11 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b, int line
       const Value& other = a.is_string() ? b : a;
       fail(line, "can only concatenate str (not \"" + other.type_name() + "\") to str");
     }
-    if (both_int) return Value(a.as_int() + b.as_int());
+    if (both_int) {
+      int64_t sum = 0;
+      const bool overflowed = __builtin_add_overflow(a.as_int(), b.as_int(), &sum);
+      return Value(checked_int(overflowed, sum, op, line));
+    }
     if (a.is_number() && b.is_number()) return Value(a.as_float() + b.as_float());
     return unsupported();
   }
@@ -412,14 +424,22 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b, int line
     };
     if ((a.is_string() || a.is_list()) && (b.is_int() || b.is_bool())) return repeat(a, b.as_int());
     if ((b.is_string() || b.is_list()) && (a.is_int() || a.is_bool())) return repeat(b, a.as_int());
-    if (both_int) return Value(a.as_int() * b.as_int());
+    if (both_int) {
+      int64_t product = 0;
+      const bool overflowed = __builtin_mul_overflow(a.as_int(), b.as_int(), &product);
+      return Value(checked_int(overflowed, product, op, line));
+    }
     if (a.is_number() && b.is_number()) return Value(a.as_float() * b.as_float());
     return unsupported();
   }
   if (op == "%" && a.is_string()) fail(line, "unsupported Jinja construct: printf-style '%' string formatting");
   if (!a.is_number() || !b.is_number()) return unsupported();
   if (op == "-") {
-    if (both_int) return Value(a.as_int() - b.as_int());
+    if (both_int) {
+      int64_t difference = 0;
+      const bool overflowed = __builtin_sub_overflow(a.as_int(), b.as_int(), &difference);
+      return Value(checked_int(overflowed, difference, op, line));
+    }
     return Value(a.as_float() - b.as_float());
   }
   if (op == "/") {
@@ -430,6 +450,11 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b, int line
     if (both_int) {
       const int64_t x = a.as_int(), y = b.as_int();
       if (y == 0) fail(line, "integer division or modulo by zero");
+      if (y == -1) {  // x / -1 overflows for the smallest x; the remainder is 0
+        int64_t negated = 0;
+        const bool overflowed = __builtin_sub_overflow(int64_t{0}, x, &negated);
+        return op == "//" ? Value(checked_int(overflowed, negated, op, line)) : Value(int64_t{0});
+      }
       int64_t q = x / y, r = x % y;
       if (r != 0 && ((r < 0) != (y < 0))) {
         q -= 1;
@@ -1017,7 +1042,10 @@ class Renderer {
         if (v.is_undefined()) fail(e.line, undefined_message(v));
         if (!v.is_number()) fail(e.line, "bad operand type for unary " + std::string(e.kind == Expr::Kind::kNeg ? "-" : "+") + ": '" + v.type_name() + "'");
         if (e.kind == Expr::Kind::kPos) return v.is_float() ? v : Value(v.as_int());
-        return v.is_float() ? Value(-v.as_float()) : Value(-v.as_int());
+        if (v.is_float()) return Value(-v.as_float());
+        int64_t negated = 0;
+        const bool overflowed = __builtin_sub_overflow(int64_t{0}, v.as_int(), &negated);
+        return Value(checked_int(overflowed, negated, "-", e.line));
       }
       case Expr::Kind::kBinary: {
         const Value a = eval(*e.children[0], scope);
