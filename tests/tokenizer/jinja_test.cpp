@@ -106,9 +106,13 @@ TEST(Jinja, IntegerResultsPast64BitsAreErrors) {
   EXPECT_EQ(render("{{ " + min + " }} {{ 9223372036854775806 + 1 }} {{ " + min + " // 1 }} {{ " +
                    min + " % -1 }} {{ -7 // -1 }}"),
             "-9223372036854775808 9223372036854775807 -9223372036854775808 0 7");
+  // Powers up to the edges: (-2) ** 63 is the least int64, 3 ** 39 squares 3 ** 32 last.
+  EXPECT_EQ(render("{{ (-2) ** 63 }} {{ 3 ** 39 }} {{ 1 ** 9223372036854775807 }}"),
+            "-9223372036854775808 4052555153018976267 1");
   for (const std::string& source : std::vector<std::string>{
            "{{ 72 ** 10 * 3 }}", "{{ 9223372036854775807 + 1 }}", "{{ " + min + " - 1 }}",
-           "{{ " + min + " // -1 }}", "{{ -" + min + " }}", "{{ 4611686018427387904 * 2 }}"}) {
+           "{{ " + min + " // -1 }}", "{{ -" + min + " }}", "{{ 4611686018427387904 * 2 }}",
+           "{{ 2 ** 63 }}", "{{ (-3) ** 40 }}", "{{ 2 ** 64 }}"}) {
     EXPECT_NE(error_of(source).find("overflows 64 bits"), std::string::npos)
         << source << ": " << error_of(source);
   }

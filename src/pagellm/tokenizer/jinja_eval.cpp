@@ -489,10 +489,16 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b, int line
     if (both_int && b.as_int() >= 0) {
       int64_t result = 1, base = a.as_int();
       for (int64_t e = b.as_int(); e > 0; e >>= 1) {  // square and multiply
-        if ((e & 1) && __builtin_mul_overflow(result, base, &result)) {
-          fail(line, "integer power overflows 64 bits");
+        if (e & 1) {
+          const bool overflowed = __builtin_mul_overflow(result, base, &result);
+          result = checked_int(overflowed, result, op, line);
         }
-        if (e > 1 && __builtin_mul_overflow(base, base, &base)) fail(line, "integer power overflows 64 bits");
+        if (e > 1) {
+          // A square past 64 bits is always multiplied in later (a higher bit of e is set)
+          // into a result that is then past 64 bits too.
+          const bool overflowed = __builtin_mul_overflow(base, base, &base);
+          base = checked_int(overflowed, base, op, line);
+        }
       }
       return Value(result);
     }

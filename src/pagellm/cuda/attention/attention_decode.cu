@@ -831,8 +831,8 @@ struct TmaTileStreamT {
       const int g = warp + ((row_batch << 5) + lane) * kDecodeWarps;
       const DecodeArgs& a = t.a;
       const int32_t* row = page_row;
-      int pos = key_begin + g * 16;
-      bool valid = pos < key_limit;
+      int pos = 0;
+      bool valid;
       if constexpr (kSegmented) {
         valid = g < segs->tiles();
         if (valid) {
@@ -840,6 +840,9 @@ struct TmaTileStreamT {
           pos = segs->first_key(g, s);
           row = a.p.page_table + static_cast<int64_t>(segs->seq[s]) * a.p.max_pages_per_seq;
         }
+      } else {
+        pos = key_begin + g * 16;
+        valid = pos < key_limit;
       }
       // Rows fit int32: decode_tma_supported checks the pool has fewer than 2^31.
       my_row = valid ? static_cast<int32_t>(kv_row(row, pos, a.p.page_size, a.page_shift,
@@ -883,11 +886,14 @@ struct TmaTileStreamT {
       const uint32_t k_base = ring + stage * T::kStageBytes;
       const uint32_t v_base = k_base + T::kTileBytes;
       const int g = warp + j * kDecodeWarps;
-      int n0 = key_begin + g * 16, tile_end = end;
+      int n0, tile_end;
       if constexpr (kSegmented) {
         seg = segs->find(g, seg);
         n0 = segs->first_key(g, seg);
         tile_end = segs->end[seg];
+      } else {
+        n0 = key_begin + g * 16;
+        tile_end = end;
       }
       if (n0 + 16 > tile_end) {
         // Rows of keys >= end hold whatever the page holds: zero their V (P is 0 there).
