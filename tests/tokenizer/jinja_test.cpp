@@ -118,6 +118,28 @@ TEST(Jinja, IntegerResultsPast64BitsAreErrors) {
   }
 }
 
+TEST(Jinja, RepeatingAnEmptySequenceIsImmediate) {
+  // A repeat count with nothing to repeat once looped over the count: 10 ** 18 empty
+  // appends, a template that never ended.
+  EXPECT_EQ(render("[{{ '' * 1000000000000000000 }}]"), "[]");
+  EXPECT_EQ(render("{{ ([] * 1000000000000000000) | length }}"), "0");
+  EXPECT_EQ(render("{{ 1000000000000000000 * '' }}|{{ 'ab' * 3 }}|{{ 'ab' * -2 }}"), "|ababab|");
+}
+
+TEST(Jinja, RangeEndsAtTheEdgeOf64Bits) {
+  // The step past the last item would leave int64: the range ends there, as Python's
+  // (unbounded) range would, rather than overflowing.
+  EXPECT_EQ(render("{{ range(9223372036854775800, 9223372036854775807, 100) | list }}"),
+            "[9223372036854775800]");
+  EXPECT_EQ(render("{{ range(-9223372036854775800, -9223372036854775807 - 1, -100) | list }}"),
+            "[-9223372036854775800]");
+  EXPECT_EQ(render("{{ range(5, 0, -2) | list }}"), "[5, 3, 1]");
+  // Slices too: the step past the last index would leave int64.
+  EXPECT_EQ(render("{{ 'abc'[2:3:9223372036854775807] }}|{{ [1, 2, 3][1::9223372036854775807] }}"
+                   "|{{ 'abc'[::-9223372036854775807 - 1] }}|{{ 'abcdef'[1::2] }}"),
+            "c|[2]|c|bdf");
+}
+
 TEST(Jinja, FloatRepr) {
   EXPECT_EQ(float_repr(1.0), "1.0");
   EXPECT_EQ(float_repr(0.1), "0.1");

@@ -267,10 +267,10 @@ std::vector<int64_t> slice_indices(int64_t length, const Value& start_v, const V
   const int64_t start = adjust(as_index(start_v, "start"), step < 0 ? length - 1 : 0);
   const int64_t stop = adjust(as_index(stop_v, "stop"), step < 0 ? -1 : length);
   std::vector<int64_t> indices;
-  if (step > 0) {
-    for (int64_t i = start; i < stop; i += step) indices.push_back(i);
-  } else {
-    for (int64_t i = start; i > stop; i += step) indices.push_back(i);
+  // A step that takes the index past int64 ends the slice (the index is past it anyway).
+  for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
+    indices.push_back(i);
+    if (__builtin_add_overflow(i, step, &i)) break;
   }
   return indices;
 }
@@ -407,7 +407,9 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b, int line
     auto repeat = [&](const Value& seq, int64_t n) -> Value {
       const size_t unit = seq.is_string() ? seq.as_string().size() : seq.list_data().items.size();
       const size_t limit = seq.is_string() ? kMaxStringBytes : kMaxListItems;
-      if (n > 0 && unit > 0 && static_cast<uint64_t>(n) > limit / unit) {
+      // Nothing to repeat: the result is empty whatever the count (no loop over it).
+      if (unit == 0) n = 0;
+      if (n > 0 && static_cast<uint64_t>(n) > limit / unit) {
         if (seq.is_string()) check_size(kMaxStringBytes + 1, line);
         check_items(kMaxListItems + 1, line);
       }
@@ -1288,9 +1290,10 @@ class Renderer {
       const int64_t step = a.size() == 3 ? a[2] : 1;
       PAGELLM_CHECK(step != 0) << "range() arg 3 must not be zero";
       std::vector<Value> out;
-      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+      for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
         PAGELLM_CHECK(out.size() < 100000) << "range too big (the sandbox allows 100000 items)";
         out.emplace_back(i);
+        if (__builtin_add_overflow(i, step, &i)) break;  // the next item is past int64
       }
       return Value::list(std::move(out));
     });
