@@ -37,6 +37,7 @@ struct BenchArgs {
   std::optional<uint64_t> seed;
   std::string json_out;
   int trace_steps = 0;
+  int trace_after = 1;
   bool trace_prefill = false;
   std::string trace_out;
   int repeats = 5;  // weight-update: full updates per source
@@ -279,8 +280,9 @@ void print_grpo(const GrpoReport& r) {
   }
   if (r.trace) {
     std::printf("  (the rollout figures above include the %d traced steps: the last round's "
-                "first decode-only steps, %.1f decode rows a step)\n",
-                r.trace->steps, static_cast<double>(r.trace_rows) / r.trace->steps);
+                "decode-only steps after its first %lld, %.1f decode rows a step)\n",
+                r.trace->steps, static_cast<long long>(r.trace_after_steps),
+                static_cast<double>(r.trace_rows) / r.trace->steps);
     print_trace(r.trace->timeline, r.trace->steps, "decode");
   }
 }
@@ -345,6 +347,8 @@ void run_bench(const BenchArgs& args) {
     PAGELLM_CHECK(!args.trace_prefill)
         << "--trace-prefill applies to decode workloads, not to --workload grpo (its "
            "--trace-steps N traces the last round's first N decode-only steps)";
+    PAGELLM_CHECK(args.trace_after == 1 || args.trace_steps > 0)
+        << "--trace-after " << args.trace_after << " places a trace: give --trace-steps too";
     EngineConfig config = args.engine.config;
     if (args.engine.kv_cache_gb > 0) {
       config.kv_cache_bytes = static_cast<size_t>(args.engine.kv_cache_gb * 1e9);
@@ -357,8 +361,8 @@ void run_bench(const BenchArgs& args) {
                                        if (total > (size_t{256} << 20)) bar.update(done, total);
                                      });
     }
-    const GrpoReport report =
-        run_grpo_benchmark(*engine, grpo, /*measure_bandwidth=*/true, args.trace_steps);
+    const GrpoReport report = run_grpo_benchmark(*engine, grpo, /*measure_bandwidth=*/true,
+                                                 args.trace_steps, args.trace_after);
     print_grpo(report);
     if (report.trace && !args.trace_out.empty()) {
       write_trace_csv(report.trace->spans, args.trace_out);
@@ -366,6 +370,9 @@ void run_bench(const BenchArgs& args) {
     if (!args.json_out.empty()) append_json(args.json_out, grpo_json_line(report));
     return;
   }
+  PAGELLM_CHECK(args.trace_after == 1)
+      << "--trace-after applies to --workload grpo (a decode workload's --trace-steps window "
+         "is the middle of its decode)";
   const DecodeWorkload workload = workload_of(args);
   workload.validate();
   const bool weight_update = lower_case(args.workload) == kWeightUpdateWorkload;
@@ -467,6 +474,11 @@ void register_bench_command(CLI::App& app) {
                   "record this many decode steps' kernels (CUPTI) and print where the time "
                   "goes (grpo: the last round's first decode-only steps)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--trace-after", a->trace_after,
+                  "grpo with --trace-steps: begin the trace once this many of the last "
+                  "round's decode-only steps have run (1: right after its prefill)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--trace-prefill", a->trace_prefill,
                 "record the prefill phase's kernels (every step until each request has its "
                 "first token) and print where the time goes; not with --trace-steps");

@@ -173,6 +173,12 @@ cli_bench_error(lora_rank_with_grpo
 cli_bench_error(trace_prefill_with_grpo
   "^pagellm: error: --trace-prefill applies to decode workloads, not to --workload grpo"
   --workload grpo --trace-prefill)
+cli_bench_error(trace_after_without_steps
+  "^pagellm: error: --trace-after 3 places a trace: give --trace-steps too$"
+  --workload grpo --trace-after 3)
+cli_bench_error(trace_after_with_decode
+  "^pagellm: error: --trace-after applies to --workload grpo "
+  --trace-steps 2 --trace-after 3)
 # The default is the named workload W1; an unknown name lists the known ones.
 add_test(NAME cli_bench_help COMMAND ${_pl} bench --help)
 set_tests_properties(cli_bench_help PROPERTIES PASS_REGULAR_EXPRESSION

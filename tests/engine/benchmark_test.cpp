@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 #include "pagellm/common/check.h"
@@ -879,6 +880,44 @@ TEST(BenchmarkTest, GrpoTracesTheLastRoundsFirstDecodeSteps) {
   EXPECT_NE(none.trace_unavailable.find("trace"), std::string::npos) << none.trace_unavailable;
   EXPECT_EQ(none.generated_tokens, plain.generated_tokens);
   EXPECT_THROW(run_grpo_benchmark(*cpu, g, false, -1), Error);
+}
+
+// W2's trace_after: the window begins once that many of the last round's decode-only steps
+// have run. Step by step (no pipelining), a window of n steps after a holds the rows of
+// steps a + 1 .. a + n, so its rows are the sum of the one-step windows' rows there; the
+// rows fall as samples finish, so a window in the wrong place would show it.
+TEST(BenchmarkTest, GrpoTraceAfterPlacesTheWindow) {
+  const GrpoWorkload g = tiny_grpo();
+  EngineConfig config = tiny_grpo_config(g);
+  config.pipelined_decode_steps = 1;
+  const auto run = [&](int32_t steps, int32_t after) {
+    auto backend = std::make_unique<StepTracingBackend>();
+    const Qwen3Config mc = preset_config(g.preset);
+    auto model = std::make_unique<Qwen3Model>(*backend, mc,
+                                              random_weight_lookup(mc, g.seed, DType::BF16));
+    Engine engine(std::move(backend), std::move(model), config);
+    return run_grpo_benchmark(engine, g, false, steps, after);
+  };
+  std::vector<int64_t> rows;  // rows[a - 1]: the rows of the round's decode-only step a + 1
+  for (int32_t after = 1; after <= 8; ++after) {
+    const GrpoReport r = run(1, after);
+    if (!r.trace) break;  // the round has no step after `after`
+    EXPECT_EQ(r.trace_after_steps, after);
+    EXPECT_EQ(r.trace->steps, 1);
+    rows.push_back(r.trace_rows);
+  }
+  ASSERT_GE(rows.size(), 4u) << "the tiny round has too few decode-only steps for the test";
+  EXPECT_NE(*std::min_element(rows.begin(), rows.end()),
+            *std::max_element(rows.begin(), rows.end()))
+      << "every step has the same rows: the test could not tell windows apart";
+  const GrpoReport window = run(3, 2);
+  ASSERT_TRUE(window.trace.has_value());
+  EXPECT_EQ(window.trace->steps, 3);
+  EXPECT_EQ(window.trace_after_steps, 2);
+  EXPECT_EQ(window.trace_rows, rows[1] + rows[2] + rows[3]);
+  const GrpoReport plain = run(0, 1);
+  EXPECT_EQ(window.generated_tokens, plain.generated_tokens);
+  EXPECT_THROW(run(3, 0), Error);
 }
 
 }  // namespace

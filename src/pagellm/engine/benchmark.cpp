@@ -855,9 +855,13 @@ std::optional<double> GrpoReport::fraction_of_limit() const {
 }
 
 GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
-                              bool measure_bandwidth, int32_t trace_steps) {
+                              bool measure_bandwidth, int32_t trace_steps,
+                              int32_t trace_after) {
   workload.validate();
   PAGELLM_CHECK(trace_steps >= 0) << "trace steps must be non-negative, got " << trace_steps;
+  PAGELLM_CHECK(trace_after >= 1)
+      << "the trace begins after at least one decode-only step (the one that shows the "
+         "round's prefill is over), got trace_after " << trace_after;
   PAGELLM_CHECK(!engine.has_unfinished())
       << "the grpo benchmark needs an idle engine; this one has unfinished requests";
   const SchedulerConfig& sc = engine.scheduler_config();
@@ -946,9 +950,11 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
                           " rows";
   }
   const PrefixCacheStats prefix_before = engine.prefix_cache_stats();
-  // The trace (trace_steps > 0): the last round's first decode-only steps after its prefill.
+  // The trace (trace_steps > 0): the last round's decode-only steps once trace_after of them
+  // have run (1: its first after its prefill).
   BenchmarkTrace trace;
   bool tracing = false;
+  int64_t decode_only_run = 0;  // the last round's decode-only forward steps so far
   for (int32_t round = 0; round < workload.rounds; ++round) {
     if (round > 0) {
       r.weight_update_seconds.push_back(
@@ -1028,16 +1034,20 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
     });
     backend.synchronize();
     const HostGap host_before = engine.stats().host_gap;
-    // Armed in the last round; begins after its first decode-only step.
+    // Armed in the last round; begins once trace_after of its decode-only steps have run.
     bool trace_armed = trace_steps > 0 && round == workload.rounds - 1;
     const auto t0 = Clock::now();
     while (engine.has_unfinished()) {
       if (trace_armed && !records.empty() &&
           std::none_of(records.begin(), records.end(),
                        [](const StepRecord& rec) { return rec.prefill || rec.rows == 0; })) {
-        trace_armed = false;
-        r.trace_unavailable = backend.begin_kernel_trace();
-        tracing = r.trace_unavailable.empty();
+        decode_only_run += static_cast<int64_t>(records.size());
+        if (decode_only_run >= trace_after) {
+          trace_armed = false;
+          r.trace_after_steps = decode_only_run;
+          r.trace_unavailable = backend.begin_kernel_trace();
+          tracing = r.trace_unavailable.empty();
+        }
       }
       records.clear();
       const auto step_start = Clock::now();

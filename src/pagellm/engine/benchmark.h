@@ -428,12 +428,16 @@ struct GrpoReport {
   std::vector<GrpoStepClass> step_classes;
   int64_t prefix_queried_tokens = 0;
   int64_t prefix_hit_tokens = 0;
-  /// With trace_steps: the kernels of the last round's first decode-only steps after its
-  /// prefill (the round's largest steps; the rollout figures include them), with their
-  /// decode rows (trace_rows, summed over trace->steps forward steps). Absent when the
-  /// backend cannot trace (trace_unavailable says why) or no step was traced.
+  /// With trace_steps: the kernels of the last round's decode-only steps from the one after
+  /// its first trace_after (by default its first decode-only steps after its prefill, the
+  /// round's largest; the rollout figures include them), with their decode rows
+  /// (trace_rows, summed over trace->steps forward steps) and the number of the round's
+  /// decode-only steps run before them (trace_after_steps: at least trace_after, more when
+  /// an engine step ran several). Absent when the backend cannot trace (trace_unavailable
+  /// says why) or no step was traced.
   std::optional<BenchmarkTrace> trace;
   int64_t trace_rows = 0;
+  int64_t trace_after_steps = 0;
   std::string trace_unavailable;
   double prefix_hit_rate() const {
     return prefix_queried_tokens > 0
@@ -445,9 +449,12 @@ struct GrpoReport {
 /// Runs W2 on an idle engine made for it (grpo_engine_config); throws Error when it cannot
 /// hold a round or a sample ends other than by its length.
 /// With trace_steps > 0 it records the kernels of that many forward steps (GrpoReport::trace;
-/// with pipelined decode, up to the end of the engine step that reaches the count).
+/// with pipelined decode, up to the end of the engine step that reaches the count), once
+/// trace_after (>= 1) of the last round's decode-only forward steps have run: later
+/// windows show the round's steps with fewer, longer samples.
 GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
-                              bool measure_bandwidth = true, int32_t trace_steps = 0);
+                              bool measure_bandwidth = true, int32_t trace_steps = 0,
+                              int32_t trace_after = 1);
 
 /// The report as one JSON line.
 std::string grpo_json_line(const GrpoReport& report);
