@@ -32,6 +32,8 @@
 # "prefill" runs `pagellm bench` at 16 x 2,048 and 4 x 8,192 prompt tokens beside
 # bench/peers/hf_prefill.py (transformers, SDPA) and traces the 16 x 2,048 prefill.
 # "ablate" re-runs W1 with one optimisation off at a time (ABLATIONS: VAR=VALUE items).
+# "sampler" times the GPU sampler by row count, sampling parameters and logits shape
+# (bench/gpu_sampler_bench.cu) against one read of the logits at the copy rate.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=${1:-gpu-bundle}
@@ -41,7 +43,7 @@ shift 2 || true
 # (a soak in the background) needs its own.
 B=${PAGELLM_GPU_DIR:-/tmp/pagellm-gpu}
 rm -rf "$B" && mkdir -p "$B" && xz -dc "$BUNDLE/bundle.tar.xz" | tar -C "$B" -xf - || exit 1
-STEPS=${*:-tests e2e logprobs bench rl python lora serve broadcast trace prefill attn gemm stream calib hf tp}
+STEPS=${*:-tests e2e logprobs bench rl python lora serve broadcast trace prefill attn gemm stream sampler calib hf tp}
 mkdir -p "$LOG"
 export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:/usr/local/cuda-13.0/lib64:${LD_LIBRARY_PATH:-}"
 export PYTHONUNBUFFERED=1
@@ -196,6 +198,11 @@ fi
 if has stream; then
   step "the weight stream's own ceiling: a layer's products as chained and as persistent kernels"
   "$B/bin/layer_stream_bench" 2>&1 | tee "$LOG/layer_stream_bench.log"
+fi
+
+if has sampler; then
+  step "the GPU sampler: rows, parameters and logits shapes"
+  "$B/bin/gpu_sampler_bench" 2>&1 | tee "$LOG/gpu_sampler_bench.log"
 fi
 
 if has calib; then

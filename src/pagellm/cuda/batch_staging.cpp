@@ -250,9 +250,16 @@ BatchTensors BatchStaging::upload(const ForwardBatch& batch) {
   put(l.logits_indices, batch.logits_indices);
   const bool lora = !batch.lora_slots.empty();
   if (lora) batch.lora_token_slots(staged + l.lora_slots);
-  const int32_t prefix_items =
-      pack_prefix_items(batch, prefix_item_members(batch, prefix_sizes_),
-                        staged + l.prefix_items, staged + l.prefix_tokens);
+  // The groups' sizes are counted once: they choose the item size and fill the items.
+  int32_t prefix_items = 0;
+  if (batch.has_shared_prefix()) {
+    const std::vector<int32_t> groups = shared_prefix_group_sizes(batch);
+    prefix_items = pack_groups(batch, groups, members_for_groups(groups, prefix_sizes_),
+                               staged + l.prefix_items, staged + l.prefix_tokens);
+  } else {
+    prefix_items = pack_groups(batch, {}, prefix_sizes_.members, staged + l.prefix_items,
+                               staged + l.prefix_tokens);
+  }
   size_t used = 0;
   bool runs_overlap = false;
   if (persistent) {
@@ -314,13 +321,15 @@ BatchTensors BatchStaging::upload(const ForwardBatch& batch) {
 
 int32_t BatchStaging::prefix_item_members(const ForwardBatch& batch,
                                           const PrefixItemSizes& sizes) {
-  if (sizes.half_members < 2 || sizes.half_members >= sizes.members ||
-      !batch.has_shared_prefix()) {
-    return sizes.members;
-  }
-  const std::vector<int32_t> count = shared_prefix_group_sizes(batch);
+  if (!batch.has_shared_prefix()) return sizes.members;
+  return members_for_groups(shared_prefix_group_sizes(batch), sizes);
+}
+
+int32_t BatchStaging::members_for_groups(const std::vector<int32_t>& group_sizes,
+                                         const PrefixItemSizes& sizes) {
+  if (sizes.half_members < 2 || sizes.half_members >= sizes.members) return sizes.members;
   int64_t half_items = 0;
-  for (const int32_t n : count) {
+  for (const int32_t n : group_sizes) {
     if (n >= 2) half_items += (n + sizes.half_members - 1) / sizes.half_members;
   }
   return half_items * sizes.kv_heads <= sizes.max_half_ctas ? sizes.half_members
@@ -329,13 +338,19 @@ int32_t BatchStaging::prefix_item_members(const ForwardBatch& batch,
 
 int32_t BatchStaging::pack_prefix_items(const ForwardBatch& batch, int32_t members,
                                         int32_t* items, int32_t* tokens) {
+  if (!batch.has_shared_prefix()) return pack_groups(batch, {}, members, items, tokens);
+  return pack_groups(batch, shared_prefix_group_sizes(batch), members, items, tokens);
+}
+
+int32_t BatchStaging::pack_groups(const ForwardBatch& batch,
+                                  const std::vector<int32_t>& count, int32_t members,
+                                  int32_t* items, int32_t* tokens) {
   const int32_t B = batch.num_seqs();
   std::fill(tokens, tokens + B, 0);
   items[0] = 0;
   if (members < 2 || !batch.has_shared_prefix() || batch.num_tokens() != B) return 0;
   members = std::min(members, kPrefixItemMaxMembers);
-  // Members per group, then each group's items filled in batch order.
-  const std::vector<int32_t> count = shared_prefix_group_sizes(batch);
+  // Each group's items filled in batch order (count: members per group).
   std::vector<int32_t> first_item(static_cast<size_t>(B), -1);
   int32_t n_items = 0;
   std::vector<int32_t> seen(static_cast<size_t>(B), 0);

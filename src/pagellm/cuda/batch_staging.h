@@ -63,6 +63,13 @@ class BatchStaging {
                                    int32_t* tokens);
 
  private:
+  // prefix_item_members and pack_prefix_items on the members per group (indexed by the
+  // group's id; shared_prefix_group_sizes), which upload counts once for both.
+  static int32_t members_for_groups(const std::vector<int32_t>& group_sizes,
+                                    const PrefixItemSizes& sizes);
+  static int32_t pack_groups(const ForwardBatch& batch, const std::vector<int32_t>& count,
+                             int32_t members, int32_t* items, int32_t* tokens);
+
   // Element offsets of the batch regions for the current capacities.
   struct Layout {
     size_t token_ids, positions, slot_mapping, query_start, kv_lens, logits_indices,
