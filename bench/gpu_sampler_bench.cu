@@ -6,7 +6,8 @@
 //
 // Kinds: greedy (W1's rows), plain temperature 1 without processed log-probabilities
 // (W2's rows: the race over the whole row), the same with the processed normaliser,
-// min-p 0.05, and Qwen3's recommended temperature 0.6 + top-k 20 + top-p 0.95. Shapes:
+// min-p 0.05, top-p 0.8 alone (temperature 0.7), and Qwen3's recommended temperature 0.6 +
+// top-k 20 + top-p 0.95. Shapes:
 // "flat" logits N(0, 0.05), what a random-weight model gives (the race prunes almost
 // nothing), and "peaked" N(0, 2.5) with a few tokens 8-15 above the rest, like a trained
 // model's. Each launch is captured 20 times into a graph and replayed; the logits are the
@@ -54,6 +55,10 @@ std::vector<Kind> kinds() {
   GpuSamplingRow min_p = plain;
   min_p.min_p = 0.05f;
   k.push_back({"min-p 0.05", min_p});
+  GpuSamplingRow top_p = plain;
+  top_p.temperature = 0.7f;
+  top_p.top_p = 0.8f;
+  k.push_back({"T .7 p .8", top_p});
   GpuSamplingRow qwen;
   qwen.temperature = 0.6f;
   qwen.top_k = 20;
