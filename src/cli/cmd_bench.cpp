@@ -283,6 +283,15 @@ void print_grpo(const GrpoReport& r) {
                 "decode-only steps after its first %lld, %.1f decode rows a step)\n",
                 r.trace->steps, static_cast<long long>(r.trace_after_steps),
                 static_cast<double>(r.trace_rows) / r.trace->steps);
+    const double kv = r.trace_kv_bytes / r.trace->steps;
+    const double weights = r.trace_weight_bytes / r.trace->steps;
+    std::printf("  (they read %.2f GB of K/V a step, each page once, and %.2f GB of weights",
+                kv / 1e9, weights / 1e9);
+    if (r.bandwidth_bytes_per_s) {
+      std::printf(": %.0f us and %.0f us at the copy rate", 1e6 * kv / *r.bandwidth_bytes_per_s,
+                  1e6 * weights / *r.bandwidth_bytes_per_s);
+    }
+    std::printf(")\n");
     print_trace(r.trace->timeline, r.trace->steps, "decode");
   }
 }

@@ -899,12 +899,17 @@ TEST(BenchmarkTest, GrpoTraceAfterPlacesTheWindow) {
     return run_grpo_benchmark(engine, g, false, steps, after);
   };
   std::vector<int64_t> rows;  // rows[a - 1]: the rows of the round's decode-only step a + 1
+  std::vector<double> kv_bytes, weight_bytes;  // that step's K/V and weight bytes
   for (int32_t after = 1; after <= 8; ++after) {
     const GrpoReport r = run(1, after);
     if (!r.trace) break;  // the round has no step after `after`
     EXPECT_EQ(r.trace_after_steps, after);
     EXPECT_EQ(r.trace->steps, 1);
     rows.push_back(r.trace_rows);
+    kv_bytes.push_back(r.trace_kv_bytes);
+    weight_bytes.push_back(r.trace_weight_bytes);
+    EXPECT_GT(r.trace_kv_bytes, 0.0);
+    EXPECT_GT(r.trace_weight_bytes, 0.0);
   }
   ASSERT_GE(rows.size(), 4u) << "the tiny round has too few decode-only steps for the test";
   EXPECT_NE(*std::min_element(rows.begin(), rows.end()),
@@ -915,6 +920,12 @@ TEST(BenchmarkTest, GrpoTraceAfterPlacesTheWindow) {
   EXPECT_EQ(window.trace->steps, 3);
   EXPECT_EQ(window.trace_after_steps, 2);
   EXPECT_EQ(window.trace_rows, rows[1] + rows[2] + rows[3]);
+  // The window's bytes are its steps' (whole numbers of bytes: exact in double).
+  EXPECT_NE(*std::min_element(kv_bytes.begin(), kv_bytes.end()),
+            *std::max_element(kv_bytes.begin(), kv_bytes.end()))
+      << "every step read the same K/V: the test could not tell windows apart";
+  EXPECT_EQ(window.trace_kv_bytes, kv_bytes[1] + kv_bytes[2] + kv_bytes[3]);
+  EXPECT_EQ(window.trace_weight_bytes, weight_bytes[1] + weight_bytes[2] + weight_bytes[3]);
   const GrpoReport plain = run(0, 1);
   EXPECT_EQ(window.generated_tokens, plain.generated_tokens);
   EXPECT_THROW(run(3, 0), Error);

@@ -1085,6 +1085,8 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
         if (tracing) {
           ++trace.steps;
           r.trace_rows += rec.rows;
+          r.trace_kv_bytes += rec.kv_tokens * kv_per_token;
+          r.trace_weight_bytes += weight_read_bytes;
         }
       }
       if (tracing && trace.steps >= trace_steps) {

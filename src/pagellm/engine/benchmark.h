@@ -438,6 +438,11 @@ struct GrpoReport {
   std::optional<BenchmarkTrace> trace;
   int64_t trace_rows = 0;
   int64_t trace_after_steps = 0;
+  /// The bytes the traced forward steps read as the per-page limit counts them, summed over
+  /// the steps: K/V (each page once a step) and weights. With the trace's kernel times
+  /// they give the attention's and the products' fraction of the copy rate in those steps.
+  double trace_kv_bytes = 0;
+  double trace_weight_bytes = 0;
   std::string trace_unavailable;
   double prefix_hit_rate() const {
     return prefix_queried_tokens > 0
