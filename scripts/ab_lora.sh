@@ -17,15 +17,11 @@ if [ $# -lt 3 ]; then
   exit 2
 fi
 A=$1 B=$2 LOG=$3 ROUNDS=${4:-2}
-mkdir -p "$LOG"
-for d in "$A" "$B"; do
-  for bin in pagellm matmul_bench; do
-    [ -x "$d/$bin" ] || { echo "$0: $d/$bin is missing or not executable" >&2; exit 2; }
-  done
-done
-status=0
 # shellcheck source=scripts/ab_common.sh
 source "$(dirname "$0")/ab_common.sh"
+ab_require_bins "$A $B" pagellm matmul_bench
+mkdir -p "$LOG"
+status=0
 ab_gpu_tests "$B" "$LOG" "B: LoRA, skinny and batch-invariant tests" \
   '*Lora*:*LoRA*:*Skinny*:*BatchInvariant*' || status=1
 for side in A B; do

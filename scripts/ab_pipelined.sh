@@ -16,11 +16,11 @@ if [ $# -lt 2 ]; then
   exit 2
 fi
 DIR=$1 LOG=$2 STEPS=${3:-"8 64"} ROUNDS=${4:-2}
-mkdir -p "$LOG"
-[ -x "$DIR/pagellm" ] || { echo "$0: $DIR/pagellm is missing or not executable" >&2; exit 2; }
-status=0
 # shellcheck source=scripts/ab_common.sh
 source "$(dirname "$0")/ab_common.sh"
+ab_require_bins "$DIR" pagellm
+mkdir -p "$LOG"
+status=0
 ab_gpu_tests "$DIR" "$LOG" "pipelined decode and sampler GPU tests" \
   '*Pipelined*:GpuSampler*:BatchInvariantEngine*:*Graph*' || status=1
 for round in $(seq 1 "$ROUNDS"); do

@@ -20,11 +20,11 @@ if [ $# -lt 2 ]; then
   exit 2
 fi
 DIR=$1 LOG=$2 ROUNDS=${3:-2} SHAPES=${4:-"16x2048 4x8192 1x16384 2x16384 1x32768"}
-[ -x "$DIR/pagellm" ] || { echo "$0: $DIR/pagellm is missing or not executable" >&2; exit 2; }
-mkdir -p "$LOG"
-status=0
 # shellcheck source=scripts/ab_common.sh
 source "$(dirname "$0")/ab_common.sh"
+ab_require_bins "$DIR" pagellm
+mkdir -p "$LOG"
+status=0
 ab_gpu_tests "$DIR" "$LOG" "prefill attention GPU tests (every variant)" \
   'PagedAttention.Prefill*:PagedAttentionPlan.*:CudaSettings.*' || status=1
 for round in $(seq 1 "$ROUNDS"); do
