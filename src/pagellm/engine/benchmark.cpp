@@ -1058,9 +1058,9 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
       // A pipelined run's forward steps share its time evenly.
       for (const StepRecord& rec : records) {
         double step_limit = 0, per_sample_limit = 0;
+        const double step_kv_bytes = rec.kv_tokens * kv_per_token;
         if (r.bandwidth_bytes_per_s) {
-          step_limit =
-              (weight_read_bytes + rec.kv_tokens * kv_per_token) / *r.bandwidth_bytes_per_s;
+          step_limit = (weight_read_bytes + step_kv_bytes) / *r.bandwidth_bytes_per_s;
           per_sample_limit = (weight_read_bytes + rec.per_sample_kv_tokens * kv_per_token) /
                              *r.bandwidth_bytes_per_s;
           r.limit_seconds += step_limit;
@@ -1085,7 +1085,7 @@ GrpoReport run_grpo_benchmark(Engine& engine, const GrpoWorkload& workload,
         if (tracing) {
           ++trace.steps;
           r.trace_rows += rec.rows;
-          r.trace_kv_bytes += rec.kv_tokens * kv_per_token;
+          r.trace_kv_bytes += step_kv_bytes;
           r.trace_weight_bytes += weight_read_bytes;
         }
       }
